@@ -1,0 +1,57 @@
+# The two commands a newcomer needs are `make demo` and `make test`; the rest are the
+# pieces they are made of.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: test unit integration e2e lint demo binaries cluster-up cluster-down venv clean
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	@echo "== installing the Python environment into $(VENV)"
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,dev]'
+	@touch $@
+
+binaries:
+	@hack/build-binaries.sh >/dev/null
+
+cluster-up: binaries
+	@hack/cluster-up.sh
+
+cluster-down:
+	@hack/cluster-down.sh
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+# pytest exits 5 when it collects nothing; that must fail loudly, never pass quietly.
+define run_pytest
+	@$(PY) -m pytest $(1); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+endef
+
+unit: venv
+	$(call run_pytest,tests/unit)
+
+integration: venv binaries
+	$(call run_pytest,tests/integration)
+
+e2e: venv binaries
+	$(call run_pytest,e2e)
+
+# Everything: lint, unit, integration and end-to-end tests on one local cluster that a
+# session fixture starts and stops.
+test: lint binaries
+	$(call run_pytest,tests e2e)
+
+demo: venv binaries
+	@$(PY) -m e2e.demo $(DEMO_ARGS)
+
+clean: cluster-down
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

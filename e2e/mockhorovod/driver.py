@@ -1,0 +1,928 @@
+"""The mock elastic driver: what ``horovodrun -np N --min-np A --max-np B
+--host-discovery-script /etc/mpi/discover_hosts.sh ...`` does about hosts, and nothing else.
+
+Real Horovod decides three things from the launcher's files, and those are what the
+controller can get right or wrong, so the mock copies them:
+
+* which hosts exist: it runs the discovery script about once a second and parses
+  ``host:slots`` lines; a failure of the first call fails the job, later failures keep the
+  last known host set;
+* how it reaches a host: ``<rsh-agent> <host> <quoted command>`` through ``/bin/sh -c``,
+  exactly the string ``horovod.runner.util.remote.get_remote_command`` builds for
+  ``/etc/mpi/kubexec.sh``;
+* what a host's disappearance means: a host that leaves the discovery output is removed
+  gracefully (its ranks are stopped, nothing is counted), while a rank that dies while its
+  host is still listed is a failure and the host is blacklisted by name for the rest of the
+  job (or for a cooldown, with ``--blacklist-cooldown-range``).
+
+It differs from Horovod where a test instrument must: the discovery script gets a timeout
+of its own (Horovod has none and would just hang), and every decision is written as one
+JSON line (see README.md) so the end-to-end suite can assert on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import random
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from e2e.mockhorovod import RANK_STARTED_MARKER
+from e2e.mockhorovod import events as ev
+
+DEFAULT_DISCOVERY_SCRIPT = "/etc/mpi/discover_hosts.sh"
+DEFAULT_RSH_AGENT = "/etc/mpi/kubexec.sh"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Horovod 0.28's bounds for --blacklist-cooldown-range (runner/elastic/discovery.py).
+COOLDOWN_LOWER_BOUND = 1
+COOLDOWN_UPPER_BOUND = 3600
+
+DEFAULT_RANK_COMMAND = "cd {repo} && exec {python} -m e2e.mockhorovod.rank {rank_args}"
+RANK_COMMAND_FIELDS = (
+    "host",
+    "rank_id",
+    "local_rank",
+    "driver_pid",
+    "stop_file",
+    "python",
+    "repo",
+    "rank_args",
+)
+
+EXIT_OK = 0
+EXIT_FATAL = 1
+EXIT_USAGE = 2
+
+# How much of a rank's stderr an event carries: enough for kubectl's one-line refusal and
+# the rank's own last words, not a whole log.
+STDERR_TAIL_LINES = 20
+STDERR_TAIL_CHARS = 2000
+
+
+class DiscoveryError(Exception):
+    """The discovery script failed, hung, or printed something Horovod could not parse."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        exit_code: int | None = None,
+        stderr: str = "",
+        timeout: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.stderr = stderr
+        self.timeout = timeout
+
+
+class ConfigError(Exception):
+    """Command-line values that horovodrun itself would refuse."""
+
+
+def parse_discovery_output(output: str, slots_per_host: int | None) -> dict[str, int]:
+    """Parses ``host:slots`` lines into an ordered ``{host: slots}``.
+
+    Horovod treats the output as a set, so duplicates are harmless when they agree. A line
+    without ``:slots`` takes ``--slots-per-host``; without that flag it is an error here,
+    where Horovod would silently give the host ``None`` slots and break later.
+    """
+    hosts: dict[str, int] = {}
+    for raw in output.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if ":" in line:
+            host, _, slots_text = line.partition(":")
+            host = host.strip()
+            try:
+                slots = int(slots_text.strip())
+            except ValueError:
+                raise DiscoveryError(f"bad slots in discovery line {line!r}") from None
+            if slots < 0:
+                raise DiscoveryError(f"negative slots in discovery line {line!r}")
+        elif slots_per_host is not None:
+            host, slots = line, slots_per_host
+        else:
+            raise DiscoveryError(f"discovery line {line!r} has no ':slots' and no --slots-per-host")
+        if not host or any(c.isspace() for c in host):
+            raise DiscoveryError(f"bad host name in discovery line {line!r}")
+        if host in hosts and hosts[host] != slots:
+            raise DiscoveryError(f"host {host!r} listed with {hosts[host]} and {slots} slots")
+        hosts[host] = slots
+    return hosts
+
+
+def cooldown_seconds(lower: int, upper: int, count: int) -> float:
+    """Horovod's cooldown for a host's ``count``-th blacklisting: doubling, with jitter,
+    clamped to the given range."""
+    delay = lower * (1 << count) + random.uniform(0, 1) * lower
+    return float(max(lower, min(upper, delay)))
+
+
+def exit_status(returncode: int) -> tuple[int, int | None]:
+    """A shell-style exit code and the signal, from asyncio's returncode (negative when a
+    signal ended the process), so a SIGKILL reads as 137 like kubectl reports it."""
+    if returncode < 0:
+        return 128 - returncode, -returncode
+    return returncode, None
+
+
+def render_rank_command(template: str, values: dict[str, str], rank_args: list[str]) -> str:
+    """Fills the ``--rank-command`` template; every value is shell-quoted on the way in,
+    because host names come from a file the controller writes."""
+    quoted = {key: shlex.quote(value) for key, value in values.items()}
+    quoted["rank_args"] = shlex.join(rank_args)
+    return template.format_map(quoted)
+
+
+def remote_shell_command(rsh_agent: str, host: str, command: str) -> str:
+    """The string Horovod's gloo runner hands to ``/bin/sh -c`` for a remote slot.
+
+    Horovod quotes the whole remote command into one word; kubexec.sh joins its arguments
+    with ``"$*"`` and hands them to ``/bin/sh -c`` in the pod, so the command survives the
+    trip byte for byte.
+    """
+    return f"{shlex.quote(rsh_agent)} {shlex.quote(host)} {shlex.quote(command)}"
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    """Everything the driver needs; built from the command line by :func:`parse_args`."""
+
+    np: int
+    min_np: int
+    max_np: int | None = None
+    discovery_script: str = DEFAULT_DISCOVERY_SCRIPT
+    slots_per_host: int | None = None
+    elastic_timeout: float = 600.0
+    cooldown_range: tuple[int, int] | None = None
+    rsh_agent: str = DEFAULT_RSH_AGENT
+    rank_command: str = DEFAULT_RANK_COMMAND
+    discovery_interval: float = 1.0
+    discovery_timeout: float = 30.0
+    run_seconds: float = 0.0
+    stop_file: str | None = None
+    log_file: str | None = None
+    work_dir: str | None = None
+    stop_grace: float = 5.0
+    rank_kubeconfig: str | None = None
+    rank_namespace: str | None = None
+    rank_kubectl: str | None = None
+    rank_poll_interval: float | None = None
+    rank_python: str = sys.executable
+    rank_repo: str = str(REPO_ROOT)
+    command: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        """Refuses what horovodrun refuses, plus a rank template that cannot be filled."""
+        if self.min_np < 1:
+            raise ConfigError("--min-np must be at least 1")
+        if self.np < self.min_np:
+            raise ConfigError("-np must not be below --min-np")
+        if self.max_np is not None and self.max_np < self.np:
+            raise ConfigError("--max-np must not be below -np")
+        if self.slots_per_host is not None and self.slots_per_host < 1:
+            raise ConfigError("--slots-per-host must be at least 1")
+        if self.cooldown_range is not None:
+            lower, upper = self.cooldown_range
+            if not COOLDOWN_LOWER_BOUND <= lower <= upper <= COOLDOWN_UPPER_BOUND:
+                raise ConfigError(
+                    "--blacklist-cooldown-range needs "
+                    f"{COOLDOWN_LOWER_BOUND} <= MIN <= MAX <= {COOLDOWN_UPPER_BOUND}"
+                )
+        for name in ("discovery_interval", "discovery_timeout", "stop_grace"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+        dummy = dict.fromkeys(RANK_COMMAND_FIELDS, "x")
+        del dummy["rank_args"]
+        try:
+            render_rank_command(self.rank_command, dummy, [])
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigError(
+                f"--rank-command {self.rank_command!r} cannot be filled: {exc!r}; "
+                f"known fields: {', '.join(RANK_COMMAND_FIELDS)}"
+            ) from None
+
+
+@dataclass(eq=False)
+class Rank:
+    """One slot's process: the remote shell child the driver started for it."""
+
+    host: str
+    local_rank: int
+    rank_id: str
+    stop_file: Path
+    command: str
+    proc: asyncio.subprocess.Process | None = None
+    running: bool = False
+    stopping: str | None = None
+    exit_code: int | None = None
+    stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.exit_code is None
+
+    def stderr_text(self) -> str:
+        return "\n".join(self.stderr_tail)[-STDERR_TAIL_CHARS:]
+
+
+@dataclass(eq=False)
+class HostEntry:
+    """A host in the job: it has (or had) ranks. ``leaving`` says why it is going away."""
+
+    ranks: dict[int, Rank] = field(default_factory=dict)
+    leaving: str | None = None
+
+
+class Driver:
+    """The elastic driver's host bookkeeping, run on one asyncio loop.
+
+    Everything that changes state runs between awaits, so a discovery result and a rank
+    exit are never half-applied against each other: a rank exit is judged against the
+    host set the driver last saw, as Horovod judges it against its current assignment.
+    """
+
+    def __init__(
+        self,
+        config: DriverConfig,
+        *,
+        out: TextIO | None = None,
+        diag: TextIO | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.config = config
+        self._out = out
+        self._diag = diag
+        self._on_event = on_event
+        self._log: TextIO | None = None
+        self._work_dir: Path | None = None
+        self._own_work_dir = False
+        self._t0 = 0.0
+        self._stop_event = asyncio.Event()
+        self._stop_reason: str | None = None
+        self._listed: dict[str, int] | None = None
+        self._order: list[str] = []
+        self._hosts: dict[str, HostEntry] = {}
+        self._blacklist: dict[str, float] = {}
+        self._blacklist_counts: dict[str, int] = {}
+        self._ever_blacklisted: set[str] = set()
+        self._started = False
+        self._waiting_logged = False
+        self._below_min_since: float | None = None
+        self._failures = 0
+        self._exec_failures = 0
+        self._hosts_removed = 0
+        self._ranks_started = 0
+        self._rank_tasks: set[asyncio.Task[None]] = set()
+        self._killers: set[asyncio.Task[None]] = set()
+
+    # -- output -----------------------------------------------------------------------
+
+    def emit(self, event: str, **fields: Any) -> None:
+        """Writes one event line to stdout and the log file."""
+        record: dict[str, Any] = {"ts": time.time(), "event": event, **fields}
+        line = json.dumps(record) + "\n"
+        for stream in (self._out, self._log):
+            if stream is None:
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                stream.write(line)
+                stream.flush()
+        if self._on_event is not None:
+            self._on_event(record)
+
+    def _say(self, text: str) -> None:
+        if self._diag is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            self._diag.write(f"mockhorovod: {text}\n")
+            self._diag.flush()
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def request_stop(self, reason: str) -> None:
+        """Asks the run loop to stop the ranks and exit (SIGTERM, SIGINT, tests)."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+        self._stop_event.set()
+
+    async def run(self) -> int:
+        """Runs until the job ends; returns the process exit code."""
+        cfg = self.config
+        self._t0 = time.time()
+        if cfg.log_file:
+            Path(cfg.log_file).parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(cfg.log_file, "a", encoding="utf-8")  # noqa: SIM115
+        if cfg.work_dir:
+            self._work_dir = Path(cfg.work_dir)
+            self._work_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            self._work_dir = Path(tempfile.mkdtemp(prefix="mockhorovod-"))
+            self._own_work_dir = True
+        self.emit(
+            ev.DRIVER_STARTED,
+            pid=os.getpid(),
+            np=cfg.np,
+            min_np=cfg.min_np,
+            max_np=cfg.max_np,
+            discovery_script=cfg.discovery_script,
+            slots_per_host=cfg.slots_per_host,
+            elastic_timeout=cfg.elastic_timeout,
+            blacklist_cooldown_range=list(cfg.cooldown_range) if cfg.cooldown_range else None,
+            rsh_agent=cfg.rsh_agent,
+            rsh_agent_env=os.environ.get("OMPI_MCA_plm_rsh_agent"),
+            rank_command=cfg.rank_command,
+            work_dir=str(self._work_dir),
+            command=list(cfg.command),
+        )
+        exit_code = EXIT_FATAL
+        reason = "error"
+        try:
+            exit_code, reason = await self._loop()
+        finally:
+            await self._stop_all("shutdown")
+            self.emit(
+                ev.DRIVER_EXIT,
+                exit_code=exit_code,
+                reason=reason,
+                failures=self._failures,
+                exec_failures=self._exec_failures,
+                blacklisted=len(self._ever_blacklisted),
+                blacklisted_hosts=sorted(self._ever_blacklisted),
+                hosts_removed=self._hosts_removed,
+                ranks_started=self._ranks_started,
+            )
+            if self._own_work_dir and self._work_dir is not None:
+                shutil.rmtree(self._work_dir, ignore_errors=True)
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+        return exit_code
+
+    def _stop_wanted(self) -> str | None:
+        cfg = self.config
+        if self._stop_reason is None:
+            if cfg.stop_file and os.path.exists(cfg.stop_file):
+                self._stop_reason = "stop_file"
+            elif cfg.run_seconds > 0 and time.time() - self._t0 >= cfg.run_seconds:
+                self._stop_reason = "run_seconds"
+        return self._stop_reason
+
+    async def _loop(self) -> tuple[int, str]:
+        cfg = self.config
+        first = True
+        while True:
+            reason = self._stop_wanted()
+            if reason is not None:
+                self.emit(ev.STOP_REQUESTED, reason=reason)
+                return EXIT_OK, reason
+            try:
+                hosts = await self._discover()
+            except DiscoveryError as exc:
+                self.emit(
+                    ev.DISCOVERY_FAILED,
+                    error=str(exc),
+                    exit_code=exc.exit_code,
+                    stderr=exc.stderr,
+                    timeout=exc.timeout,
+                    first=first,
+                )
+                if first:
+                    return EXIT_FATAL, "discovery_failed"
+            else:
+                if hosts is None:
+                    continue  # a stop arrived during discovery; the loop top handles it
+                first = False
+                self._apply_discovery(hosts)
+            if self._check_slots():
+                return EXIT_FATAL, "elastic_timeout"
+            self._reconcile()
+            wait = cfg.discovery_interval
+            if cfg.run_seconds > 0:
+                wait = min(wait, max(0.0, self._t0 + cfg.run_seconds - time.time()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_event.wait(), timeout=wait)
+
+    # -- discovery --------------------------------------------------------------------
+
+    async def _discover(self) -> dict[str, int] | None:
+        """Runs the discovery script once; None when a stop request cut it short."""
+        cfg = self.config
+        proc = await asyncio.create_subprocess_exec(
+            "/bin/sh",
+            cfg.discovery_script,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        run = asyncio.ensure_future(proc.communicate())
+        stop = asyncio.ensure_future(self._stop_event.wait())
+        done, _ = await asyncio.wait(
+            {run, stop}, timeout=cfg.discovery_timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        stop.cancel()
+        if run not in done:
+            _signal_group(proc, signal.SIGKILL)
+            run.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await run
+            await proc.wait()
+            if self._stop_event.is_set():
+                return None
+            raise DiscoveryError(
+                f"discovery script {cfg.discovery_script} did not finish within "
+                f"{cfg.discovery_timeout:g}s",
+                timeout=True,
+            )
+        out, err = run.result()
+        stderr = err.decode(errors="replace").strip()[-STDERR_TAIL_CHARS:]
+        if proc.returncode != 0:
+            code, _ = exit_status(proc.returncode or 0)
+            raise DiscoveryError(
+                f"discovery script {cfg.discovery_script} exited with code {code}",
+                exit_code=code,
+                stderr=stderr,
+            )
+        try:
+            return parse_discovery_output(out.decode(errors="replace"), cfg.slots_per_host)
+        except DiscoveryError as exc:
+            exc.stderr = stderr
+            raise
+
+    def _apply_discovery(self, hosts: dict[str, int]) -> None:
+        now = time.time()
+        if hosts != self._listed:
+            self.emit(ev.DISCOVERY, hosts=list(hosts), slots=dict(hosts))
+            for host, entry in self._hosts.items():
+                if host in hosts or entry.leaving is not None:
+                    continue
+                entry.leaving = "host_removed"
+                live = [r for r in entry.ranks.values() if r.alive]
+                self._hosts_removed += 1
+                self.emit(
+                    ev.HOST_REMOVED,
+                    host=host,
+                    graceful=True,
+                    ranks=[r.rank_id for r in live],
+                )
+                for rank in live:
+                    self._stop_rank(rank, "host_removed")
+            for host in list(self._hosts):
+                self._forget_if_done(host)
+            # Oldest hosts first, as Horovod orders its assignments, so a newcomer never
+            # displaces a host that is already training when --max-np caps the job.
+            self._order = [h for h in self._order if h in hosts]
+            self._order += [h for h in hosts if h not in self._order]
+            self._listed = dict(hosts)
+        for host, until in list(self._blacklist.items()):
+            if until <= now and host in hosts:
+                del self._blacklist[host]
+                self.emit(ev.HOST_UNBLACKLISTED, host=host)
+
+    def _usable_hosts(self) -> list[str]:
+        if self._listed is None:
+            return []
+        now = time.time()
+        return [
+            h for h in self._order if h in self._listed and self._blacklist.get(h, 0.0) <= now
+        ]
+
+    def _available_slots(self) -> int:
+        listed = self._listed or {}
+        return sum(listed[h] for h in self._usable_hosts())
+
+    def _check_slots(self) -> bool:
+        """Tracks the elastic timeout; True when it expired and the job must fail."""
+        cfg = self.config
+        now = time.time()
+        available = self._available_slots()
+        if not self._started:
+            if available >= cfg.np:
+                return False
+            if not self._waiting_logged:
+                self._waiting_logged = True
+                self.emit(ev.WAITING_FOR_SLOTS, needed=cfg.np, available=available)
+            if now - self._t0 > cfg.elastic_timeout:
+                self.emit(
+                    ev.ELASTIC_TIMEOUT,
+                    phase="start",
+                    needed=cfg.np,
+                    available=available,
+                    waited=now - self._t0,
+                )
+                return True
+            return False
+        if available < cfg.min_np:
+            if self._below_min_since is None:
+                self._below_min_since = now
+                self.emit(ev.BELOW_MIN_NP, slots=available, min_np=cfg.min_np)
+            elif now - self._below_min_since > cfg.elastic_timeout:
+                self.emit(
+                    ev.ELASTIC_TIMEOUT,
+                    phase="running",
+                    needed=cfg.min_np,
+                    available=available,
+                    waited=now - self._below_min_since,
+                )
+                return True
+        elif self._below_min_since is not None:
+            self._below_min_since = None
+            self.emit(ev.MIN_NP_RESTORED, slots=available, min_np=cfg.min_np)
+        return False
+
+    # -- ranks ------------------------------------------------------------------------
+
+    def _reconcile(self) -> None:
+        """Starts ranks on usable slots up to --max-np, oldest hosts first."""
+        cfg = self.config
+        if self._listed is None:
+            return
+        usable = self._usable_hosts()
+        if not self._started:
+            available = sum(self._listed[h] for h in usable)
+            if available < cfg.np:
+                return
+            self._started = True
+            self.emit(ev.JOB_STARTED, np=cfg.np, available=available, hosts=usable)
+        capacity = cfg.max_np if cfg.max_np is not None else math.inf
+        for host in usable:
+            entry = self._hosts.get(host)
+            if entry is not None and entry.leaving is not None:
+                continue  # its old ranks are still on their way out
+            want = int(min(self._listed[host], capacity))
+            capacity -= want
+            if entry is None:
+                if want == 0:
+                    continue
+                entry = HostEntry()
+                self._hosts[host] = entry
+                self.emit(ev.HOST_ADDED, host=host, slots=self._listed[host], ranks=want)
+            for local_rank in range(want):
+                if local_rank not in entry.ranks:
+                    self._start_rank(host, local_rank, entry)
+            for local_rank, rank in entry.ranks.items():
+                if local_rank >= want and rank.alive:
+                    self._stop_rank(rank, "slots_reduced")
+
+    def _rank_args(self, host: str, local_rank: int, rank_id: str, stop_file: Path) -> list[str]:
+        cfg = self.config
+        args = [
+            "--host",
+            host,
+            "--rank-id",
+            rank_id,
+            "--local-rank",
+            str(local_rank),
+            "--driver-pid",
+            str(os.getpid()),
+            "--stop-file",
+            str(stop_file),
+        ]
+        if cfg.rank_kubeconfig:
+            args += ["--kubeconfig", cfg.rank_kubeconfig]
+        if cfg.rank_namespace:
+            args += ["--namespace", cfg.rank_namespace]
+        if cfg.rank_kubectl:
+            args += ["--kubectl", cfg.rank_kubectl]
+        if cfg.rank_poll_interval is not None:
+            args += ["--poll-interval", f"{cfg.rank_poll_interval:g}"]
+        return args
+
+    def _start_rank(self, host: str, local_rank: int, entry: HostEntry) -> None:
+        assert self._work_dir is not None
+        rank_id = uuid.uuid4().hex
+        stop_file = self._work_dir / f"stop-{rank_id}"
+        values = {
+            "host": host,
+            "rank_id": rank_id,
+            "local_rank": str(local_rank),
+            "driver_pid": str(os.getpid()),
+            "stop_file": str(stop_file),
+            "python": self.config.rank_python,
+            "repo": self.config.rank_repo,
+        }
+        command = render_rank_command(
+            self.config.rank_command,
+            values,
+            self._rank_args(host, local_rank, rank_id, stop_file),
+        )
+        rank = Rank(
+            host=host,
+            local_rank=local_rank,
+            rank_id=rank_id,
+            stop_file=stop_file,
+            command=command,
+        )
+        entry.ranks[local_rank] = rank
+        self._ranks_started += 1
+        task = asyncio.create_task(self._run_rank(rank))
+        rank.task = task
+        self._rank_tasks.add(task)
+        task.add_done_callback(self._rank_tasks.discard)
+
+    async def _run_rank(self, rank: Rank) -> None:
+        shell = remote_shell_command(self.config.rsh_agent, rank.host, rank.command)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                "/bin/sh",
+                "-c",
+                shell,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            rank.stderr_tail.append(f"cannot start remote shell: {exc}")
+            self._on_rank_exit(rank, 127, None)
+            return
+        rank.proc = proc
+        self.emit(
+            ev.RANK_STARTED,
+            host=rank.host,
+            rank_id=rank.rank_id,
+            local_rank=rank.local_rank,
+            pid=proc.pid,
+            command=rank.command,
+        )
+        if rank.stopping is not None:
+            self._signal_rank(rank)  # stopped before it was even spawned
+        assert proc.stdout is not None and proc.stderr is not None
+        readers = [
+            asyncio.create_task(self._read_stdout(rank, proc.stdout)),
+            asyncio.create_task(self._read_stderr(rank, proc.stderr)),
+        ]
+        returncode = await proc.wait()
+        # A grandchild outside the process group may hold the pipes open; its output is not
+        # worth hanging the driver for.
+        _, pending = await asyncio.wait(readers, timeout=2.0)
+        for reader in pending:
+            reader.cancel()
+        code, sig = exit_status(returncode)
+        self._on_rank_exit(rank, code, sig)
+
+    async def _read_stdout(self, rank: Rank, stream: asyncio.StreamReader) -> None:
+        while line := await stream.readline():
+            text = line.decode(errors="replace").rstrip()
+            if not rank.running and text.startswith(RANK_STARTED_MARKER):
+                rank.running = True
+                self.emit(
+                    ev.RANK_RUNNING, host=rank.host, rank_id=rank.rank_id, local_rank=rank.local_rank
+                )
+            self._say(f"[{rank.host}/{rank.local_rank}] {text}")
+
+    async def _read_stderr(self, rank: Rank, stream: asyncio.StreamReader) -> None:
+        while line := await stream.readline():
+            text = line.decode(errors="replace").rstrip()
+            rank.stderr_tail.append(text)
+            self._say(f"[{rank.host}/{rank.local_rank}!] {text}")
+
+    def _on_rank_exit(self, rank: Rank, code: int, sig: int | None) -> None:
+        rank.exit_code = code
+        base = {"host": rank.host, "rank_id": rank.rank_id, "local_rank": rank.local_rank}
+        if rank.stopping is not None:
+            self.emit(ev.RANK_STOPPED, **base, exit_code=code, reason=rank.stopping)
+            entry = self._hosts.get(rank.host)
+            if entry is not None and entry.leaving is None:
+                entry.ranks.pop(rank.local_rank, None)  # the slot may be filled again
+        elif code == 0:
+            self.emit(ev.RANK_EXITED, **base, exit_code=0)
+        else:
+            # Not stopped by the driver, so its host is still listed: this is what Horovod
+            # counts as a failure, rolls everyone back for, and blacklists the host over.
+            self._failures += 1
+            refused = not rank.running
+            stderr = rank.stderr_text()
+            listed = self._listed is not None and rank.host in self._listed
+            self.emit(
+                ev.RANK_FAILED,
+                **base,
+                exit_code=code,
+                signal=sig,
+                stderr=stderr,
+                exec_refused=refused,
+                listed=listed,
+            )
+            if refused:
+                self._exec_failures += 1
+                self.emit(ev.EXEC_FAILED, **base, exit_code=code, stderr=stderr)
+            self._blacklist_host(rank.host)
+        self._forget_if_done(rank.host)
+
+    def _blacklist_host(self, host: str) -> None:
+        now = time.time()
+        if self._blacklist.get(host, 0.0) > now:
+            return  # Horovod ignores failures of a host already in its cooldown
+        cooldown: float | None = None
+        if self.config.cooldown_range is not None:
+            count = self._blacklist_counts.get(host, 0) + 1
+            self._blacklist_counts[host] = count
+            cooldown = cooldown_seconds(*self.config.cooldown_range, count)
+            self._blacklist[host] = now + cooldown
+        else:
+            self._blacklist[host] = math.inf
+        self._ever_blacklisted.add(host)
+        self.emit(
+            ev.HOST_BLACKLISTED,
+            host=host,
+            cooldown_seconds=cooldown,
+            permanent=cooldown is None,
+        )
+        entry = self._hosts.get(host)
+        if entry is not None and entry.leaving is None:
+            entry.leaving = "blacklisted"
+            for rank in entry.ranks.values():
+                if rank.alive:
+                    self._stop_rank(rank, "blacklisted")
+
+    def _forget_if_done(self, host: str) -> None:
+        """Drops a leaving host once its ranks are gone, so a later host of the same name
+        (pod names are reused) starts fresh."""
+        entry = self._hosts.get(host)
+        if entry is not None and entry.leaving is not None:
+            if not any(r.alive for r in entry.ranks.values()):
+                del self._hosts[host]
+
+    def _stop_rank(self, rank: Rank, reason: str) -> None:
+        """Stops a rank the way the graceful path does: stop file, SIGTERM, then SIGKILL.
+
+        The stop file is for KWOK, where the rank runs outside the remote shell's process
+        tree and killing ``kubectl exec`` does not reach it.
+        """
+        if rank.stopping is not None or not rank.alive:
+            return
+        rank.stopping = reason
+        with contextlib.suppress(OSError):
+            rank.stop_file.touch()
+        if rank.proc is not None:
+            self._signal_rank(rank)
+
+    def _signal_rank(self, rank: Rank) -> None:
+        assert rank.proc is not None
+        _signal_group(rank.proc, signal.SIGTERM)
+        killer = asyncio.create_task(self._kill_later(rank))
+        self._killers.add(killer)
+        killer.add_done_callback(self._killers.discard)
+
+    async def _kill_later(self, rank: Rank) -> None:
+        await asyncio.sleep(self.config.stop_grace)
+        if rank.proc is not None and rank.proc.returncode is None:
+            _signal_group(rank.proc, signal.SIGKILL)
+
+    async def _stop_all(self, reason: str) -> None:
+        for entry in self._hosts.values():
+            for rank in entry.ranks.values():
+                self._stop_rank(rank, reason)
+        tasks = set(self._rank_tasks)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=self.config.stop_grace + 3.0)
+            for task in pending:
+                task.cancel()
+        for killer in set(self._killers):
+            killer.cancel()
+
+
+def _signal_group(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+    """Signals the child's whole process group (it leads a session of its own), so the
+    shell, kubexec.sh and kubectl go together."""
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+# -- command line ---------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="horovodrun",
+        description=(
+            "Mock of Horovod's elastic driver for the mpijob-elastic end-to-end suite: runs "
+            "the host discovery script, starts a mock rank per slot through the remote "
+            "shell, and writes every membership change as one JSON line."
+        ),
+    )
+    hv = parser.add_argument_group("horovodrun options")
+    hv.add_argument("-np", "--num-proc", dest="np", type=int, help="slots to wait for at start")
+    hv.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int)
+    hv.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int)
+    hv.add_argument("--host-discovery-script", default=DEFAULT_DISCOVERY_SCRIPT)
+    hv.add_argument("--slots-per-host", "--slots", dest="slots_per_host", type=int)
+    hv.add_argument("--elastic-timeout", type=float, default=600.0)
+    hv.add_argument(
+        "--blacklist-cooldown-range",
+        type=int,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        help="seconds; without it a failed host is blacklisted for the rest of the job",
+    )
+    mk = parser.add_argument_group("mock options")
+    mk.add_argument("--rsh-agent", default=DEFAULT_RSH_AGENT)
+    mk.add_argument(
+        "--rank-command",
+        default=DEFAULT_RANK_COMMAND,
+        help=(
+            "template of the command run on each slot (str.format fields, shell-quoted: "
+            + ", ".join("{" + f + "}" for f in RANK_COMMAND_FIELDS)
+            + "); literal braces are doubled"
+        ),
+    )
+    mk.add_argument("--rank-python", default=sys.executable, help="fills {python}")
+    mk.add_argument("--rank-repo", default=str(REPO_ROOT), help="fills {repo}")
+    mk.add_argument("--rank-kubeconfig", help="passed to ranks: enables their pod watch")
+    mk.add_argument("--rank-namespace", help="passed to ranks")
+    mk.add_argument("--rank-kubectl", help="passed to ranks")
+    mk.add_argument("--rank-poll-interval", type=float, help="passed to ranks")
+    mk.add_argument("--discovery-interval", type=float, default=1.0)
+    mk.add_argument("--discovery-timeout", type=float, default=30.0)
+    mk.add_argument("--run-seconds", type=float, default=0.0, help="0 runs until stopped")
+    mk.add_argument("--stop-file", help="the job finishes when this file exists")
+    mk.add_argument("--log-file", help="also append the event lines here")
+    mk.add_argument("--work-dir", help="where per-rank stop files live (default: a temp dir)")
+    mk.add_argument("--stop-grace", type=float, default=5.0, help="SIGTERM to SIGKILL, seconds")
+    parser.add_argument(
+        "command", nargs=argparse.REMAINDER, help="the training command (recorded, not run)"
+    )
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
+    """Builds and validates a config; raises ConfigError for values horovodrun refuses."""
+    ns = build_parser().parse_args(argv)
+    if ns.np is None and ns.min_np is None:
+        raise ConfigError("give -np or --min-np")
+    np_ = ns.np if ns.np is not None else ns.min_np
+    min_np = ns.min_np if ns.min_np is not None else np_
+    cooldown: tuple[int, int] | None = None
+    if ns.blacklist_cooldown_range:
+        lower, upper = ns.blacklist_cooldown_range
+        cooldown = (lower, upper)
+    command = list(ns.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    config = DriverConfig(
+        np=np_,
+        min_np=min_np,
+        max_np=ns.max_np,
+        discovery_script=ns.host_discovery_script,
+        slots_per_host=ns.slots_per_host,
+        elastic_timeout=ns.elastic_timeout,
+        cooldown_range=cooldown,
+        rsh_agent=ns.rsh_agent,
+        rank_command=ns.rank_command,
+        discovery_interval=ns.discovery_interval,
+        discovery_timeout=ns.discovery_timeout,
+        run_seconds=ns.run_seconds,
+        stop_file=ns.stop_file,
+        log_file=ns.log_file,
+        work_dir=ns.work_dir,
+        stop_grace=ns.stop_grace,
+        rank_kubeconfig=ns.rank_kubeconfig,
+        rank_namespace=ns.rank_namespace,
+        rank_kubectl=ns.rank_kubectl,
+        rank_poll_interval=ns.rank_poll_interval,
+        rank_python=ns.rank_python,
+        rank_repo=ns.rank_repo,
+        command=tuple(command),
+    )
+    config.validate()
+    return config
+
+
+async def run_driver(config: DriverConfig) -> int:
+    """Runs a driver with stdout events and SIGTERM/SIGINT ending the job cleanly."""
+    driver = Driver(config, out=sys.stdout, diag=sys.stderr)
+    loop = asyncio.get_running_loop()
+    for sig, name in ((signal.SIGTERM, "sigterm"), (signal.SIGINT, "sigint")):
+        loop.add_signal_handler(sig, driver.request_stop, name)
+    return await driver.run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = parse_args(argv)
+    except ConfigError as exc:
+        print(f"horovodrun (mock): {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return asyncio.run(run_driver(config))

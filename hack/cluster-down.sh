@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Stops the local cluster's processes and removes its files (certificates, etcd data,
+# kubeconfig, logs). Safe to run when nothing is up.
+set -euo pipefail
+. "$(dirname "$0")/cluster-env.sh"
+bin_dir=$("$here/build-binaries.sh")
+if [ -d "$KWOK_WORKDIR/clusters/$cluster_name" ]; then
+  "$bin_dir/kwokctl" delete cluster --name "$cluster_name" >&2 || true
+  rm -rf "$KWOK_WORKDIR/clusters/$cluster_name"
+fi
+echo "cluster $cluster_name is down" >&2

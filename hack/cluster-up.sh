@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Starts (or finds running) a local KWOK cluster: etcd, kube-apiserver with RBAC,
+# kube-controller-manager (garbage collector included), kube-scheduler and kwok as local
+# processes, plus fake GPU nodes. Prints the kubeconfig path on stdout, progress on stderr.
+set -euo pipefail
+. "$(dirname "$0")/cluster-env.sh"
+log() { printf '[cluster-up %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+bin_dir=$("$here/build-binaries.sh")
+export PATH="$bin_dir:$PATH" KWOK_KUBECTL_BINARY="$bin_dir/kubectl"
+
+if [ -f "$kubeconfig" ] && kubectl --kubeconfig "$kubeconfig" get --raw /readyz >/dev/null 2>&1; then
+  log "cluster $cluster_name is already up"
+  echo "$kubeconfig"
+  exit 0
+fi
+# A half-started or crashed cluster leaves processes and files behind: clear them first.
+kwokctl delete cluster --name "$cluster_name" >/dev/null 2>&1 || true
+
+start=$SECONDS
+log "starting cluster $cluster_name (kube-apiserver, etcd, controller-manager, scheduler, kwok)"
+config=$(mktemp)
+trap 'rm -f "$config"' EXIT
+cat "$bin_dir/kwok-default-stages.yaml" "$here/kwok/stages.yaml" \
+  "$here/kwok/exec.yaml" >"$config"
+kwokctl create cluster --name "$cluster_name" --runtime binary --config "$config" \
+  --kube-authorization=true --kube-admission=true \
+  --kube-apiserver-binary "$bin_dir/kube-apiserver" \
+  --kube-controller-manager-binary "$bin_dir/kube-controller-manager" \
+  --kube-scheduler-binary "$bin_dir/kube-scheduler" \
+  --kwok-controller-binary "$bin_dir/kwok" \
+  --etcd-binary "$bin_dir/etcd" \
+  --wait 60s >&2
+kubectl --kubeconfig "$kubeconfig" apply -f "$here/kwok/nodes.yaml" >/dev/null
+kubectl --kubeconfig "$kubeconfig" wait --for=condition=Ready node --all --timeout=60s >/dev/null
+# The default ServiceAccount is made by the controller-manager a moment after a namespace
+# exists; pods need it, so wait for it once here rather than in every test.
+until kubectl --kubeconfig "$kubeconfig" -n default get serviceaccount default >/dev/null 2>&1; do sleep 0.2; done
+log "cluster $cluster_name up in $((SECONDS - start))s; kubeconfig: $kubeconfig"
+echo "$kubeconfig"

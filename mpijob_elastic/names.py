@@ -1,0 +1,63 @@
+"""Names, labels and annotations that users, their images and the cluster see.
+
+The v1 names and labels are interfaces that existing images and scripts depend on, so they
+stay byte-compatible with the upstream v1 controllers. Everything this project adds lives
+under the ``mpijob-elastic.io/`` prefix.
+"""
+
+from typing import Final
+
+GROUP: Final = "kubeflow.org"
+VERSION: Final = "v1"
+PLURAL: Final = "mpijobs"
+KIND: Final = "MPIJob"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+# runPolicy.managedBy values. Training-operator 1.9 reconciles only jobs naming itself, so a
+# job naming us runs beside it untouched; in the default mode we also take jobs naming
+# training-operator, because we replace it as the v1 MPIJob controller.
+MANAGED_BY: Final = "mpijob-elastic.io/controller"
+TRAINING_OPERATOR: Final = "kubeflow.org/training-operator"
+
+# v1 labels on every child.
+LABEL_GROUP: Final = "group-name"
+LABEL_JOB: Final = "mpi-job-name"
+LABEL_ROLE: Final = "mpi-job-role"
+LABEL_INDEX: Final = "training.kubeflow.org/replica-index"
+ROLE_LAUNCHER: Final = "launcher"
+ROLE_WORKER: Final = "worker"
+
+# Per-job settings a user writes on the MPIJob.
+ANN_MIN_REPLICAS: Final = "mpijob-elastic.io/min-replicas"
+ANN_MAX_REPLICAS: Final = "mpijob-elastic.io/max-replicas"
+ANN_DRAIN_SECONDS: Final = "mpijob-elastic.io/drain-seconds"
+
+# State the controller keeps on the objects it owns, so a restart resumes where it was.
+ANN_DRAINING_SINCE: Final = "mpijob-elastic.io/draining-since"
+ANN_CONFIG_HASH: Final = "mpijob-elastic.io/config-hash"
+
+CONFIG_MOUNT: Final = "/etc/mpi"
+HOSTFILE: Final = "hostfile"
+KUBEXEC: Final = "kubexec.sh"
+DISCOVER_HOSTS: Final = "discover_hosts.sh"
+
+
+def launcher_name(job: str) -> str:
+    return f"{job}-launcher"
+
+
+def worker_name(job: str, index: int) -> str:
+    return f"{job}-worker-{index}"
+
+
+def config_map_name(job: str) -> str:
+    return f"{job}-config"
+
+
+def selector(job: str, role: str) -> str:
+    """The label selector string of one role's pods, as kubectl and the scale API take it."""
+    return f"{LABEL_GROUP}={GROUP},{LABEL_JOB}={job},{LABEL_ROLE}={role}"
+
+
+def labels(job: str, role: str) -> dict[str, str]:
+    return {LABEL_GROUP: GROUP, LABEL_JOB: job, LABEL_ROLE: role}

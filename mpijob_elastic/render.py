@@ -1,0 +1,262 @@
+"""Pure rendering of the children an MPIJob owns, as plain API dicts.
+
+Formats follow the upstream v1 controllers byte for byte (see docs/formats.md), because
+users' images and scripts read them: ``hostfile``, ``kubexec.sh``, ``discover_hosts.sh``,
+the ``/etc/mpi`` mount and the launcher environment.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mpijob_elastic import names
+from mpijob_elastic.settings import KubectlDelivery, Settings
+from mpijob_elastic.spec import JobSpec, ReplicaSpec
+
+GPU_RESOURCE = "nvidia.com/gpu"
+CONFIG_VOLUME = "mpi-job-config"
+KUBECTL_VOLUME = "mpi-job-kubectl"
+KUBECTL_DIR = "/opt/kube"
+WORKER_SLEEP = ["sleep"], ["365d"]
+
+Obj = dict[str, Any]
+
+
+def owner_reference(spec: JobSpec) -> Obj:
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "name": spec.name,
+        "uid": spec.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(spec: JobSpec, name: str, role: str) -> Obj:
+    return {
+        "name": name,
+        "namespace": spec.namespace,
+        "labels": names.labels(spec.name, role),
+        "ownerReferences": [owner_reference(spec)],
+    }
+
+
+def service_account(spec: JobSpec) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(spec, names.launcher_name(spec.name), names.ROLE_LAUNCHER),
+    }
+
+
+def role_rules(worker_names: Sequence[str]) -> list[Obj]:
+    rules: list[Obj] = [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    ]
+    # An empty resourceNames list would mean *every* pod in the namespace, so with no
+    # workers the exec rule is left out altogether.
+    if worker_names:
+        rules.append(
+            {
+                "apiGroups": [""],
+                "resources": ["pods/exec"],
+                "verbs": ["create"],
+                "resourceNames": list(worker_names),
+            }
+        )
+    return rules
+
+
+def role(spec: JobSpec, worker_names: Sequence[str]) -> Obj:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _metadata(spec, names.launcher_name(spec.name), names.ROLE_LAUNCHER),
+        "rules": role_rules(worker_names),
+    }
+
+
+def role_binding(spec: JobSpec) -> Obj:
+    launcher = names.launcher_name(spec.name)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _metadata(spec, launcher, names.ROLE_LAUNCHER),
+        "subjects": [{"kind": "ServiceAccount", "name": launcher, "namespace": spec.namespace}],
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": launcher},
+    }
+
+
+def requests_gpu(template: Mapping[str, Any]) -> bool:
+    for container in (template.get("spec") or {}).get("containers") or []:
+        limits = (container.get("resources") or {}).get("limits") or {}
+        if GPU_RESOURCE in limits:
+            return True
+    return False
+
+
+def hostfile(spec: JobSpec, worker_count: int) -> str:
+    slots = spec.slots_per_worker
+    lines = []
+    if requests_gpu(spec.launcher.template):
+        lines.append(f"{names.launcher_name(spec.name)} slots={slots}\n")
+    lines += [f"{names.worker_name(spec.name, i)} slots={slots}\n" for i in range(worker_count)]
+    return "".join(lines)
+
+
+def kubexec(spec: JobSpec, settings: Settings) -> str:
+    kubectl = (
+        f"{KUBECTL_DIR}/kubectl"
+        if settings.kubectl_delivery is KubectlDelivery.INIT_CONTAINER
+        else "kubectl"
+    )
+    # spec.mainContainer was validated as a DNS-1123 label, so it cannot carry shell.
+    container = f" --container {spec.main_container}" if spec.main_container else ""
+    return (
+        "#!/bin/sh\n"
+        "set -x\n"
+        "POD_NAME=$1\n"
+        "shift\n"
+        f'{kubectl} exec ${{POD_NAME}}{container} -- /bin/sh -c "$*"'
+    )
+
+
+def discover_hosts(spec: JobSpec, hosts: Sequence[str]) -> str:
+    # v1 format: no newline after the last line. Horovod reads the output as a set.
+    lines = [f"echo {host}:{spec.slots_per_worker}" for host in hosts]
+    return "#!/bin/sh\n" + "\n".join(lines)
+
+
+def config_data(
+    spec: JobSpec, settings: Settings, worker_count: int, hosts: Sequence[str]
+) -> dict[str, str]:
+    return {
+        names.HOSTFILE: hostfile(spec, worker_count),
+        names.KUBEXEC: kubexec(spec, settings),
+        names.DISCOVER_HOSTS: discover_hosts(spec, hosts),
+    }
+
+
+def config_hash(data: Mapping[str, str]) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def config_map(spec: JobSpec, data: Mapping[str, str]) -> Obj:
+    meta = _metadata(spec, names.config_map_name(spec.name), names.ROLE_LAUNCHER)
+    # The ConfigMap is the job's, not the launcher's: it carries no role label in v1.
+    del meta["labels"][names.LABEL_ROLE]
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": dict(data)}
+
+
+def pod_restart_policy(replica: ReplicaSpec) -> str:
+    # ExitCode is decided by the controller from the exit code, so the kubelet must not
+    # restart the container itself.
+    return "Never" if replica.restart_policy == "ExitCode" else replica.restart_policy
+
+
+def main_container_index(spec: JobSpec, containers: Sequence[Mapping[str, Any]]) -> int:
+    for i, container in enumerate(containers):
+        if container.get("name") == spec.main_container:
+            return i
+    return 0
+
+
+def _pod(spec: JobSpec, replica: ReplicaSpec, name: str, role: str) -> Obj:
+    template = copy.deepcopy(dict(replica.template))
+    meta = template.get("metadata") or {}
+    pod_meta = _metadata(spec, name, role)
+    pod_meta["labels"] = {**(meta.get("labels") or {}), **pod_meta["labels"]}
+    if meta.get("annotations"):
+        pod_meta["annotations"] = dict(meta["annotations"])
+    pod_spec = template.get("spec") or {}
+    pod_spec["restartPolicy"] = pod_restart_policy(replica)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": pod_spec}
+
+
+def _config_volume(spec: JobSpec, items: Sequence[tuple[str, int]]) -> Obj:
+    return {
+        "name": CONFIG_VOLUME,
+        "configMap": {
+            "name": names.config_map_name(spec.name),
+            "items": [{"key": key, "path": key, "mode": mode} for key, mode in items],
+        },
+    }
+
+
+def _mount(container: Obj, name: str, path: str) -> None:
+    container.setdefault("volumeMounts", []).append({"name": name, "mountPath": path})
+
+
+def worker_pod(spec: JobSpec, index: int) -> Obj:
+    pod = _pod(spec, spec.worker, names.worker_name(spec.name, index), names.ROLE_WORKER)
+    pod["metadata"]["labels"][names.LABEL_INDEX] = str(index)
+    pod_spec = pod["spec"]
+    pod_spec.setdefault("volumes", []).append(_config_volume(spec, [(names.KUBEXEC, 0o555)]))
+    containers = pod_spec["containers"]
+    main = containers[main_container_index(spec, containers)]
+    _mount(main, CONFIG_VOLUME, names.CONFIG_MOUNT)
+    if not main.get("command"):
+        main["command"], main["args"] = WORKER_SLEEP
+    return pod
+
+
+def _set_env(container: Obj, values: Mapping[str, str]) -> None:
+    env = [e for e in container.get("env") or [] if e.get("name") not in values]
+    env += [{"name": k, "value": v} for k, v in values.items()]
+    container["env"] = env
+
+
+LAUNCHER_ENV = {
+    "OMPI_MCA_plm_rsh_agent": f"{names.CONFIG_MOUNT}/{names.KUBEXEC}",
+    "OMPI_MCA_orte_default_hostfile": f"{names.CONFIG_MOUNT}/{names.HOSTFILE}",
+    "I_MPI_HYDRA_BOOTSTRAP": "rsh",
+    "I_MPI_HYDRA_BOOTSTRAP_EXEC": f"{names.CONFIG_MOUNT}/{names.KUBEXEC}",
+}
+
+# The init container waits for the hosts the job minimally needs to appear in the mounted
+# discover_hosts.sh (not for every worker, as v1 did), then hands kubectl over.
+KUBECTL_DELIVERY_SCRIPT = (
+    'until [ "$(/bin/sh /etc/mpi/discover_hosts.sh | grep -c :)" -ge "$MIN_WORKERS" ]; '
+    "do sleep 1; done; "
+    'cp "$(command -v kubectl)" /opt/kube/kubectl'
+)
+
+
+def launcher_pod(spec: JobSpec, settings: Settings, hash_: str, min_workers: int) -> Obj:
+    pod = _pod(spec, spec.launcher, names.launcher_name(spec.name), names.ROLE_LAUNCHER)
+    pod["metadata"].setdefault("annotations", {})[names.ANN_CONFIG_HASH] = hash_
+    pod_spec = pod["spec"]
+    pod_spec["serviceAccountName"] = names.launcher_name(spec.name)
+    volumes = pod_spec.setdefault("volumes", [])
+    volumes.append(
+        _config_volume(
+            spec,
+            [(names.KUBEXEC, 0o555), (names.HOSTFILE, 0o444), (names.DISCOVER_HOSTS, 0o555)],
+        )
+    )
+    containers = pod_spec["containers"]
+    main = containers[main_container_index(spec, containers)]
+    _mount(main, CONFIG_VOLUME, names.CONFIG_MOUNT)
+    env = dict(LAUNCHER_ENV)
+    if not requests_gpu(spec.launcher.template):
+        # Keep a GPU-less launcher from grabbing the node's GPUs through the NVIDIA runtime.
+        env.update(NVIDIA_VISIBLE_DEVICES="", NVIDIA_DRIVER_CAPABILITIES="")
+    _set_env(main, env)
+    if settings.kubectl_delivery is KubectlDelivery.INIT_CONTAINER:
+        volumes.append({"name": KUBECTL_VOLUME, "emptyDir": {}})
+        _mount(main, KUBECTL_VOLUME, KUBECTL_DIR)
+        init: Obj = {
+            "name": "kubectl-delivery",
+            "image": settings.kubectl_image,
+            "command": ["/bin/sh", "-c", KUBECTL_DELIVERY_SCRIPT],
+            "env": [{"name": "MIN_WORKERS", "value": str(min_workers)}],
+        }
+        _mount(init, KUBECTL_VOLUME, KUBECTL_DIR)
+        _mount(init, CONFIG_VOLUME, names.CONFIG_MOUNT)
+        pod_spec["initContainers"] = [*(pod_spec.get("initContainers") or []), init]
+    return pod

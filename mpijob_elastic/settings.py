@@ -1,0 +1,34 @@
+"""Typed controller settings, filled from the command line (see cli.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class KubectlDelivery(StrEnum):
+    """How the launcher gets the kubectl that ``kubexec.sh`` runs.
+
+    INIT_CONTAINER is the v1 way: an init container copies kubectl from an image into an
+    emptyDir at /opt/kube. NONE is for launcher images that ship kubectl on their PATH.
+    """
+
+    INIT_CONTAINER = "init-container"
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Empty means every namespace.
+    namespaces: tuple[str, ...] = ()
+    # Manage only jobs whose spec.runPolicy.managedBy names this controller, so it can run
+    # beside training-operator 1.9 (which skips such jobs).
+    only_managed_by: bool = False
+    kubectl_delivery: KubectlDelivery = KubectlDelivery.INIT_CONTAINER
+    # Any image with /bin/sh and kubectl on PATH.
+    kubectl_image: str = "docker.io/alpine/k8s:1.34.1"
+    # Long enough for Horovod to see a shorter host list (the launcher's mounted file is
+    # refreshed at once by the config-hash annotation, and Horovod polls discovery every
+    # second) and for the ranks to reach their next commit and leave on their own.
+    default_drain_seconds: float = 30.0
+    reconcile_workers: int = 4

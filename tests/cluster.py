@@ -1,0 +1,95 @@
+"""Pytest fixtures for the real local cluster (KWOK binary runtime).
+
+The cluster is started once per session by ``hack/cluster-up.sh`` under a name of its own,
+and removed at the end. Set ``MPIJOB_ELASTIC_KUBECONFIG`` to run against a cluster that is
+already up (a kept demo cluster, or any cluster you point at): then nothing is started or
+stopped. Unit tests never ask for these fixtures, so they run without a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+
+ROOT = Path(__file__).resolve().parent.parent
+HACK = ROOT / "hack"
+
+
+def binaries_dir() -> Path:
+    out = subprocess.run(
+        [str(HACK / "build-binaries.sh")], check=True, stdout=subprocess.PIPE, text=True
+    )
+    return Path(out.stdout.strip())
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A running cluster: its kubeconfig and the kubectl built for its version."""
+
+    kubeconfig: str
+    kubectl_path: str
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, as_user: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        cmd = [self.kubectl_path, "--kubeconfig", self.kubeconfig, *args]
+        if as_user:
+            cmd += ["--as", as_user]
+        proc = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=120)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc
+
+    def apply(self, manifest: dict[str, Any] | str, namespace: str | None = None) -> None:
+        text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+        ns = ["-n", namespace] if namespace else []
+        self.kubectl("apply", *ns, "-f", "-", input=text)
+
+    def api_client(self) -> client.ApiClient:
+        return config.new_client_from_config(config_file=self.kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    bin_dir = binaries_dir()
+    existing = os.environ.get("MPIJOB_ELASTIC_KUBECONFIG")
+    if existing:
+        yield Cluster(existing, str(bin_dir / "kubectl"))
+        return
+    env = dict(os.environ, MPIJOB_ELASTIC_CLUSTER=f"mpijob-elastic-test-{os.getpid()}")
+    out = subprocess.run(
+        [str(HACK / "cluster-up.sh")], check=True, stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        yield Cluster(out.stdout.strip().splitlines()[-1], str(bin_dir / "kubectl"))
+    finally:
+        subprocess.run([str(HACK / "cluster-down.sh")], env=env, check=False)
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace per test, so tests cannot see each other's objects."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    cluster.kubectl("create", "namespace", name)
+    # Pods need the default ServiceAccount, which the controller-manager adds shortly after.
+    cluster.kubectl(
+        "wait", "--for=create", f"serviceaccount/default", "-n", name, "--timeout=30s"
+    )
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def core(cluster: Cluster) -> Iterator[client.CoreV1Api]:
+    api = cluster.api_client()
+    yield client.CoreV1Api(api)
+    api.close()

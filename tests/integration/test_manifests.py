@@ -1,0 +1,354 @@
+"""The manifests under config/ against a real API server: they validate, the CRD serves
+MPIJobs with printer columns and a working scale subresource, and the ClusterRole grants
+the controller what it needs and no more."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mpijob_elastic import names
+from tests.cluster import Cluster
+from tests.integration.conftest import CONFIG, CRD_NAME, load_documents, mpijob
+
+MANIFESTS = sorted(p for p in CONFIG.rglob("*.yaml") if p.name != "kustomization.yaml")
+SAMPLE = CONFIG / "samples" / "elastic-mpijob.yaml"
+SYSTEM_NAMESPACE = "mpijob-elastic-system"
+CONTROLLER = f"system:serviceaccount:{SYSTEM_NAMESPACE}:mpijob-elastic"
+
+
+def kinds(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    return {(d["kind"], d["metadata"]["name"]) for d in docs}
+
+
+@pytest.fixture(scope="module")
+def system_namespace(cluster: Cluster) -> str:
+    # Server-side dry runs of namespaced objects need their namespace to exist for real. It
+    # is left in place: a later test may deploy the controller into it.
+    cluster.kubectl("apply", "-f", str(CONFIG / "manager" / "namespace.yaml"))
+    return SYSTEM_NAMESPACE
+
+
+@pytest.fixture(scope="module")
+def controller_rbac(cluster: Cluster, system_namespace: str) -> str:
+    """The shipped ServiceAccount, ClusterRole and binding, applied for real."""
+    cluster.kubectl("apply", "-k", str(CONFIG / "rbac"))
+    return CONTROLLER
+
+
+def test_kustomize_default_renders_every_object(cluster: Cluster) -> None:
+    rendered = cluster.kubectl("kustomize", str(CONFIG / "default")).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    assert kinds(docs) == {
+        ("CustomResourceDefinition", CRD_NAME),
+        ("ValidatingAdmissionPolicy", "mpijob-elastic-bounds"),
+        ("ValidatingAdmissionPolicyBinding", "mpijob-elastic-bounds"),
+        ("ValidatingAdmissionPolicy", "mpijob-elastic-scale-bounds"),
+        ("ValidatingAdmissionPolicyBinding", "mpijob-elastic-scale-bounds"),
+        ("Namespace", SYSTEM_NAMESPACE),
+        ("ServiceAccount", "mpijob-elastic"),
+        ("ClusterRole", "mpijob-elastic-controller"),
+        ("ClusterRoleBinding", "mpijob-elastic-controller"),
+        ("Deployment", "mpijob-elastic"),
+    }
+
+
+def test_kustomize_default_validates_server_side(
+    cluster: Cluster, crd: str, system_namespace: str
+) -> None:
+    rendered = cluster.kubectl("kustomize", str(CONFIG / "default")).stdout
+    proc = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered)
+    assert "deployment.apps/mpijob-elastic" in proc.stdout
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: str(p.relative_to(CONFIG)))
+def test_manifest_validates_server_side(
+    cluster: Cluster, crd: str, system_namespace: str, namespace: str, path: Path
+) -> None:
+    docs = load_documents(path)
+    # Samples leave the namespace to the user; kubectl refuses -n on objects that name one.
+    where = [] if any("namespace" in d["metadata"] for d in docs) else ["-n", namespace]
+    proc = cluster.kubectl("apply", "--dry-run=server", *where, "-f", str(path))
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == len(docs)
+    assert all(line.endswith("(server dry run)") for line in lines), lines
+
+
+def test_crd_is_established_with_a_structural_schema(cluster: Cluster, crd: str) -> None:
+    got = json.loads(cluster.kubectl("get", "crd", crd, "-o", "json").stdout)
+    conditions = {c["type"]: c["status"] for c in got["status"]["conditions"]}
+    assert conditions["Established"] == "True"
+    assert conditions["NamesAccepted"] == "True"
+    assert "NonStructuralSchema" not in conditions
+    version = got["spec"]["versions"][0]
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.mpiReplicaSpecs.Worker.replicas",
+        "statusReplicasPath": ".status.replicaStatuses.Worker.active",
+        "labelSelectorPath": ".status.replicaStatuses.Worker.selector",
+    }
+
+
+@pytest.fixture
+def sample(cluster: Cluster, crd: str, namespace: str) -> Iterator[str]:
+    cluster.kubectl("create", "-n", namespace, "-f", str(SAMPLE))
+    yield "elastic-horovod"
+
+
+def set_worker_status(cluster: Cluster, namespace: str, job: str, active: int) -> None:
+    status = {
+        "status": {
+            "conditions": [
+                {
+                    "type": "Created",
+                    "status": "True",
+                    "reason": "MPIJobCreated",
+                    "lastUpdateTime": "2025-01-01T00:00:00Z",
+                    "lastTransitionTime": "2025-01-01T00:00:00Z",
+                },
+                {
+                    "type": "Running",
+                    "status": "True",
+                    "reason": "MPIJobRunning",
+                    "lastUpdateTime": "2025-01-01T00:00:01Z",
+                    "lastTransitionTime": "2025-01-01T00:00:01Z",
+                },
+            ],
+            "replicaStatuses": {
+                "Launcher": {"active": 1},
+                "Worker": {
+                    "active": active,
+                    "selector": names.selector(job, names.ROLE_WORKER),
+                    "labelSelector": {"matchLabels": names.labels(job, names.ROLE_WORKER)},
+                },
+            },
+            "startTime": "2025-01-01T00:00:00Z",
+            "lastReconcileTime": "2025-01-01T00:00:02Z",
+        }
+    }
+    cluster.kubectl(
+        "patch", "-n", namespace, f"mpijob/{job}", "--subresource=status", "--type=merge",
+        "-p", json.dumps(status),
+    )  # fmt: skip
+
+
+def get_job(cluster: Cluster, namespace: str, job: str) -> dict[str, Any]:
+    out = cluster.kubectl("get", "-n", namespace, f"mpijob/{job}", "-o", "json").stdout
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def test_sample_is_stored_with_its_pod_templates_unpruned(
+    cluster: Cluster, namespace: str, sample: str
+) -> None:
+    job = get_job(cluster, namespace, sample)
+    assert job["metadata"]["annotations"][names.ANN_MAX_REPLICAS] == "5"
+    launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    assert launcher["image"] == "horovod/horovod:0.28.1"
+    assert launcher["command"][:2] == ["horovodrun", "-np"]
+    assert "/etc/mpi/discover_hosts.sh" in launcher["command"]
+
+
+def test_get_shows_printer_columns(cluster: Cluster, namespace: str, sample: str) -> None:
+    before = cluster.kubectl("get", "-n", namespace, "mpijob", sample).stdout.splitlines()
+    assert before[0].split() == ["NAME", "DESIRED", "READY", "STATE", "AGE"]
+    assert before[1].split()[:2] == [sample, "2"]
+
+    set_worker_status(cluster, namespace, sample, active=2)
+    after = cluster.kubectl("get", "-n", namespace, "mpijob", sample).stdout.splitlines()
+    assert after[1].split()[:4] == [sample, "2", "2", "Running"]
+
+
+def test_status_keeps_fields_the_controller_adds(
+    cluster: Cluster, namespace: str, sample: str
+) -> None:
+    extra = {"status": {"scaling": {"from": 2, "to": 3}}}
+    cluster.kubectl(
+        "patch", "-n", namespace, f"mpijob/{sample}", "--subresource=status", "--type=merge",
+        "-p", json.dumps(extra),
+    )  # fmt: skip
+    assert get_job(cluster, namespace, sample)["status"]["scaling"] == {"from": 2, "to": 3}
+
+
+def test_kubectl_scale_changes_worker_replicas(
+    cluster: Cluster, namespace: str, sample: str
+) -> None:
+    cluster.kubectl("scale", "-n", namespace, f"mpijob/{sample}", "--replicas=3")
+    job = get_job(cluster, namespace, sample)
+    assert job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 3
+    assert job["spec"]["mpiReplicaSpecs"]["Launcher"]["replicas"] == 1
+
+
+def test_scale_subresource_reports_status_and_selector(
+    cluster: Cluster, namespace: str, sample: str
+) -> None:
+    path = f"/apis/{names.API_VERSION}/namespaces/{namespace}/{names.PLURAL}/{sample}/scale"
+    set_worker_status(cluster, namespace, sample, active=1)
+    scale = json.loads(cluster.kubectl("get", "--raw", path).stdout)
+    assert scale["kind"] == "Scale"
+    assert scale["spec"]["replicas"] == 2
+    assert scale["status"]["replicas"] == 1
+    assert scale["status"]["selector"] == names.selector(sample, names.ROLE_WORKER)
+
+
+def test_unknown_spec_fields_are_pruned_but_templates_are_not(
+    cluster: Cluster, crd: str, namespace: str
+) -> None:
+    job = mpijob("pruning", workers=1)
+    job["spec"]["notAField"] = True
+    job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["nodeSelector"] = {"gpu": "a"}
+    job["spec"]["runPolicy"] = {"schedulingPolicy": {"queue": "q", "futureField": 1}}
+    cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(job))
+    stored = get_job(cluster, namespace, "pruning")["spec"]
+    assert "notAField" not in stored
+    assert stored["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["nodeSelector"] == {"gpu": "a"}
+    assert stored["runPolicy"]["schedulingPolicy"] == {"queue": "q", "futureField": 1}
+
+
+# What the controller must be able to do, per docs/rbac.md, as (verb, resource) for
+# `kubectl auth can-i`.
+GRANTED = [
+    *[(v, "mpijobs.kubeflow.org") for v in ("get", "list", "watch")],
+    *[(v, "mpijobs.kubeflow.org/status") for v in ("update", "patch")],
+    ("update", "mpijobs.kubeflow.org/finalizers"),
+    *[(v, "pods") for v in ("get", "list", "watch", "create", "delete", "patch")],
+    ("create", "pods/exec"),
+    *[(v, r) for r in ("configmaps", "serviceaccounts") for v in ("list", "watch", "create", "update")],
+    *[
+        (v, f"{r}.rbac.authorization.k8s.io")
+        for r in ("roles", "rolebindings")
+        for v in ("list", "watch", "create", "update")
+    ],
+    ("create", "events"),
+    ("patch", "events"),
+]
+DENIED = [
+    ("create", "mpijobs.kubeflow.org"),
+    ("update", "mpijobs.kubeflow.org"),
+    ("delete", "mpijobs.kubeflow.org"),
+    ("update", "mpijobs.kubeflow.org/scale"),
+    ("update", "pods"),
+    ("deletecollection", "pods"),
+    ("get", "secrets"),
+    ("list", "secrets"),
+    ("delete", "configmaps"),
+    ("get", "configmaps"),
+    ("delete", "roles.rbac.authorization.k8s.io"),
+    ("escalate", "roles.rbac.authorization.k8s.io"),
+    ("bind", "roles.rbac.authorization.k8s.io"),
+    ("create", "clusterroles.rbac.authorization.k8s.io"),
+    ("create", "pods/eviction"),
+    ("create", "events.events.k8s.io"),
+]
+
+
+@pytest.mark.parametrize(("verb", "resource"), GRANTED)
+def test_controller_is_granted(
+    cluster: Cluster, controller_rbac: str, namespace: str, verb: str, resource: str
+) -> None:
+    proc = cluster.kubectl(
+        "auth", "can-i", verb, resource, "-n", namespace, "--as", controller_rbac, check=False
+    )
+    assert proc.stdout.strip() == "yes", proc.stderr
+
+
+@pytest.mark.parametrize(("verb", "resource"), DENIED)
+def test_controller_is_not_granted(
+    cluster: Cluster, controller_rbac: str, namespace: str, verb: str, resource: str
+) -> None:
+    proc = cluster.kubectl(
+        "auth", "can-i", verb, resource, "-n", namespace, "--as", controller_rbac, check=False
+    )
+    assert proc.stdout.strip() == "no"
+
+
+def launcher_role(job: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": names.launcher_name(job)},
+        "rules": [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+            {
+                "apiGroups": [""],
+                "resources": ["pods/exec"],
+                "verbs": ["create"],
+                "resourceNames": [names.worker_name(job, 0)],
+            },
+        ],
+    }
+
+
+def test_controller_can_grant_the_launcher_pods_exec(
+    cluster: Cluster, controller_rbac: str, namespace: str
+) -> None:
+    role = json.dumps(launcher_role("j"))
+    cluster.kubectl("create", "-n", namespace, "-f", "-", input=role, as_user=controller_rbac)
+
+
+def test_granting_pods_exec_needs_pods_exec(
+    cluster: Cluster, controller_rbac: str, namespace: str
+) -> None:
+    """Why the ClusterRole holds pods/exec: without it the same Role is refused."""
+    name = f"no-exec-{namespace}"
+    without_exec = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name},
+        "rules": [
+            r
+            for r in load_documents(CONFIG / "rbac" / "role.yaml")[0]["rules"]
+            if r["resources"] != ["pods/exec"]
+        ],
+    }
+    user = f"system:serviceaccount:{namespace}:no-exec"
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "no-exec", "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": "no-exec", "namespace": namespace}],
+    }
+    cluster.apply(without_exec)
+    try:
+        cluster.apply(binding)
+        proc = cluster.kubectl(
+            "create", "-n", namespace, "-f", "-",
+            input=json.dumps(launcher_role("k")), as_user=user, check=False,
+        )  # fmt: skip
+        assert proc.returncode != 0
+        assert "attempting to grant RBAC permissions not currently held" in proc.stderr
+    finally:
+        cluster.kubectl("delete", "clusterrole", name, check=False)
+
+
+def test_controller_can_create_children_owned_by_the_job(
+    cluster: Cluster, controller_rbac: str, namespace: str, sample: str
+) -> None:
+    """blockOwnerDeletion on a child needs update on mpijobs/finalizers."""
+    uid = get_job(cluster, namespace, sample)["metadata"]["uid"]
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": names.config_map_name(sample),
+            "ownerReferences": [
+                {
+                    "apiVersion": names.API_VERSION,
+                    "kind": names.KIND,
+                    "name": sample,
+                    "uid": uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "data": {names.HOSTFILE: f"{names.worker_name(sample, 0)} slots=1\n"},
+    }
+    cluster.kubectl(
+        "create", "-n", namespace, "-f", "-", input=json.dumps(config_map), as_user=controller_rbac
+    )

@@ -1,0 +1,384 @@
+"""The planner, driven through the in-memory cluster: every scaling rule, without a cluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpijob_elastic import names
+from mpijob_elastic.plan import (
+    AnnotatePod,
+    Create,
+    DeletePod,
+    Replace,
+    WriteStatus,
+    worker_index,
+)
+from tests.unit.simulation import Cluster, discovered, exec_names, make_job
+
+ELASTIC = {names.ANN_MIN_REPLICAS: "1", names.ANN_MAX_REPLICAS: "5"}
+
+
+def workers_of(c: Cluster) -> list[str]:
+    return sorted(
+        (p["metadata"]["name"] for p in c.pods if "-worker-" in p["metadata"]["name"]),
+        key=lambda n: worker_index("job", n) or 0,
+    )
+
+
+def condition(c: Cluster, type_: str) -> dict[str, Any] | None:
+    for cond in c.job.get("status", {}).get("conditions", []):
+        if cond["type"] == type_:
+            return dict(cond)
+    return None
+
+
+def cm(c: Cluster) -> dict[str, Any]:
+    obj = c.get("ConfigMap", "job-config")
+    assert obj is not None
+    return obj
+
+
+def started(replicas: int = 2, annotations: dict[str, str] | None = None, **kw: Any) -> Cluster:
+    c = Cluster(make_job(replicas, annotations=annotations or dict(ELASTIC), **kw))
+    c.converge()
+    return c
+
+
+def test_new_job_grants_exec_before_creating_workers() -> None:
+    c = Cluster(make_job(2))
+    p = c.plan()
+    kinds = [a.obj["kind"] for a in p.actions if isinstance(a, Create)]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Pod", "Pod"]
+    c.apply(p)
+    assert c.creations == [
+        ("job-worker-0", {"job-worker-0", "job-worker-1"}),
+        ("job-worker-1", {"job-worker-0", "job-worker-1"}),
+    ]
+    # Pending workers take no ranks; the launcher waits for them.
+    assert discovered(cm(c)) == []
+    assert c.get("Pod", "job-launcher") is None
+
+
+def test_settled_job_plans_nothing() -> None:
+    c = started(3)
+    assert discovered(cm(c)) == ["job-worker-0", "job-worker-1", "job-worker-2"]
+    assert c.get("Pod", "job-launcher") is not None
+    p = c.plan()
+    assert p.actions == ()
+    assert p.requeue_after is None
+
+
+def test_discovery_is_in_index_order_not_string_order() -> None:
+    c = started(11, annotations={names.ANN_MAX_REPLICAS: "20"})
+    hosts = discovered(cm(c))
+    assert hosts[:3] == ["job-worker-0", "job-worker-1", "job-worker-2"]
+    assert hosts[-2:] == ["job-worker-9", "job-worker-10"]
+
+
+def test_v1_file_formats() -> None:
+    c = started(2, slots=2)
+    data = cm(c)["data"]
+    assert data[names.HOSTFILE] == "job-worker-0 slots=2\njob-worker-1 slots=2\n"
+    assert data[names.DISCOVER_HOSTS] == "#!/bin/sh\necho job-worker-0:2\necho job-worker-1:2"
+
+
+def test_scale_up_role_first_and_running_before_discovery() -> None:
+    c = started(2)
+    c.set_replicas(4)
+    p = c.plan()
+    role_at = next(i for i, a in enumerate(p.actions) if isinstance(a, Replace) and a.obj["kind"] == "Role")
+    first_pod = next(i for i, a in enumerate(p.actions) if isinstance(a, Create) and a.obj["kind"] == "Pod")
+    assert role_at < first_pod
+    c.apply(p)
+    assert exec_names(c.get("Role", "job-launcher")) == {f"job-worker-{i}" for i in range(4)}
+    assert cm(c)["data"][names.HOSTFILE].count("\n") == 4
+    # Created but not Running: not a host yet.
+    assert discovered(cm(c)) == ["job-worker-0", "job-worker-1"]
+    assert condition(c, "Scaling") == {**condition(c, "Scaling"), "status": "True", "reason": "ScalingUp"}  # type: ignore[dict-item]
+    c.run_pods()
+    c.apply(c.plan())
+    assert discovered(cm(c)) == [f"job-worker-{i}" for i in range(4)]
+    assert any(e.reason == "ScaledUp" for e in c.events)
+
+
+def test_scale_in_drains_then_deletes_once_then_revokes() -> None:
+    c = started(4)
+    c.set_replicas(1)
+    p = c.plan()
+    # Host lists change before anything happens to the victims.
+    cm_at = next(i for i, a in enumerate(p.actions) if isinstance(a, Replace) and a.obj["kind"] == "ConfigMap")
+    marks = [i for i, a in enumerate(p.actions) if isinstance(a, AnnotatePod) and names.ANN_DRAINING_SINCE in a.annotations]
+    assert marks and min(marks) > cm_at
+    assert not p.of_type(DeletePod)
+    assert p.requeue_after == 30
+    c.apply(p)
+    assert discovered(cm(c)) == ["job-worker-0"]
+    assert cm(c)["data"][names.HOSTFILE] == "job-worker-0 slots=1\n"
+    # Still allowed to exec while the ranks wind down.
+    assert exec_names(c.get("Role", "job-launcher")) == {f"job-worker-{i}" for i in range(4)}
+    assert condition(c, "Scaling")["reason"] == "ScalingDown"  # type: ignore[index]
+
+    c.tick(10)
+    p = c.plan()
+    assert not p.of_type(DeletePod)
+    assert p.requeue_after == 20
+    c.tick(20)
+    p = c.plan()
+    assert sorted(d.name for d in p.of_type(DeletePod)) == ["job-worker-1", "job-worker-2", "job-worker-3"]
+    c.apply(p)
+    # The cache has not caught up yet: no second delete.
+    assert not c.plan().of_type(DeletePod)
+    c.finalize_deletions()
+    c.apply(c.plan())
+    assert exec_names(c.get("Role", "job-launcher")) == {"job-worker-0"}
+    assert condition(c, "Scaling")["status"] == "False"  # type: ignore[index]
+    reasons = [e.reason for e in c.events]
+    assert reasons.index("Draining") < reasons.index("WorkerDeleted")
+
+
+def test_scale_up_during_drain_takes_victims_back() -> None:
+    c = started(4)
+    c.set_replicas(1)
+    c.apply(c.plan())
+    c.tick(5)
+    c.set_replicas(3)
+    p = c.plan()
+    assert not p.of_type(DeletePod)
+    unmarked = {a.name for a in p.of_type(AnnotatePod) if a.annotations.get(names.ANN_DRAINING_SINCE, "x") is None}
+    assert unmarked == {"job-worker-1", "job-worker-2"}
+    assert not [a for a in p.of_type(Create) if a.obj["kind"] == "Pod"]
+    c.apply(p)
+    assert discovered(cm(c)) == ["job-worker-0", "job-worker-1", "job-worker-2"]
+    c.tick(60)
+    c.converge()
+    assert workers_of(c) == ["job-worker-0", "job-worker-1", "job-worker-2"]
+    assert [name for name, _ in c.deletions] == ["job-worker-3"]
+
+
+def test_zero_drain_deletes_right_after_the_host_lists_change() -> None:
+    c = started(3, annotations={**ELASTIC, names.ANN_DRAIN_SECONDS: "0"})
+    c.set_replicas(1)
+    p = c.plan()
+    cm_at = next(i for i, a in enumerate(p.actions) if isinstance(a, Replace) and a.obj["kind"] == "ConfigMap")
+    deletes = [i for i, a in enumerate(p.actions) if isinstance(a, DeletePod)]
+    assert len(deletes) == 2 and min(deletes) > cm_at
+
+
+def test_unreadable_drain_mark_restarts_the_drain() -> None:
+    c = started(2)
+    c.set_replicas(1)
+    c.apply(c.plan())
+    c.objects[("Pod", "job-worker-1")]["metadata"]["annotations"][names.ANN_DRAINING_SINCE] = "soon"
+    c.tick(100)
+    p = c.plan()
+    assert not p.of_type(DeletePod)
+    assert [a.name for a in p.of_type(AnnotatePod)] == ["job-worker-1"]
+
+
+def test_config_change_touches_the_launcher() -> None:
+    c = started(2)
+    c.set_replicas(3)
+    c.apply(c.plan())
+    c.run_pods()
+    p = c.plan()
+    hashes = [a for a in p.of_type(AnnotatePod) if a.name == "job-launcher"]
+    assert len(hashes) == 1
+    cm_at = next(i for i, a in enumerate(p.actions) if isinstance(a, Replace) and a.obj["kind"] == "ConfigMap")
+    assert p.actions.index(hashes[0]) > cm_at
+
+
+def test_out_of_range_replicas_keep_the_current_workers() -> None:
+    c = started(3)
+    for bad in (9, 0, -1):
+        c.set_replicas(bad)
+        p = c.plan()
+        assert not p.of_type(DeletePod), bad
+        assert not [a for a in p.of_type(Create) if a.obj["kind"] == "Pod"], bad
+        c.apply(p)
+        cond = condition(c, "InvalidSpec")
+        assert cond and cond["status"] == "True" and cond["reason"] == "ReplicasOutOfRange"
+        assert "spec.mpiReplicaSpecs.Worker.replicas" in cond["message"]
+        assert workers_of(c) == ["job-worker-0", "job-worker-1", "job-worker-2"]
+    assert [e.reason for e in c.events].count("ReplicasOutOfRange") == 3
+    # A lost worker is still replaced while the bad value stands.
+    del c.objects[("Pod", "job-worker-1")]
+    c.converge()
+    assert workers_of(c) == ["job-worker-0", "job-worker-1", "job-worker-2"]
+    c.set_replicas(2)
+    c.converge()
+    assert condition(c, "InvalidSpec")["status"] == "False"  # type: ignore[index]
+    assert workers_of(c) == ["job-worker-0", "job-worker-1"]
+
+
+def test_new_job_out_of_range_starts_at_the_nearest_bound() -> None:
+    c = Cluster(make_job(9, annotations=dict(ELASTIC)))
+    c.converge()
+    assert len(workers_of(c)) == 5
+
+
+def test_invalid_spec_touches_no_child() -> None:
+    c = started(2)
+    c.job["spec"]["slotsPerWorker"] = 0
+    p = c.plan()
+    assert all(isinstance(a, (WriteStatus,)) or a.__class__.__name__ == "Emit" for a in p.actions)
+    c.apply(p)
+    cond = condition(c, "InvalidSpec")
+    assert cond and "spec.slotsPerWorker" in cond["message"]
+    assert c.events[-1].reason == "InvalidSpec"
+    # Reconciling again neither repeats the Event nor rewrites the status.
+    assert c.plan().actions == ()
+
+
+def _fail(c: Cluster, name: str, code: int = 1, reason: str = "") -> None:
+    pod = c.objects[("Pod", name)]
+    pod["status"] = {
+        "phase": "Failed",
+        "reason": reason,
+        "containerStatuses": [{"name": "main", "state": {"terminated": {"exitCode": code}}}],
+    }
+
+
+def test_failed_worker_leaves_discovery_and_is_replaced() -> None:
+    c = started(2)
+    c.job["spec"]["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = "OnFailure"
+    c.converge()
+    _fail(c, "job-worker-1")
+    p = c.plan()
+    assert [d.name for d in p.of_type(DeletePod)] == ["job-worker-1"]
+    c.apply(p)
+    assert discovered(cm(c)) == ["job-worker-0"]
+    c.converge()
+    assert discovered(cm(c)) == ["job-worker-0", "job-worker-1"]
+    assert "WorkerReplaced" in [e.reason for e in c.events]
+
+
+def test_restart_policies_for_failed_workers() -> None:
+    cases = [("Never", 137, "", False), ("Never", 1, "Evicted", True), ("ExitCode", 1, "", False), ("ExitCode", 137, "", True), ("Always", 1, "", True)]
+    for policy, code, reason, replaced in cases:
+        c = started(2)
+        c.job["spec"]["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = policy
+        c.converge()
+        _fail(c, "job-worker-0", code, reason)
+        deletes = [d.name for d in c.plan().of_type(DeletePod)]
+        assert deletes == (["job-worker-0"] if replaced else []), (policy, code, reason)
+
+
+def test_launcher_end_decides_the_job_and_clean_pod_policy() -> None:
+    for policy, deleted in (("All", 3), ("Running", 2), ("None", 0)):
+        c = started(2, runPolicy={"cleanPodPolicy": policy})
+        c.objects[("Pod", "job-launcher")]["status"] = {"phase": "Succeeded"}
+        p = c.plan()
+        assert len(p.of_type(DeletePod)) == deleted, policy
+        c.apply(p)
+        assert condition(c, "Succeeded")["status"] == "True"  # type: ignore[index]
+        assert condition(c, "Running")["status"] == "False"  # type: ignore[index]
+        assert c.job["status"]["completionTime"]
+        # Finished is final: nothing is recreated, nothing deleted twice.
+        c.finalize_deletions()
+        p = c.plan()
+        assert not p.of_type(Create) and not p.of_type(DeletePod), policy
+
+
+def test_launcher_failure_fails_the_job() -> None:
+    c = started(2)
+    c.objects[("Pod", "job-launcher")]["status"] = {"phase": "Failed"}
+    c.apply(c.plan())
+    assert condition(c, "Failed")["status"] == "True"  # type: ignore[index]
+    assert [cond["type"] for cond in c.job["status"]["conditions"]][-1] == "Failed"
+
+
+def test_status_counts_and_selector() -> None:
+    c = started(3)
+    worker = c.job["status"]["replicaStatuses"]["Worker"]
+    assert worker["active"] == 3
+    assert worker["selector"] == "group-name=kubeflow.org,mpi-job-name=job,mpi-job-role=worker"
+
+
+def test_non_elastic_launcher_waits_for_every_worker() -> None:
+    c = Cluster(make_job(3))
+    c.apply(c.plan())
+    pods = c.pods
+    pods[0]["status"]["phase"] = "Running"
+    c.apply(c.plan())
+    assert c.get("Pod", "job-launcher") is None
+    c.run_pods()
+    c.apply(c.plan())
+    assert c.get("Pod", "job-launcher") is not None
+
+
+def test_elastic_launcher_waits_only_for_min() -> None:
+    c = Cluster(make_job(3, annotations={names.ANN_MIN_REPLICAS: "1"}))
+    c.apply(c.plan())
+    c.pods[0]["status"]["phase"] = "Running"
+    c.apply(c.plan())
+    assert c.get("Pod", "job-launcher") is not None
+
+
+def test_pods_named_like_workers_of_another_job_are_ignored() -> None:
+    c = started(2)
+    stray = {"metadata": {"name": "job-worker-01", "uid": "x", "labels": names.labels("job", "worker")}, "status": {"phase": "Running"}}
+    c.objects[("Pod", "job-worker-01")] = stray
+    p = c.plan()
+    assert not p.of_type(DeletePod)
+    assert "job-worker-01" not in discovered(cm(c))
+
+
+# -- property: any order of events keeps the safety invariants --------------------------
+
+step = st.one_of(
+    st.tuples(st.just("replicas"), st.integers(min_value=-1, max_value=7)),
+    st.tuples(st.just("run"), st.just(0)),
+    st.tuples(st.just("finalize"), st.just(0)),
+    st.tuples(st.just("tick"), st.integers(min_value=1, max_value=40)),
+    st.tuples(st.just("fail"), st.integers(min_value=0, max_value=6)),
+    st.tuples(st.just("reconcile"), st.just(0)),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(step, min_size=1, max_size=40), st.sampled_from(["0", "15"]))
+def test_invariants_under_any_event_order(steps: list[tuple[str, int]], drain: str) -> None:
+    c = Cluster(make_job(2, annotations={**ELASTIC, names.ANN_DRAIN_SECONDS: drain}))
+    c.job["spec"]["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = "OnFailure"
+    for kind, arg in steps:
+        if kind == "replicas":
+            c.set_replicas(arg)
+        elif kind == "run":
+            c.run_pods()
+        elif kind == "finalize":
+            c.finalize_deletions()
+        elif kind == "tick":
+            c.tick(arg)
+        elif kind == "fail" and ("Pod", f"job-worker-{arg}") in c.objects:
+            _fail(c, f"job-worker-{arg}", 137)
+        else:
+            c.apply(c.plan())
+        role = exec_names(c.get("Role", "job-launcher"))
+        hosts = discovered(c.get("ConfigMap", "job-config"))
+        # The launcher can exec into every host it is told about.
+        assert set(hosts) <= role
+        # Every worker was exec-able from the moment it was created.
+        for pod, granted in c.creations:
+            assert pod == "job-launcher" or pod in granted
+        if kind == "reconcile":
+            # Right after a reconcile, hosts are only Running pods not being deleted.
+            for host in hosts:
+                pod = c.get("Pod", host)
+                assert pod is not None and pod["status"]["phase"] == "Running"
+                assert not pod["metadata"].get("deletionTimestamp")
+    # A healthy worker was only ever deleted after leaving discovery for the drain period.
+    for name, at in c.deletions:
+        left = c.left_discovery.get(name)
+        if left is not None:
+            assert (at - left).total_seconds() >= float(drain)
+    # Whatever happened, the job converges to its bounded replicas with nothing extra.
+    c.converge(rounds=30)
+    want = c.job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]
+    if not 1 <= want <= 5:
+        want = len(workers_of(c))
+    assert workers_of(c) == [f"job-worker-{i}" for i in range(want)]
+    assert discovered(cm(c)) == workers_of(c)
+    assert exec_names(c.get("Role", "job-launcher")) == set(workers_of(c))

@@ -1,0 +1,198 @@
+"""WorkQueue semantics: dedup, one worker per key, delays, backoff and shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from mpijob_elastic.workqueue import ItemBackoff, ShutDownError, WorkQueue
+
+Key = tuple[str, str]
+A: Key = ("ns", "a")
+B: Key = ("ns", "b")
+C: Key = ("ns", "c")
+
+# Long enough for a scheduled timer or a woken task to run, far below a second.
+SHORT = 0.2
+
+
+async def get_soon(queue: WorkQueue[Key]) -> Key:
+    return await asyncio.wait_for(queue.get(), SHORT)
+
+
+async def assert_nothing_ready(queue: WorkQueue[Key], wait: float = 0.05) -> None:
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(queue.get(), wait)
+
+
+async def test_add_dedups_waiting_keys_and_keeps_fifo_order() -> None:
+    queue: WorkQueue[Key] = WorkQueue()
+    for key in (A, B, A, C, B):
+        queue.add(key)
+    assert len(queue) == 3
+    assert [await get_soon(queue) for _ in range(3)] == [A, B, C]
+    assert len(queue) == 0
+
+
+async def test_key_added_while_processing_waits_for_done() -> None:
+    queue: WorkQueue[Key] = WorkQueue()
+    queue.add(A)
+    assert await get_soon(queue) == A
+    queue.add(A)
+    queue.add(A)
+    # A second worker must not get A while the first one holds it.
+    assert len(queue) == 0
+    await assert_nothing_ready(queue)
+    queue.done(A)
+    assert len(queue) == 1
+    assert await get_soon(queue) == A
+    queue.done(A)
+    # Added twice while processing, but queued again only once.
+    await assert_nothing_ready(queue)
+
+
+async def test_done_without_re_add_does_not_requeue() -> None:
+    queue: WorkQueue[Key] = WorkQueue()
+    queue.add(A)
+    await get_soon(queue)
+    queue.done(A)
+    assert len(queue) == 0
+
+
+async def test_concurrent_workers_never_share_a_key() -> None:
+    queue: WorkQueue[Key] = WorkQueue()
+    in_progress: set[Key] = set()
+    overlaps: list[Key] = []
+    processed: list[Key] = []
+    idle = asyncio.Event()
+
+    async def worker() -> None:
+        while True:
+            try:
+                key = await queue.get()
+            except ShutDownError:
+                return
+            if key in in_progress:
+                overlaps.append(key)
+            in_progress.add(key)
+            await asyncio.sleep(0.005)
+            processed.append(key)
+            in_progress.discard(key)
+            queue.done(key)
+            if not len(queue) and not in_progress:
+                idle.set()
+
+    workers = [asyncio.create_task(worker()) for _ in range(4)]
+    for _ in range(5):
+        for key in (A, B, C):
+            queue.add(key)
+        await asyncio.sleep(0.002)
+    if len(queue) or in_progress:
+        idle.clear()
+        await asyncio.wait_for(idle.wait(), 1)
+    queue.shutdown()
+    await asyncio.wait_for(asyncio.gather(*workers), SHORT)
+    assert overlaps == []
+    assert set(processed) == {A, B, C}
+    # Dedup: far fewer reconciles than the 15 adds.
+    assert len(processed) < 15
+
+
+async def test_waiting_worker_wakes_on_add() -> None:
+    queue: WorkQueue[Key] = WorkQueue()
+    getter = asyncio.create_task(queue.get())
+    await asyncio.sleep(0)
+    assert not getter.done()
+    queue.add(B)
+    assert await asyncio.wait_for(getter, SHORT) == B
+
+
+async def test_add_after_delivers_in_due_order() -> None:
+    queue: WorkQueue[Key] = WorkQueue()
+    queue.add_after(A, 0.06)
+    queue.add_after(B, 0.02)
+    queue.add_after(C, 0)  # no delay: added at once
+    assert len(queue) == 1
+    assert await get_soon(queue) == C
+    assert await get_soon(queue) == B
+    assert await get_soon(queue) == A
+
+
+async def test_add_after_keeps_the_sooner_pending_add() -> None:
+    queue: WorkQueue[Key] = WorkQueue()
+    queue.add_after(A, 0.02)
+    queue.add_after(A, 10)  # later: ignored
+    assert await get_soon(queue) == A
+    queue.done(A)
+    queue.add_after(B, 10)
+    queue.add_after(B, 0.02)  # sooner: replaces the 10 s one
+    assert await get_soon(queue) == B
+    queue.done(B)
+    # Each key fired exactly once.
+    await assert_nothing_ready(queue)
+
+
+def test_backoff_doubles_from_5ms_and_is_capped() -> None:
+    backoff: ItemBackoff[Key] = ItemBackoff(max_delay_seconds=0.1)
+    delays = [backoff.next_delay(A) for _ in range(7)]
+    assert delays == pytest.approx([0.005, 0.01, 0.02, 0.04, 0.08, 0.1, 0.1])
+    assert backoff.failures(A) == 7
+    # Keys back off independently.
+    assert backoff.next_delay(B) == pytest.approx(0.005)
+    backoff.forget(A)
+    assert backoff.failures(A) == 0
+    assert backoff.next_delay(A) == pytest.approx(0.005)
+
+
+def test_backoff_survives_very_many_failures() -> None:
+    backoff: ItemBackoff[Key] = ItemBackoff(max_delay_seconds=60)
+    for _ in range(5000):
+        delay = backoff.next_delay(A)
+    assert delay == 60
+
+
+async def test_add_rate_limited_backs_off_until_forget() -> None:
+    queue: WorkQueue[Key] = WorkQueue(max_backoff_seconds=10)
+    queue.add_rate_limited(A)  # first failure: 5 ms
+    assert await get_soon(queue) == A
+    for _ in range(20):
+        queue.add_rate_limited(A)  # still failing: delays pile up to the 10 s cap
+    queue.done(A)
+    # The 10 ms retry scheduled by the second failure is the sooner one and is kept.
+    assert await get_soon(queue) == A
+    queue.done(A)
+    assert queue.num_failures(A) == 21
+    queue.add_rate_limited(A)  # 22nd failure: 10 s, capped
+    await assert_nothing_ready(queue)
+    queue.forget(A)
+    assert queue.num_failures(A) == 0
+    queue.add_rate_limited(A)  # back to 5 ms, which replaces the pending 10 s retry
+    assert await get_soon(queue) == A
+
+
+async def test_shutdown_releases_waiting_and_future_getters() -> None:
+    queue: WorkQueue[Key] = WorkQueue()
+    getters = [asyncio.create_task(queue.get()) for _ in range(3)]
+    await asyncio.sleep(0)
+    queue.add_after(A, 0.01)
+    queue.shutdown()
+    for getter in getters:
+        with pytest.raises(ShutDownError):
+            await asyncio.wait_for(getter, SHORT)
+    # Later adds are dropped and later gets fail at once, also with keys left waiting.
+    queue.add(B)
+    assert len(queue) == 0
+    with pytest.raises(ShutDownError):
+        await get_soon(queue)
+    await asyncio.sleep(0.02)
+    assert len(queue) == 0
+
+
+async def test_shutdown_stops_workers_even_with_keys_waiting() -> None:
+    queue: WorkQueue[Key] = WorkQueue()
+    queue.add(A)
+    queue.add(B)
+    queue.shutdown()
+    with pytest.raises(ShutDownError):
+        await get_soon(queue)
