@@ -53,8 +53,6 @@ LIST_PAGE_SIZE = 500
 CONNECT_TIMEOUT_SECONDS = 30.0
 # A list streams its whole body at once, so a long silence means a dead connection.
 LIST_READ_TIMEOUT_SECONDS = 60.0
-# How much longer than its own timeoutSeconds we give the server to end a watch.
-WATCH_READ_MARGIN_SECONDS = 30.0
 BACKOFF_INITIAL_SECONDS = 0.5
 BACKOFF_MAX_SECONDS = 30.0
 # UIDs of recently deleted objects, so a write result that arrives after the DELETED event
@@ -348,9 +346,11 @@ class Informer:
             ("resourceVersion", resource_version),
             ("timeoutSeconds", server_timeout),
         ]
+        # The server ends the watch at server_timeout even when it has sent nothing; a
+        # tenth more and a second is ample for that end to reach us, and past it the
+        # connection is dead.
         timeout = aiohttp.ClientTimeout(
-            sock_connect=CONNECT_TIMEOUT_SECONDS,
-            sock_read=server_timeout + WATCH_READ_MARGIN_SECONDS,
+            sock_connect=CONNECT_TIMEOUT_SECONDS, sock_read=server_timeout * 1.1 + 1
         )
         logger.debug("%r: watching from resourceVersion %s", self, resource_version)
         started = asyncio.get_running_loop().time()

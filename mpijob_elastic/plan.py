@@ -39,6 +39,7 @@ SCALING = "Scaling"
 RUNNING = "Running"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
+POD_REJECTED = "PodTemplateRejected"
 CONDITION_ORDER = (CREATED, INVALID, SCALING, RUNNING, "Restarting", SUCCEEDED, FAILED)
 
 
@@ -369,7 +370,6 @@ class _Planner:
         """How many workers the job should have: Worker replicas, if within bounds."""
         requested = spec.worker.replicas
         if spec.bounds.contains(requested):
-            self.status.clear(INVALID, "SpecValid", "The spec is valid.")
             return requested
         # Refuse the value: keep the workers the job holds now (by highest index, so a
         # worker lost meanwhile is still replaced), or, for a new job, the nearest bound.
@@ -464,6 +464,17 @@ class _Planner:
             self.actions.append(Create(render.launcher_pod(spec, self.settings, hash_, needed)))
         if launcher is not None and (launcher.get("status") or {}).get("phase") == "Running":
             s.set(RUNNING, True, "MPIJobRunning", f"MPIJob {spec.name} is running.")
+
+        # A pod template the API server refused stays reported until a pod create goes
+        # through, which a plan without pod creates implies.
+        invalid = s.get(INVALID)
+        creates = any(isinstance(a, Create) and a.obj["kind"] == "Pod" for a in self.actions)
+        if (
+            spec.bounds.contains(spec.worker.replicas)
+            and invalid is not None
+            and not (invalid.get("reason") == POD_REJECTED and creates)
+        ):
+            s.clear(INVALID, "SpecValid", "The spec is valid.")
 
         # 9. Tell the user a scale is in progress, from how many workers to how many.
         if len(hosts) < target:
@@ -578,6 +589,20 @@ class _Planner:
 def _hostfile_workers(data: Mapping[str, Any] | None) -> int:
     text = (data or {}).get(names.HOSTFILE) or ""
     return sum(1 for line in text.splitlines() if "-worker-" in line)
+
+
+def rejected_status(
+    job: Mapping[str, Any], message: str, now: datetime | None = None
+) -> Obj | None:
+    """The job's status after the API server refused a pod built from its template.
+
+    The server's message names the field (``spec.containers[0].image: Required value``),
+    which is what the user must fix. None when the status already says so.
+    """
+    status = _Status(job, now or datetime.now(UTC))
+    if not status.set(INVALID, True, POD_REJECTED, message):
+        return None
+    return status.build()
 
 
 def plan(observed: Observed, settings: Settings, now: datetime | None = None) -> Plan:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client, config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,6 +58,40 @@ class Cluster:
     def api_client(self) -> client.ApiClient:
         return config.new_client_from_config(config_file=self.kubeconfig)
 
+    def service_account_kubeconfig(self, namespace: str, service_account: str, path: Path) -> str:
+        """Write a kubeconfig that acts as a ServiceAccount, with a token from TokenRequest.
+
+        Impersonation (--as) would go through the admin's credentials; a real token makes
+        the API server authenticate the ServiceAccount itself, as in a pod.
+        """
+        token = self.kubectl(
+            "create", "token", service_account, "-n", namespace, "--duration=2h"
+        ).stdout.strip()
+        admin = yaml.safe_load(Path(self.kubeconfig).read_text())
+        server = admin["clusters"][0]["cluster"]
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "c", "cluster": server}],
+                    "users": [{"name": service_account, "user": {"token": token}}],
+                    "contexts": [
+                        {
+                            "name": "c",
+                            "context": {
+                                "cluster": "c",
+                                "user": service_account,
+                                "namespace": namespace,
+                            },
+                        }
+                    ],
+                    "current-context": "c",
+                }
+            )
+        )
+        return str(path)
+
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
@@ -82,7 +117,7 @@ def namespace(cluster: Cluster) -> Iterator[str]:
     cluster.kubectl("create", "namespace", name)
     # Pods need the default ServiceAccount, which the controller-manager adds shortly after.
     cluster.kubectl(
-        "wait", "--for=create", f"serviceaccount/default", "-n", name, "--timeout=30s"
+        "wait", "--for=create", "serviceaccount/default", "-n", name, "--timeout=30s"
     )
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -329,15 +329,7 @@ class Driver:
         """Runs until the job ends; returns the process exit code."""
         cfg = self.config
         self._t0 = time.time()
-        if cfg.log_file:
-            Path(cfg.log_file).parent.mkdir(parents=True, exist_ok=True)
-            self._log = open(cfg.log_file, "a", encoding="utf-8")  # noqa: SIM115
-        if cfg.work_dir:
-            self._work_dir = Path(cfg.work_dir)
-            self._work_dir.mkdir(parents=True, exist_ok=True)
-        else:
-            self._work_dir = Path(tempfile.mkdtemp(prefix="mockhorovod-"))
-            self._own_work_dir = True
+        self._prepare_files()
         self.emit(
             ev.DRIVER_STARTED,
             pid=os.getpid(),
@@ -349,7 +341,8 @@ class Driver:
             elastic_timeout=cfg.elastic_timeout,
             blacklist_cooldown_range=list(cfg.cooldown_range) if cfg.cooldown_range else None,
             rsh_agent=cfg.rsh_agent,
-            rsh_agent_env=os.environ.get("OMPI_MCA_plm_rsh_agent"),
+            # Open MPI's spelling; Horovod uses kubexec.sh only when it is exactly this.
+            rsh_agent_env=os.environ.get("OMPI_MCA_plm_rsh_agent"),  # noqa: SIM112
             rank_command=cfg.rank_command,
             work_dir=str(self._work_dir),
             command=list(cfg.command),
@@ -377,6 +370,18 @@ class Driver:
                 self._log.close()
                 self._log = None
         return exit_code
+
+    def _prepare_files(self) -> None:
+        cfg = self.config
+        if cfg.log_file:
+            Path(cfg.log_file).parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(cfg.log_file, "a", encoding="utf-8")  # noqa: SIM115
+        if cfg.work_dir:
+            self._work_dir = Path(cfg.work_dir)
+            self._work_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            self._work_dir = Path(tempfile.mkdtemp(prefix="mockhorovod-"))
+            self._own_work_dir = True
 
     def _stop_wanted(self) -> str | None:
         cfg = self.config
@@ -503,9 +508,7 @@ class Driver:
         if self._listed is None:
             return []
         now = time.time()
-        return [
-            h for h in self._order if h in self._listed and self._blacklist.get(h, 0.0) <= now
-        ]
+        return [h for h in self._order if h in self._listed and self._blacklist.get(h, 0.0) <= now]
 
     def _available_slots(self) -> int:
         listed = self._listed or {}
@@ -667,7 +670,8 @@ class Driver:
         )
         if rank.stopping is not None:
             self._signal_rank(rank)  # stopped before it was even spawned
-        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
         readers = [
             asyncio.create_task(self._read_stdout(rank, proc.stdout)),
             asyncio.create_task(self._read_stderr(rank, proc.stderr)),
@@ -687,7 +691,10 @@ class Driver:
             if not rank.running and text.startswith(RANK_STARTED_MARKER):
                 rank.running = True
                 self.emit(
-                    ev.RANK_RUNNING, host=rank.host, rank_id=rank.rank_id, local_rank=rank.local_rank
+                    ev.RANK_RUNNING,
+                    host=rank.host,
+                    rank_id=rank.rank_id,
+                    local_rank=rank.local_rank,
                 )
             self._say(f"[{rank.host}/{rank.local_rank}] {text}")
 
@@ -759,9 +766,12 @@ class Driver:
         """Drops a leaving host once its ranks are gone, so a later host of the same name
         (pod names are reused) starts fresh."""
         entry = self._hosts.get(host)
-        if entry is not None and entry.leaving is not None:
-            if not any(r.alive for r in entry.ranks.values()):
-                del self._hosts[host]
+        if (
+            entry is not None
+            and entry.leaving is not None
+            and not any(r.alive for r in entry.ranks.values())
+        ):
+            del self._hosts[host]
 
     def _stop_rank(self, rank: Rank, reason: str) -> None:
         """Stops a rank the way the graceful path does: stop file, SIGTERM, then SIGKILL.

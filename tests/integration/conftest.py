@@ -79,9 +79,7 @@ def mpijob(
 def crd(cluster: Cluster) -> str:
     """The MPIJob CRD installed and served; returns its name."""
     cluster.kubectl("apply", "-f", str(CRD_FILE))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s"
-    )
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
     # Established means the API server serves the resource, but kubectl's discovery cache
     # may lag; retry until a list works so the first test does not see "no such resource".
     deadline = time.monotonic() + 30
@@ -136,9 +134,11 @@ def wait_until_rejected(
 
 
 @pytest.fixture(scope="session")
-def admission_policy(cluster: Cluster, crd: str) -> Iterator[AdmissionPolicy]:
+def admission_policy(cluster: Cluster, crd: str) -> AdmissionPolicy:
     docs = [_confined(doc) for path in ADMISSION_FILES for doc in load_documents(path)]
-    cluster.kubectl("apply", "-f", "-", input=json.dumps({"kind": "List", "apiVersion": "v1", "items": docs}))
+    cluster.kubectl(
+        "apply", "-f", "-", input=json.dumps({"kind": "List", "apiVersion": "v1", "items": docs})
+    )
     policies = tuple(
         d["metadata"]["name"] for d in docs if d["kind"] == "ValidatingAdmissionPolicy"
     )
@@ -165,7 +165,7 @@ def admission_policy(cluster: Cluster, crd: str) -> Iterator[AdmissionPolicy]:
         )
     finally:
         cluster.kubectl("delete", "namespace", probe_ns, "--wait=false", check=False)
-    yield AdmissionPolicy(policies, labels)
+    return AdmissionPolicy(policies, labels)
 
 
 @pytest.fixture

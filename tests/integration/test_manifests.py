@@ -5,7 +5,6 @@ the controller what it needs and no more."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,9 +93,9 @@ def test_crd_is_established_with_a_structural_schema(cluster: Cluster, crd: str)
 
 
 @pytest.fixture
-def sample(cluster: Cluster, crd: str, namespace: str) -> Iterator[str]:
+def sample(cluster: Cluster, crd: str, namespace: str) -> str:
     cluster.kubectl("create", "-n", namespace, "-f", str(SAMPLE))
-    yield "elastic-horovod"
+    return "elastic-horovod"
 
 
 def set_worker_status(cluster: Cluster, namespace: str, job: str, active: int) -> None:
@@ -195,75 +194,96 @@ def test_scale_subresource_reports_status_and_selector(
     assert scale["status"]["selector"] == names.selector(sample, names.ROLE_WORKER)
 
 
-def test_unknown_spec_fields_are_pruned_but_templates_are_not(
+def test_unknown_spec_fields_are_refused_or_pruned_but_templates_are_kept(
     cluster: Cluster, crd: str, namespace: str
 ) -> None:
     job = mpijob("pruning", workers=1)
-    job["spec"]["notAField"] = True
+    job["spec"]["slotPerWorker"] = 2  # a typo the schema must catch
     job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["nodeSelector"] = {"gpu": "a"}
     job["spec"]["runPolicy"] = {"schedulingPolicy": {"queue": "q", "futureField": 1}}
-    cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(job))
+    strict = cluster.kubectl(
+        "create", "-n", namespace, "-f", "-", input=json.dumps(job), check=False
+    )
+    assert 'unknown field "spec.slotPerWorker"' in strict.stderr
+    # Clients that do not ask for strict field validation get the typo pruned instead.
+    cluster.kubectl("create", "--validate=false", "-n", namespace, "-f", "-", input=json.dumps(job))
     stored = get_job(cluster, namespace, "pruning")["spec"]
-    assert "notAField" not in stored
+    assert "slotPerWorker" not in stored
     assert stored["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["nodeSelector"] == {"gpu": "a"}
     assert stored["runPolicy"]["schedulingPolicy"] == {"queue": "q", "futureField": 1}
 
 
-# What the controller must be able to do, per docs/rbac.md, as (verb, resource) for
-# `kubectl auth can-i`.
+# What the controller must be able to do, per docs/rbac.md, as `kubectl auth can-i`
+# arguments: verb, resource, subresource.
 GRANTED = [
-    *[(v, "mpijobs.kubeflow.org") for v in ("get", "list", "watch")],
-    *[(v, "mpijobs.kubeflow.org/status") for v in ("update", "patch")],
-    ("update", "mpijobs.kubeflow.org/finalizers"),
-    *[(v, "pods") for v in ("get", "list", "watch", "create", "delete", "patch")],
-    ("create", "pods/exec"),
-    *[(v, r) for r in ("configmaps", "serviceaccounts") for v in ("list", "watch", "create", "update")],
+    *[(v, "mpijobs.kubeflow.org", "") for v in ("get", "list", "watch")],
+    *[(v, "mpijobs.kubeflow.org", "status") for v in ("update", "patch")],
+    ("update", "mpijobs.kubeflow.org", "finalizers"),
+    *[(v, "pods", "") for v in ("get", "list", "watch", "create", "delete", "patch")],
+    ("create", "pods", "exec"),
     *[
-        (v, f"{r}.rbac.authorization.k8s.io")
+        (v, r, "")
+        for r in ("configmaps", "serviceaccounts")
+        for v in ("list", "watch", "create", "update")
+    ],
+    *[
+        (v, f"{r}.rbac.authorization.k8s.io", "")
         for r in ("roles", "rolebindings")
         for v in ("list", "watch", "create", "update")
     ],
-    ("create", "events"),
-    ("patch", "events"),
+    ("create", "events", ""),
+    ("patch", "events", ""),
 ]
 DENIED = [
-    ("create", "mpijobs.kubeflow.org"),
-    ("update", "mpijobs.kubeflow.org"),
-    ("delete", "mpijobs.kubeflow.org"),
-    ("update", "mpijobs.kubeflow.org/scale"),
-    ("update", "pods"),
-    ("deletecollection", "pods"),
-    ("get", "secrets"),
-    ("list", "secrets"),
-    ("delete", "configmaps"),
-    ("get", "configmaps"),
-    ("delete", "roles.rbac.authorization.k8s.io"),
-    ("escalate", "roles.rbac.authorization.k8s.io"),
-    ("bind", "roles.rbac.authorization.k8s.io"),
-    ("create", "clusterroles.rbac.authorization.k8s.io"),
-    ("create", "pods/eviction"),
-    ("create", "events.events.k8s.io"),
+    ("create", "mpijobs.kubeflow.org", ""),
+    ("update", "mpijobs.kubeflow.org", ""),
+    ("patch", "mpijobs.kubeflow.org", ""),
+    ("delete", "mpijobs.kubeflow.org", ""),
+    ("update", "mpijobs.kubeflow.org", "scale"),
+    ("get", "mpijobs.kubeflow.org", "status"),
+    ("update", "pods", ""),
+    ("deletecollection", "pods", ""),
+    ("create", "pods", "eviction"),
+    ("create", "pods", "attach"),
+    ("create", "pods", "portforward"),
+    ("get", "secrets", ""),
+    ("list", "secrets", ""),
+    ("get", "configmaps", ""),
+    ("delete", "configmaps", ""),
+    ("patch", "configmaps", ""),
+    ("delete", "serviceaccounts", ""),
+    ("create", "serviceaccounts", "token"),
+    ("delete", "roles.rbac.authorization.k8s.io", ""),
+    ("escalate", "roles.rbac.authorization.k8s.io", ""),
+    ("bind", "roles.rbac.authorization.k8s.io", ""),
+    ("create", "clusterroles.rbac.authorization.k8s.io", ""),
+    ("create", "clusterrolebindings.rbac.authorization.k8s.io", ""),
+    ("get", "events", ""),
+    ("create", "events.events.k8s.io", ""),
+    ("create", "namespaces", ""),
 ]
 
 
-@pytest.mark.parametrize(("verb", "resource"), GRANTED)
+def can_i(cluster: Cluster, user: str, namespace: str, verb: str, resource: str, sub: str) -> str:
+    extra = [f"--subresource={sub}"] if sub else []
+    proc = cluster.kubectl(
+        "auth", "can-i", verb, resource, *extra, "-n", namespace, "--as", user, check=False
+    )
+    return proc.stdout.strip()
+
+
+@pytest.mark.parametrize(("verb", "resource", "sub"), GRANTED)
 def test_controller_is_granted(
-    cluster: Cluster, controller_rbac: str, namespace: str, verb: str, resource: str
+    cluster: Cluster, controller_rbac: str, namespace: str, verb: str, resource: str, sub: str
 ) -> None:
-    proc = cluster.kubectl(
-        "auth", "can-i", verb, resource, "-n", namespace, "--as", controller_rbac, check=False
-    )
-    assert proc.stdout.strip() == "yes", proc.stderr
+    assert can_i(cluster, controller_rbac, namespace, verb, resource, sub) == "yes"
 
 
-@pytest.mark.parametrize(("verb", "resource"), DENIED)
+@pytest.mark.parametrize(("verb", "resource", "sub"), DENIED)
 def test_controller_is_not_granted(
-    cluster: Cluster, controller_rbac: str, namespace: str, verb: str, resource: str
+    cluster: Cluster, controller_rbac: str, namespace: str, verb: str, resource: str, sub: str
 ) -> None:
-    proc = cluster.kubectl(
-        "auth", "can-i", verb, resource, "-n", namespace, "--as", controller_rbac, check=False
-    )
-    assert proc.stdout.strip() == "no"
+    assert can_i(cluster, controller_rbac, namespace, verb, resource, sub) == "no"
 
 
 def launcher_role(job: str) -> dict[str, Any]:

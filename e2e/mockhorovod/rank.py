@@ -1,0 +1,233 @@
+"""The mock rank: what runs on one slot of a worker pod, started by the mock driver through
+``kubexec.sh``.
+
+On a real cluster a rank dies with its pod and nothing here is needed: it sleeps until the
+driver stops it (SIGTERM, exit 0). On KWOK a command run through ``kubectl exec`` is a
+local process of kwok's and outlives its fake pod, so the rank has to *emulate* being killed:
+with ``--kubeconfig`` it polls ``kubectl get pod <host> -o json`` and exits 137 (what a
+killed container reports) as soon as the pod is gone, terminating (deletionTimestamp),
+finished (phase Succeeded/Failed) or replaced by a new pod of the same name (uid changed).
+
+Ending a rank on purpose takes more than a signal, because killing the ``kubectl exec``
+client does not necessarily end the remote command on KWOK. The driver passes
+``--stop-file`` (a per-rank file in the driver's work dir) and ``--driver-pid``; when the
+stop file's directory exists here, the rank shares the driver's machine and also exits 0
+once the stop file appears, the directory vanishes (the driver cleaned up) or the driver's
+pid is gone (the driver was killed). Where the directory does not exist (a real pod) those
+checks are off: another machine's pid means nothing here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, Literal
+
+from e2e.mockhorovod import KILLED_EXIT_CODE, RANK_STARTED_MARKER
+
+PodState = Literal["alive", "gone", "unknown"]
+
+# How often a persistent kubectl error is repeated on stderr; one line per poll would
+# drown the launcher log when the API server is briefly away.
+ERROR_REPORT_INTERVAL = 10.0
+
+
+@dataclass(frozen=True)
+class PodVerdict:
+    """What one ``kubectl get pod`` said about the rank's pod.
+
+    ``unknown`` (kubectl failed for another reason) never kills the rank: a flaky API
+    server is not a deleted pod, and a false kill would be reported as a Horovod failure.
+    """
+
+    state: PodState
+    reason: str
+    uid: str | None = None
+
+
+def judge_pod(returncode: int, stdout: str, stderr: str, known_uid: str | None) -> PodVerdict:
+    """Decides from kubectl's result whether the pod the rank runs in still exists."""
+    if returncode != 0:
+        if "NotFound" in stderr or "not found" in stderr:
+            return PodVerdict("gone", "pod not found")
+        return PodVerdict("unknown", f"kubectl exited {returncode}: {stderr.strip()[:300]}")
+    if not stdout.strip():
+        return PodVerdict("gone", "pod not found")  # kubectl get --ignore-not-found
+    try:
+        pod: Any = json.loads(stdout)
+    except ValueError:
+        return PodVerdict("unknown", "kubectl printed no JSON")
+    if not isinstance(pod, dict):
+        return PodVerdict("unknown", "kubectl printed no pod object")
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    uid = meta.get("uid") if isinstance(meta.get("uid"), str) else None
+    if meta.get("deletionTimestamp"):
+        return PodVerdict("gone", f"pod terminating since {meta['deletionTimestamp']}", uid)
+    phase = status.get("phase")
+    if phase in ("Succeeded", "Failed"):
+        return PodVerdict("gone", f"pod phase {phase}", uid)
+    if known_uid is not None and uid is not None and uid != known_uid:
+        return PodVerdict("gone", f"pod replaced (uid {known_uid} -> {uid})", uid)
+    return PodVerdict("alive", f"pod phase {phase}", uid)
+
+
+def check_pod(
+    kubectl: str,
+    kubeconfig: str | None,
+    namespace: str | None,
+    host: str,
+    known_uid: str | None,
+    timeout: float,
+) -> PodVerdict:
+    """Runs kubectl once and judges the result; never raises for kubectl's failures."""
+    cmd = [kubectl]
+    if kubeconfig:
+        cmd += ["--kubeconfig", kubeconfig]
+    if namespace:
+        cmd += ["--namespace", namespace]
+    cmd += ["get", "pod", host, "-o", "json"]
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired:
+        return PodVerdict("unknown", f"kubectl timed out after {timeout:g}s")
+    except OSError as exc:
+        return PodVerdict("unknown", f"cannot run {kubectl}: {exc}")
+    return judge_pod(proc.returncode, proc.stdout, proc.stderr, known_uid)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def local_stop_reason(stop_file: Path, driver_pid: int | None) -> str | None:
+    """Why a rank on the driver's machine should end quietly now, if it should."""
+    if stop_file.exists():
+        return "stop file present"
+    if not stop_file.parent.is_dir():
+        return "driver work dir removed"
+    if driver_pid is not None and not pid_alive(driver_pid):
+        return f"driver pid {driver_pid} gone"
+    return None
+
+
+class _Terminated(Exception):
+    """Raised from the signal handler so a pending sleep or kubectl call unwinds."""
+
+
+_armed = True
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    # Raises at most once, and never after run() has decided its exit code, so a late
+    # SIGTERM cannot turn a clean exit into a traceback.
+    global _armed
+    if _armed:
+        _armed = False
+        raise _Terminated(signum)
+
+
+def _disarm() -> None:
+    global _armed
+    _armed = False
+
+
+def _err(args: argparse.Namespace, text: str) -> None:
+    # The remote shell's stream may be gone once the driver let go; losing a log line is
+    # better than a traceback that turns a quiet exit into a failure.
+    with contextlib.suppress(OSError, ValueError):
+        print(f"mockhorovod-rank {args.host}/{args.local_rank}: {text}", file=sys.stderr)
+        sys.stderr.flush()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m e2e.mockhorovod.rank",
+        description="Mock Horovod rank; exits 137 when its pod goes away (KWOK kill emulation).",
+    )
+    parser.add_argument("--host", required=True, help="the worker pod this rank runs on")
+    parser.add_argument("--rank-id", default="", help="the driver's id for this rank")
+    parser.add_argument("--local-rank", type=int, default=0)
+    parser.add_argument("--kubeconfig", help="enables the pod watch (kill emulation)")
+    parser.add_argument("--namespace", help="the pod's namespace (default: the context's)")
+    parser.add_argument("--kubectl", default="kubectl")
+    parser.add_argument("--poll-interval", type=float, default=0.5)
+    parser.add_argument("--kubectl-timeout", type=float, default=5.0)
+    parser.add_argument("--stop-file", help="exit 0 when it appears (same machine only)")
+    parser.add_argument("--driver-pid", type=int, help="exit 0 when it is gone (same machine)")
+    parser.add_argument("--kill-exit-code", type=int, default=KILLED_EXIT_CODE)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+    try:
+        with contextlib.suppress(OSError, ValueError):
+            print(
+                f"{RANK_STARTED_MARKER} host={args.host} rank_id={args.rank_id} pid={os.getpid()}",
+                flush=True,
+            )
+        stop_file = Path(args.stop_file) if args.stop_file else None
+        local = stop_file is not None and stop_file.parent.is_dir()
+        watch = args.kubeconfig is not None
+        known_uid: str | None = None
+        last_error_report = 0.0
+        while True:
+            if local and stop_file is not None:
+                reason = local_stop_reason(stop_file, args.driver_pid)
+                if reason is not None:
+                    _err(args, f"{reason}: exiting 0")
+                    return 0
+            if watch:
+                verdict = check_pod(
+                    args.kubectl,
+                    args.kubeconfig,
+                    args.namespace,
+                    args.host,
+                    known_uid,
+                    args.kubectl_timeout,
+                )
+                if verdict.state == "gone":
+                    _err(args, f"{verdict.reason}: killed, exiting {args.kill_exit_code}")
+                    return int(args.kill_exit_code)
+                if verdict.state == "alive":
+                    known_uid = verdict.uid
+                elif time.monotonic() - last_error_report > ERROR_REPORT_INTERVAL:
+                    last_error_report = time.monotonic()
+                    _err(args, f"pod check failed, still running: {verdict.reason}")
+            time.sleep(args.poll_interval)
+    except _Terminated:
+        return 0  # the graceful path: the driver let go of this rank
+    finally:
+        _disarm()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except _Terminated:
+        return 0  # the signal landed while run() was already unwinding
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,176 @@
+"""The ``mpijob-elastic`` command: ``run`` the controller, or ``render`` a job's children."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes_asyncio import config as kube_config
+from kubernetes_asyncio.client import ApiClient
+
+from mpijob_elastic import logs, names
+from mpijob_elastic.plan import Create, Observed, Replace, plan
+from mpijob_elastic.reconciler import Controller
+from mpijob_elastic.settings import KubectlDelivery, Settings
+from mpijob_elastic.spec import InvalidSpec, parse
+
+DEFAULTS = Settings()
+
+
+def _settings_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kubectl-delivery",
+        choices=[d.value for d in KubectlDelivery],
+        default=DEFAULTS.kubectl_delivery.value,
+        help="init-container: copy kubectl into the launcher from --kubectl-image (v1 style); "
+        "none: the launcher image ships kubectl on its PATH",
+    )
+    parser.add_argument("--kubectl-image", default=DEFAULTS.kubectl_image)
+    parser.add_argument(
+        "--default-drain-seconds",
+        type=float,
+        default=DEFAULTS.default_drain_seconds,
+        help=f"drain period for jobs without the {names.ANN_DRAIN_SECONDS} annotation",
+    )
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    namespaces = tuple(n for n in (getattr(args, "namespaces", "") or "").split(",") if n)
+    return Settings(
+        namespaces=namespaces,
+        only_managed_by=getattr(args, "only_managed_by", False),
+        kubectl_delivery=KubectlDelivery(args.kubectl_delivery),
+        kubectl_image=args.kubectl_image,
+        default_drain_seconds=args.default_drain_seconds,
+        reconcile_workers=getattr(args, "workers", DEFAULTS.reconcile_workers),
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mpijob-elastic", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the controller")
+    run.add_argument("--kubeconfig", help="default: $KUBECONFIG, ~/.kube/config, or in-cluster")
+    run.add_argument("--namespaces", default="", help="comma-separated; default: all")
+    run.add_argument(
+        "--only-managed-by",
+        action="store_true",
+        help=f"manage only jobs with spec.runPolicy.managedBy: {names.MANAGED_BY} "
+        "(to run beside training-operator 1.9)",
+    )
+    run.add_argument("--workers", type=int, default=DEFAULTS.reconcile_workers)
+    run.add_argument("--log-format", choices=["text", "json"], default="text")
+    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _settings_args(run)
+
+    render = sub.add_parser(
+        "render", help="print the children the controller would create for an MPIJob manifest"
+    )
+    render.add_argument("file", type=Path, help="an MPIJob manifest (YAML), '-' for stdin")
+    _settings_args(render)
+    return p
+
+
+def _kubeconfig_path(kubeconfig: str | None) -> str | None:
+    """The kubeconfig to use, or None to use the pod's in-cluster ServiceAccount."""
+    path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+    return path if kubeconfig or Path(path).exists() else None
+
+
+async def _load_config(kubeconfig: str | None) -> ApiClient:
+    path = _kubeconfig_path(kubeconfig)
+    if path:
+        return await kube_config.new_client_from_config(config_file=path)
+    kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
+    return ApiClient()
+
+
+async def _run(args: argparse.Namespace) -> None:
+    api = await _load_config(args.kubeconfig)
+    controller = Controller(api, _settings(args))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await controller.start()
+        await stop.wait()
+    finally:
+        await controller.stop()
+        await api.close()
+
+
+def render_children(job: dict[str, Any], settings: Settings) -> list[dict[str, Any]]:
+    """Every child of a job once its workers run: the plans of a job starting up, replayed."""
+    job.setdefault("metadata", {}).setdefault("namespace", "default")
+    job["metadata"].setdefault("uid", "<uid>")
+    objects: dict[tuple[str, str], dict[str, Any]] = {}
+    now = datetime.now(UTC)
+    for _ in range(3):
+        pods = [
+            {**o, "status": {"phase": "Running"}}
+            for (kind, _), o in objects.items()
+            if kind == "Pod"
+        ]
+
+        def get(kind: str, name: str) -> dict[str, Any] | None:
+            return objects.get((kind, name))
+
+        launcher = names.launcher_name(job["metadata"]["name"])
+        observed = Observed(
+            job=job,
+            pods=pods,
+            config_map=get("ConfigMap", names.config_map_name(job["metadata"]["name"])),
+            service_account=get("ServiceAccount", launcher),
+            role=get("Role", launcher),
+            role_binding=get("RoleBinding", launcher),
+        )
+        for action in plan(observed, settings, now).actions:
+            if isinstance(action, Create | Replace):
+                objects[(action.obj["kind"], action.obj["metadata"]["name"])] = action.obj
+    return list(objects.values())
+
+
+def _render(args: argparse.Namespace) -> int:
+    text = sys.stdin.read() if str(args.file) == "-" else args.file.read_text()
+    jobs = [
+        d for d in yaml.safe_load_all(text) if isinstance(d, dict) and d.get("kind") == names.KIND
+    ]
+    if not jobs:
+        print(f"{args.file}: no {names.KIND} found", file=sys.stderr)
+        return 1
+    settings = _settings(args)
+    out: list[dict[str, Any]] = []
+    for job in jobs:
+        try:
+            parse(job, settings.default_drain_seconds)
+        except InvalidSpec as err:
+            name = job.get("metadata", {}).get("name", "?")
+            for error in err.errors:
+                print(f"MPIJob {name}: {error}", file=sys.stderr)
+            return 1
+        out += render_children(job, settings)
+    yaml.safe_dump_all(out, sys.stdout, sort_keys=False)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "render":
+        return _render(args)
+    logs.setup(args.log_format, args.log_level)
+    asyncio.run(_run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

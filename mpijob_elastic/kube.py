@@ -1,0 +1,107 @@
+"""A thin, typed layer over the API server's REST interface for the writes we make.
+
+It speaks plain dicts, as the caches and the planner do, and raises ApiError with the
+server's status code and message, so callers can tell a conflict from a rejected object.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Final
+
+from kubernetes_asyncio.client import ApiClient
+
+Obj = dict[str, Any]
+
+# kind -> (API path prefix, plural)
+RESOURCES: Final[Mapping[str, tuple[str, str]]] = {
+    "Pod": ("/api/v1", "pods"),
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "ServiceAccount": ("/api/v1", "serviceaccounts"),
+    "Event": ("/api/v1", "events"),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    "MPIJob": ("/apis/kubeflow.org/v1", "mpijobs"),
+}
+
+MERGE_PATCH = "application/merge-patch+json"
+WRITE_TIMEOUT = 30
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+    @property
+    def invalid(self) -> bool:
+        return self.status == 422
+
+
+def collection_path(kind: str, namespace: str) -> str:
+    prefix, plural = RESOURCES[kind]
+    return f"{prefix}/namespaces/{namespace}/{plural}"
+
+
+class Kube:
+    def __init__(self, api: ApiClient) -> None:
+        self.api = api
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> Obj:
+        response = await self.api.call_api(
+            path,
+            method,
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=WRITE_TIMEOUT,
+        )
+        async with response:
+            raw = await response.read()
+        data = json.loads(raw) if raw else {}
+        if not 200 <= response.status < 300:
+            raise ApiError(
+                response.status, str(data.get("reason", "")), str(data.get("message", raw[:200]))
+            )
+        return dict(data)
+
+    async def create(self, obj: Mapping[str, Any]) -> Obj:
+        meta = obj["metadata"]
+        return await self.request("POST", collection_path(obj["kind"], meta["namespace"]), obj)
+
+    async def replace(self, obj: Mapping[str, Any]) -> Obj:
+        """PUT carrying the observed resourceVersion: a concurrent change makes it 409."""
+        meta = obj["metadata"]
+        path = f"{collection_path(obj['kind'], meta['namespace'])}/{meta['name']}"
+        return await self.request("PUT", path, obj)
+
+    async def patch(
+        self, kind: str, namespace: str, name: str, patch: Mapping[str, Any], subresource: str = ""
+    ) -> Obj:
+        path = f"{collection_path(kind, namespace)}/{name}" + (
+            f"/{subresource}" if subresource else ""
+        )
+        return await self.request("PATCH", path, patch, MERGE_PATCH)
+
+    async def delete(self, kind: str, namespace: str, name: str, uid: str) -> Obj:
+        """Delete only the object with this UID, never a same-named successor."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
+        return await self.request("DELETE", f"{collection_path(kind, namespace)}/{name}", body)

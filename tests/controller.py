@@ -1,0 +1,113 @@
+"""Pytest fixture that runs the real controller (``mpijob-elastic run``) as a process.
+
+A process, not an in-test task: it is what users deploy, it can be killed mid-drain and
+restarted, and its logs are kept per test (printed when a test fails).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster import ROOT, Cluster
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.1)
+
+
+@dataclass
+class ControllerProcess:
+    cluster: Cluster
+    namespaces: tuple[str, ...]
+    log_path: Path
+    args: tuple[str, ...] = ()
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def start(self) -> None:
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "mpijob_elastic.cli", "run",
+                "--kubeconfig", self.cluster.kubeconfig,
+                "--namespaces", ",".join(self.namespaces),
+                "--kubectl-delivery", "none",
+                "--log-format", "json",
+                *self.args,
+            ],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        )
+        log.close()
+        wait_for(
+            lambda: "caches synced" in self.log_path.read_text()[offset:]
+            or self.proc is None
+            or self.proc.poll() is not None,
+            what="controller caches to sync",
+        )
+        assert self.proc.poll() is None, f"controller exited:\n{self.logs()}"
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        if kill:
+            self.proc.kill()
+        else:
+            self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def logs(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def log_entries(self) -> list[dict[str, Any]]:
+        entries = []
+        for line in self.logs().splitlines():
+            try:
+                entries.append(json.loads(line))
+            except ValueError:
+                continue
+        return entries
+
+
+StartController = Callable[..., ControllerProcess]
+
+
+@pytest.fixture
+def start_controller(
+    cluster: Cluster, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[StartController]:
+    """Start a controller watching the given namespaces; stopped after the test."""
+    started: list[ControllerProcess] = []
+
+    def start(*namespaces: str, args: tuple[str, ...] = ()) -> ControllerProcess:
+        proc = ControllerProcess(
+            cluster, namespaces, tmp_path / f"controller-{len(started)}.log", args
+        )
+        proc.start()
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+        # Shown by pytest only for a failing test.
+        print(f"--- controller log ({proc.namespaces}) ---\n{proc.logs()[-20000:]}")

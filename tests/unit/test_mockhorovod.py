@@ -1,0 +1,729 @@
+"""The mock Horovod elastic driver and rank, without a cluster.
+
+The driver is driven with a discovery script the test rewrites, a fake remote shell that
+runs the command here (or refuses a host the way the API server refuses an exec), and a
+fake rank that exits 137 when a marker file appears, which is what a rank reports when its
+pod is deleted under it. The rank's kill emulation is tested against a fake kubectl.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.mockhorovod import KILLED_EXIT_CODE, RANK_STARTED_MARKER
+from e2e.mockhorovod import events as ev
+from e2e.mockhorovod.driver import (
+    ConfigError,
+    DiscoveryError,
+    Driver,
+    DriverConfig,
+    cooldown_seconds,
+    main,
+    parse_args,
+    parse_discovery_output,
+    remote_shell_command,
+)
+from e2e.mockhorovod.rank import check_pod, judge_pod, local_stop_reason
+
+REPO = Path(__file__).resolve().parents[2]
+Event = dict[str, Any]
+
+FAKE_RANK = f"""#!/bin/sh
+# $1 host, $2 stop file, $3 marker dir: exits 137 once "$3/kill-$1" exists.
+echo {RANK_STARTED_MARKER}
+trap 'exit 0' TERM
+while :; do
+  if [ -e "$3/kill-$1" ]; then echo "pod $1 deleted" >&2; exit 137; fi
+  if [ -e "$2" ]; then exit 0; fi
+  sleep 0.05
+done
+"""
+
+# kubexec.sh's shape, run locally; hosts listed in the forbid file are refused as RBAC
+# refuses a pods/exec the launcher's Role does not grant.
+FAKE_RSH = """#!/bin/sh
+POD_NAME=$1
+shift
+if grep -qx "$POD_NAME" {forbid} 2>/dev/null; then
+  echo "Error from server (Forbidden): pods \\"$POD_NAME\\" is forbidden:" \\
+    "User \\"system:serviceaccount:default:job-launcher\\"" \\
+    "cannot create resource \\"pods/exec\\"" >&2
+  exit 1
+fi
+exec /bin/sh -c "$*"
+"""
+
+FAKE_KUBECTL = """#!/bin/sh
+# Answers `kubectl [flags] get pod NAME -o json` from STATE/NAME.json, STATE/NAME.err
+# (a transient error), or NotFound.
+state={state}
+prev=""
+name=""
+for a in "$@"; do
+  if [ "$prev" = "pod" ]; then name=$a; fi
+  prev=$a
+done
+echo "$*" >> "$state/calls"
+if [ -f "$state/$name.err" ]; then cat "$state/$name.err" >&2; exit 1; fi
+if [ -f "$state/$name.json" ]; then cat "$state/$name.json"; exit 0; fi
+echo "Error from server (NotFound): pods \\"$name\\" not found" >&2
+exit 1
+"""
+
+
+def write_script(path: Path, text: str) -> Path:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.chmod(0o755)
+    os.replace(tmp, path)  # the driver may run it at any moment: never show half a file
+    return path
+
+
+@dataclass
+class Rig:
+    """Files for one driver run, and the events it has emitted so far."""
+
+    tmp: Path
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def discovery(self) -> Path:
+        return self.tmp / "discover_hosts.sh"
+
+    @property
+    def forbid(self) -> Path:
+        return self.tmp / "forbid"
+
+    def set_hosts(self, *lines: str) -> None:
+        body = "".join(f"echo {line}\n" for line in lines)
+        write_script(self.discovery, "#!/bin/sh\n" + body)
+
+    def set_discovery(self, body: str) -> None:
+        write_script(self.discovery, "#!/bin/sh\n" + body + "\n")
+
+    def kill(self, host: str) -> None:
+        (self.tmp / f"kill-{host}").touch()
+
+    def config(self, **overrides: Any) -> DriverConfig:
+        fake_rank = write_script(self.tmp / "fake_rank.sh", FAKE_RANK)
+        rsh = write_script(self.tmp / "kubexec.sh", FAKE_RSH.format(forbid=self.forbid))
+        template = (
+            f"exec /bin/sh {shlex.quote(str(fake_rank))} {{host}} {{stop_file}} "
+            f"{shlex.quote(str(self.tmp))}"
+        )
+        base = DriverConfig(
+            np=1,
+            min_np=1,
+            discovery_script=str(self.discovery),
+            rsh_agent=str(rsh),
+            rank_command=template,
+            discovery_interval=0.1,
+            discovery_timeout=2.0,
+            stop_grace=1.0,
+            work_dir=str(self.tmp / "work"),
+        )
+        return replace(base, **overrides)
+
+    def of(self, *names: str, host: str | None = None) -> list[Event]:
+        return [e for e in ev.of_kind(self.events, *names) if host is None or e.get("host") == host]
+
+
+@dataclass
+class Running:
+    driver: Driver
+    task: asyncio.Task[int]
+
+    async def finish(self) -> int:
+        self.driver.request_stop("test")
+        return await asyncio.wait_for(self.task, 10)
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Rig:
+    return Rig(tmp_path)
+
+
+async def start(rig: Rig, **overrides: Any) -> Running:
+    cfg = rig.config(**overrides)
+    cfg.validate()
+    driver = Driver(cfg, on_event=rig.events.append)
+    return Running(driver, asyncio.create_task(driver.run()))
+
+
+async def wait_for(rig: Rig, predicate: Callable[[], bool], what: str, within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            seen = [(e["event"], e.get("host")) for e in rig.events]
+            raise AssertionError(f"timed out waiting for {what}; events: {seen}")
+        await asyncio.sleep(0.02)
+
+
+def running_on(rig: Rig, host: str) -> int:
+    return len(rig.of(ev.RANK_RUNNING, host=host))
+
+
+def assert_no_failures(rig: Rig) -> None:
+    assert rig.of(*ev.FAILURE_EVENTS) == []
+    (exit_event,) = rig.of(ev.DRIVER_EXIT)
+    assert exit_event["failures"] == 0
+    assert exit_event["blacklisted"] == 0
+
+
+# -- discovery parsing and helpers -------------------------------------------------------
+
+
+def test_discovery_output_is_parsed_like_horovod() -> None:
+    out = "w-10:2\n\n  w-2:2  \nw-3\nw-10:2"
+    assert parse_discovery_output(out, slots_per_host=4) == {"w-10": 2, "w-2": 2, "w-3": 4}
+    assert parse_discovery_output("", slots_per_host=None) == {}
+    with pytest.raises(DiscoveryError, match="no ':slots'"):
+        parse_discovery_output("w-0:1\nw-1", slots_per_host=None)
+    with pytest.raises(DiscoveryError, match="bad slots"):
+        parse_discovery_output("w-0:x", slots_per_host=None)
+    with pytest.raises(DiscoveryError, match="listed with"):
+        parse_discovery_output("w-0:1\nw-0:2", slots_per_host=None)
+
+
+def test_remote_command_survives_kubexec_quoting(tmp_path: Path) -> None:
+    """Horovod's string through /bin/sh -c, then kubexec.sh's "$*", then /bin/sh -c again
+    must run the rank command unchanged."""
+    kubexec = '#!/bin/sh\nset -x\nPOD_NAME=$1\nshift\n/bin/sh -c "$*"\n'
+    agent = write_script(tmp_path / "kubexec.sh", kubexec)
+    command = "cd /tmp && printf '%s|' 'a b' \"c'd\""
+    out = subprocess.run(
+        ["/bin/sh", "-c", remote_shell_command(str(agent), "w-0", command)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout == "a b|c'd|"
+
+
+def test_cooldown_doubles_within_range() -> None:
+    assert cooldown_seconds(1, 1, 1) == 1.0
+    assert 4.0 <= cooldown_seconds(2, 100, 1) <= 6.0
+    assert cooldown_seconds(2, 10, 5) == 10.0
+
+
+def test_cli_mirrors_horovodrun_and_validates() -> None:
+    cfg = parse_args(
+        shlex.split(
+            "-np 2 --min-np 1 --max-np 8 --host-discovery-script /x/d.sh "
+            "--blacklist-cooldown-range 10 100 python train.py --lr 0.1"
+        )
+    )
+    assert (cfg.np, cfg.min_np, cfg.max_np) == (2, 1, 8)
+    assert cfg.discovery_script == "/x/d.sh"
+    assert cfg.cooldown_range == (10, 100)
+    assert cfg.command == ("python", "train.py", "--lr", "0.1")
+    assert parse_args(["--min-np", "3"]).np == 3
+    with pytest.raises(ConfigError):
+        parse_args(["-np", "1", "--min-np", "2"])
+    with pytest.raises(ConfigError, match="cannot be filled"):
+        parse_args(["-np", "1", "--rank-command", "run {nope}"])
+    assert main(["-np", "4", "--max-np", "2"]) == 2
+
+
+# -- driver: membership ------------------------------------------------------------------
+
+
+async def test_waits_for_np_then_starts_ranks_and_adds_new_hosts(rig: Rig) -> None:
+    rig.set_hosts("a:2")
+    run = await start(rig, np=3, min_np=1)
+    await wait_for(rig, lambda: bool(rig.of(ev.WAITING_FOR_SLOTS)), "waiting_for_slots")
+    await asyncio.sleep(0.3)
+    assert rig.of(ev.RANK_STARTED) == []  # 2 slots < -np 3
+
+    rig.set_hosts("a:2", "b:1")
+    await wait_for(rig, lambda: running_on(rig, "a") == 2 and running_on(rig, "b") == 1, "3 ranks")
+    (started,) = rig.of(ev.JOB_STARTED)
+    assert started["available"] == 3
+
+    rig.set_hosts("a:2", "b:1", "c:1")
+    await wait_for(rig, lambda: running_on(rig, "c") == 1, "rank on c")
+    assert [e["host"] for e in rig.of(ev.HOST_ADDED)] == ["a", "b", "c"]
+    assert rig.of(ev.DISCOVERY)[-1]["hosts"] == ["a", "b", "c"]
+
+    assert await run.finish() == 0
+    stopped = rig.of(ev.RANK_STOPPED)
+    assert len(stopped) == 4
+    assert {e["reason"] for e in stopped} == {"shutdown"}
+    assert_no_failures(rig)
+
+
+async def test_host_leaving_discovery_is_graceful(rig: Rig) -> None:
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=1)
+    await wait_for(rig, lambda: running_on(rig, "b") == 1, "rank on b")
+
+    rig.set_hosts("a:1")
+    await wait_for(rig, lambda: bool(rig.of(ev.RANK_STOPPED, host="b")), "b stopped")
+    (removed,) = rig.of(ev.HOST_REMOVED)
+    assert removed["host"] == "b"
+    assert removed["graceful"] is True
+    assert rig.of(ev.RANK_STOPPED, host="b")[0]["reason"] == "host_removed"
+    # The pod that hosted b is deleted only now, after the driver let go: no failure.
+    rig.kill("b")
+
+    # A new pod reusing the name is a new host, not a blacklisted one.
+    (rig.tmp / "kill-b").unlink()
+    rig.set_hosts("a:1", "b:1")
+    await wait_for(rig, lambda: running_on(rig, "b") == 2, "b re-added")
+    assert len(rig.of(ev.HOST_ADDED, host="b")) == 2
+
+    assert await run.finish() == 0
+    assert_no_failures(rig)
+    assert rig.of(ev.DRIVER_EXIT)[0]["hosts_removed"] == 1
+
+
+async def test_rank_dying_while_listed_blacklists_the_host(rig: Rig) -> None:
+    rig.set_hosts("a:1", "b:2")
+    run = await start(rig, np=3, min_np=1)
+    await wait_for(rig, lambda: running_on(rig, "b") == 2, "ranks on b")
+
+    rig.kill("b")  # pod deleted while still listed: what upstream controllers do
+    await wait_for(rig, lambda: bool(rig.of(ev.HOST_BLACKLISTED)), "blacklist")
+    failed = rig.of(ev.RANK_FAILED, host="b")
+    assert failed
+    assert failed[0]["exit_code"] == KILLED_EXIT_CODE
+    assert failed[0]["exec_refused"] is False
+    assert failed[0]["listed"] is True
+    assert "pod b deleted" in failed[0]["stderr"]
+    (black,) = rig.of(ev.HOST_BLACKLISTED)
+    assert black["host"] == "b"
+    assert black["permanent"] is True
+    assert rig.of(ev.EXEC_FAILED) == []
+
+    # Neither staying listed nor leaving and coming back brings a blacklisted name back.
+    (rig.tmp / "kill-b").unlink()
+    await asyncio.sleep(0.4)
+    rig.set_hosts("a:1")
+    await asyncio.sleep(0.3)
+    rig.set_hosts("a:1", "b:2")
+    await asyncio.sleep(0.4)
+    assert len(rig.of(ev.RANK_STARTED, host="b")) == 2
+    assert len(rig.of(ev.HOST_ADDED, host="b")) == 1
+    assert rig.of(ev.HOST_REMOVED) == []  # a blacklisted host is not a graceful removal
+    assert running_on(rig, "a") == 1
+
+    assert await run.finish() == 0
+    (exit_event,) = rig.of(ev.DRIVER_EXIT)
+    assert exit_event["blacklisted_hosts"] == ["b"]
+    assert exit_event["failures"] == len(failed) >= 1
+
+
+async def test_refused_exec_is_an_exec_failure(rig: Rig) -> None:
+    rig.forbid.write_text("b\n")
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=1)
+    await wait_for(rig, lambda: bool(rig.of(ev.EXEC_FAILED)), "exec_failed")
+    (refused,) = rig.of(ev.EXEC_FAILED)
+    assert refused["host"] == "b"
+    assert refused["exit_code"] == 1
+    assert "Forbidden" in refused["stderr"]
+    assert rig.of(ev.RANK_FAILED, host="b")[0]["exec_refused"] is True
+    await wait_for(rig, lambda: bool(rig.of(ev.HOST_BLACKLISTED, host="b")), "blacklist b")
+    await wait_for(rig, lambda: running_on(rig, "a") == 1, "a running")
+
+    assert await run.finish() == 0
+    (exit_event,) = rig.of(ev.DRIVER_EXIT)
+    assert (exit_event["exec_failures"], exit_event["failures"]) == (1, 1)
+
+
+async def test_cooldown_lets_a_blacklisted_host_back(rig: Rig) -> None:
+    rig.set_hosts("a:1")
+    run = await start(rig, cooldown_range=(1, 1))
+    await wait_for(rig, lambda: running_on(rig, "a") == 1, "rank on a")
+    rig.kill("a")
+    await wait_for(rig, lambda: bool(rig.of(ev.HOST_BLACKLISTED)), "blacklist")
+    assert rig.of(ev.HOST_BLACKLISTED)[0]["cooldown_seconds"] == 1.0
+    (rig.tmp / "kill-a").unlink()
+    await wait_for(rig, lambda: running_on(rig, "a") == 2, "a back after cooldown", within=4.0)
+    assert rig.of(ev.HOST_UNBLACKLISTED, host="a")
+    assert await run.finish() == 0
+
+
+async def test_max_np_caps_slots_and_a_spare_host_takes_over(rig: Rig) -> None:
+    rig.set_hosts("a:2", "b:2")
+    run = await start(rig, np=2, min_np=1, max_np=3)
+    await wait_for(rig, lambda: running_on(rig, "b") == 1, "rank on b")
+    await asyncio.sleep(0.3)
+    assert (running_on(rig, "a"), running_on(rig, "b")) == (2, 1)
+
+    rig.set_hosts("b:2")
+    await wait_for(rig, lambda: running_on(rig, "b") == 2, "second rank on b")
+    assert await run.finish() == 0
+    assert_no_failures(rig)
+
+
+# -- driver: fatal conditions -----------------------------------------------------------
+
+
+async def test_below_min_np_past_elastic_timeout_fails(rig: Rig) -> None:
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=2, elastic_timeout=0.5)
+    await wait_for(rig, lambda: running_on(rig, "b") == 1, "rank on b")
+    rig.set_hosts("a:1")
+    assert await asyncio.wait_for(run.task, 5) == 1
+    (below,) = rig.of(ev.BELOW_MIN_NP)
+    assert (below["slots"], below["min_np"]) == (1, 2)
+    (timeout,) = rig.of(ev.ELASTIC_TIMEOUT)
+    assert timeout["phase"] == "running"
+    (exit_event,) = rig.of(ev.DRIVER_EXIT)
+    assert (exit_event["exit_code"], exit_event["reason"]) == (1, "elastic_timeout")
+
+
+async def test_below_min_np_recovers_within_timeout(rig: Rig) -> None:
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=2, elastic_timeout=5.0)
+    await wait_for(rig, lambda: running_on(rig, "b") == 1, "rank on b")
+    rig.set_hosts("a:1")
+    await wait_for(rig, lambda: bool(rig.of(ev.BELOW_MIN_NP)), "below_min_np")
+    rig.set_hosts("a:1", "c:1")
+    await wait_for(rig, lambda: bool(rig.of(ev.MIN_NP_RESTORED)), "min_np_restored")
+    assert await run.finish() == 0
+
+
+async def test_never_reaching_np_fails_after_elastic_timeout(rig: Rig) -> None:
+    rig.set_hosts("a:1")
+    run = await start(rig, np=2, min_np=1, elastic_timeout=0.3)
+    assert await asyncio.wait_for(run.task, 5) == 1
+    assert rig.of(ev.ELASTIC_TIMEOUT)[0]["phase"] == "start"
+    assert rig.of(ev.RANK_STARTED) == []
+
+
+async def test_first_discovery_failure_is_fatal(rig: Rig) -> None:
+    rig.set_discovery("echo boom >&2\nexit 3")
+    run = await start(rig)
+    assert await asyncio.wait_for(run.task, 5) == 1
+    (failed,) = rig.of(ev.DISCOVERY_FAILED)
+    assert (failed["first"], failed["exit_code"], failed["stderr"]) == (True, 3, "boom")
+    assert rig.of(ev.DRIVER_EXIT)[0]["reason"] == "discovery_failed"
+
+
+async def test_hanging_discovery_times_out(rig: Rig) -> None:
+    rig.set_discovery("sleep 10")
+    run = await start(rig, discovery_timeout=0.3)
+    assert await asyncio.wait_for(run.task, 5) == 1
+    assert rig.of(ev.DISCOVERY_FAILED)[0]["timeout"] is True
+
+
+async def test_later_discovery_failure_keeps_last_hosts(rig: Rig) -> None:
+    rig.set_hosts("a:1")
+    run = await start(rig)
+    await wait_for(rig, lambda: running_on(rig, "a") == 1, "rank on a")
+    rig.set_discovery("exit 1")
+    await wait_for(rig, lambda: len(rig.of(ev.DISCOVERY_FAILED)) >= 2, "discovery failures")
+    assert rig.of(ev.DISCOVERY_FAILED)[0]["first"] is False
+    rig.set_hosts("a:1")
+    await asyncio.sleep(0.3)
+    assert not run.task.done()
+    assert rig.of(ev.HOST_REMOVED) == []
+    assert len(rig.of(ev.DISCOVERY)) == 1  # the set never changed
+    assert await run.finish() == 0
+
+
+# -- the driver as a process, with the real rank ------------------------------------------
+
+
+def fake_kubectl(tmp: Path) -> Path:
+    state = tmp / "pods"
+    state.mkdir(exist_ok=True)
+    return write_script(tmp / "kubectl", FAKE_KUBECTL.format(state=shlex.quote(str(state))))
+
+
+def set_pod(tmp: Path, name: str, **meta: Any) -> None:
+    pod = {"metadata": {"name": name, "uid": f"uid-{name}", **meta}, "status": {"phase": "Running"}}
+    path = tmp / "pods" / f"{name}.json"
+    path.with_suffix(".tmp").write_text(json.dumps(pod))
+    os.replace(path.with_suffix(".tmp"), path)
+
+
+def driver_process(rig: Rig, *extra: str) -> subprocess.Popen[str]:
+    rsh = write_script(rig.tmp / "kubexec.sh", FAKE_RSH.format(forbid=rig.forbid))
+    args = [
+        sys.executable,
+        "-m",
+        "e2e.mockhorovod",
+        "-np",
+        "2",
+        "--min-np",
+        "1",
+        "--host-discovery-script",
+        str(rig.discovery),
+        "--rsh-agent",
+        str(rsh),
+        "--discovery-interval",
+        "0.1",
+        "--stop-grace",
+        "2",
+        "--log-file",
+        str(rig.tmp / "events.jsonl"),
+        *extra,
+    ]
+    return subprocess.Popen(
+        args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def wait_file_events(
+    log: Path, predicate: Callable[[list[Event]], bool], what: str, timeout: float = 8.0
+) -> list[Event]:
+    deadline = time.monotonic() + timeout
+    while True:
+        records = ev.read_events(log)
+        if predicate(records):
+            return records
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}: {[r['event'] for r in records]}")
+        time.sleep(0.05)
+
+
+def test_driver_process_with_real_ranks_and_kill_emulation(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    kubectl = fake_kubectl(tmp_path)
+    set_pod(tmp_path, "w-0")
+    set_pod(tmp_path, "w-1")
+    rig.set_hosts("w-0:1", "w-1:1")
+    stop = tmp_path / "stop"
+    proc = driver_process(
+        rig,
+        "--stop-file",
+        str(stop),
+        "--rank-kubeconfig",
+        str(tmp_path / "kubeconfig"),
+        "--rank-namespace",
+        "team-a",
+        "--rank-kubectl",
+        str(kubectl),
+        "--rank-poll-interval",
+        "0.1",
+    )
+    log = tmp_path / "events.jsonl"
+    try:
+        wait_file_events(
+            log, lambda r: len(ev.of_kind(r, ev.RANK_RUNNING)) == 2, "two running ranks"
+        )
+        calls = (tmp_path / "pods" / "calls").read_text()
+        assert "--namespace team-a get pod w-1 -o json" in calls
+
+        # w-1's pod starts terminating while the host is still listed: the rank dies as
+        # the real one would, and the driver takes it as Horovod does.
+        set_pod(tmp_path, "w-1", deletionTimestamp="2025-01-01T00:00:00Z")
+        records = wait_file_events(
+            log, lambda r: bool(ev.of_kind(r, ev.HOST_BLACKLISTED)), "w-1 blacklisted"
+        )
+        (failed,) = ev.of_kind(records, ev.RANK_FAILED)
+        assert (failed["host"], failed["exit_code"]) == ("w-1", KILLED_EXIT_CODE)
+        assert "terminating" in failed["stderr"]
+
+        stop.touch()
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        out, err = proc.communicate()
+    records = ev.read_events(log)
+    assert ev.parse_events(out) == records  # stdout carries the same lines
+    (exit_event,) = ev.of_kind(records, ev.DRIVER_EXIT)
+    assert exit_event["reason"] == "stop_file"
+    assert (exit_event["failures"], exit_event["blacklisted_hosts"]) == (1, ["w-1"])
+    assert RANK_STARTED_MARKER in err
+    assert "Traceback" not in err
+
+
+def test_driver_process_stops_ranks_on_sigterm(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.set_hosts("w-0:2")
+    proc = driver_process(rig)
+    log = tmp_path / "events.jsonl"
+    try:
+        records = wait_file_events(
+            log, lambda r: len(ev.of_kind(r, ev.RANK_RUNNING)) == 2, "two running ranks"
+        )
+        work_dir = Path(ev.of_kind(records, ev.DRIVER_STARTED)[0]["work_dir"])
+        assert work_dir.is_dir()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate()
+    records = ev.read_events(log)
+    assert ev.of_kind(records, ev.STOP_REQUESTED)[0]["reason"] == "sigterm"
+    assert len(ev.of_kind(records, ev.RANK_STOPPED)) == 2
+    assert ev.of_kind(records, ev.DRIVER_EXIT)[0]["exit_code"] == 0
+    assert not work_dir.exists()  # its own temp dir is cleaned up
+    pids = [int(line.rsplit("pid=", 1)[1]) for line in err.splitlines() if "pid=" in line]
+    assert len(pids) == 2
+    for pid in pids:
+        status = Path(f"/proc/{pid}/status")
+        assert not status.exists() or "zombie" in status.read_text()
+
+
+# -- the rank's kill emulation -----------------------------------------------------------
+
+
+def test_judge_pod() -> None:
+    alive = json.dumps({"metadata": {"uid": "u1"}, "status": {"phase": "Running"}})
+    assert judge_pod(0, alive, "", None) == judge_pod(0, alive, "", "u1")
+    assert judge_pod(0, alive, "", None).state == "alive"
+    assert judge_pod(0, alive, "", "u0").state == "gone"  # same name, new pod
+    gone = 'Error from server (NotFound): pods "w-1" not found'
+    assert judge_pod(1, "", gone, "u1").state == "gone"
+    assert judge_pod(0, "", "", "u1").state == "gone"
+    deleting = json.dumps({"metadata": {"uid": "u1", "deletionTimestamp": "t"}, "status": {}})
+    assert judge_pod(0, deleting, "", "u1").state == "gone"
+    failed = json.dumps({"metadata": {"uid": "u1"}, "status": {"phase": "Failed"}})
+    assert judge_pod(0, failed, "", "u1").state == "gone"
+    assert judge_pod(1, "", "Unable to connect to the server", "u1").state == "unknown"
+    assert judge_pod(0, "not json", "", "u1").state == "unknown"
+
+
+def test_check_pod_with_fake_kubectl(tmp_path: Path) -> None:
+    kubectl = str(fake_kubectl(tmp_path))
+    set_pod(tmp_path, "w-0")
+    verdict = check_pod(kubectl, "/k", "ns", "w-0", None, 5.0)
+    assert (verdict.state, verdict.uid) == ("alive", "uid-w-0")
+    (tmp_path / "pods" / "w-0.err").write_text("Unable to connect to the server\n")
+    assert check_pod(kubectl, "/k", "ns", "w-0", "uid-w-0", 5.0).state == "unknown"
+    (tmp_path / "pods" / "w-0.err").unlink()
+    (tmp_path / "pods" / "w-0.json").unlink()
+    assert check_pod(kubectl, "/k", "ns", "w-0", "uid-w-0", 5.0).state == "gone"
+    assert check_pod(str(tmp_path / "missing"), None, None, "w-0", None, 5.0).state == "unknown"
+
+
+def test_local_stop_reasons(tmp_path: Path) -> None:
+    stop = tmp_path / "stop-1"
+    assert local_stop_reason(stop, os.getpid()) is None
+    stop.touch()
+    assert local_stop_reason(stop, os.getpid()) == "stop file present"
+    assert local_stop_reason(tmp_path / "gone" / "stop", None) == "driver work dir removed"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    assert "gone" in (local_stop_reason(tmp_path / "stop-2", dead.pid) or "")
+
+
+def rank_process(tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "e2e.mockhorovod.rank", "--host", "w-0", "--rank-id", "r1", *extra],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_marker(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdout is not None
+    assert proc.stdout.readline().startswith(RANK_STARTED_MARKER)
+
+
+def test_rank_exits_137_when_its_pod_goes(tmp_path: Path) -> None:
+    kubectl = fake_kubectl(tmp_path)
+    set_pod(tmp_path, "w-0")
+    args = ["--kubeconfig", "/k", "--kubectl", str(kubectl), "--poll-interval", "0.05"]
+    proc = rank_process(tmp_path, *args)
+    try:
+        wait_marker(proc)
+        time.sleep(0.3)
+        assert proc.poll() is None  # alive pod: keeps "training"
+        (tmp_path / "pods" / "w-0.json").unlink()  # pod deleted: kubectl says NotFound
+        assert proc.wait(timeout=5) == KILLED_EXIT_CODE
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate()
+    assert "pod not found" in err
+
+
+def test_rank_ignores_transient_kubectl_errors(tmp_path: Path) -> None:
+    kubectl = fake_kubectl(tmp_path)
+    set_pod(tmp_path, "w-0")
+    (tmp_path / "pods" / "w-0.err").write_text("Unable to connect to the server\n")
+    args = ["--kubeconfig", "/k", "--kubectl", str(kubectl), "--poll-interval", "0.05"]
+    proc = rank_process(tmp_path, *args)
+    try:
+        wait_marker(proc)
+        time.sleep(0.4)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate()
+    assert "still running" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("how", ["stop_file", "driver_gone", "sigterm"])
+def test_rank_exits_quietly_when_let_go(tmp_path: Path, how: str) -> None:
+    stop = tmp_path / "stop-r1"
+    driver = subprocess.Popen(["sleep", "30"])
+    proc = rank_process(
+        tmp_path,
+        "--stop-file",
+        str(stop),
+        "--driver-pid",
+        str(driver.pid),
+        "--poll-interval",
+        "0.05",
+    )
+    try:
+        wait_marker(proc)
+        time.sleep(0.2)
+        assert proc.poll() is None
+        if how == "stop_file":
+            stop.touch()
+        elif how == "driver_gone":
+            driver.kill()
+            driver.wait()
+        else:
+            proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+    finally:
+        for p in (proc, driver):
+            if p.poll() is None:
+                p.kill()
+        _, err = proc.communicate()
+        driver.wait()
+    assert "Traceback" not in err
+
+
+def test_rank_on_another_machine_ignores_local_checks(tmp_path: Path) -> None:
+    """A stop file whose directory does not exist here means the driver runs elsewhere:
+    the rank must not take the missing directory, or a foreign pid, as its cue to exit."""
+    proc = rank_process(
+        tmp_path,
+        "--stop-file",
+        str(tmp_path / "elsewhere" / "stop-r1"),
+        "--driver-pid",
+        "999999",
+        "--poll-interval",
+        "0.05",
+    )
+    try:
+        wait_marker(proc)
+        time.sleep(0.3)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
