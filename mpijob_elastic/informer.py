@@ -51,7 +51,7 @@ DELETED = "DELETED"
 
 LIST_PAGE_SIZE = 500
 CONNECT_TIMEOUT_SECONDS = 30.0
-# A list streams its whole body at once, so a long silence means a dead connection.
+# The apiserver itself gives up on a list after a minute (its --request-timeout).
 LIST_READ_TIMEOUT_SECONDS = 60.0
 BACKOFF_INITIAL_SECONDS = 0.5
 BACKOFF_MAX_SECONDS = 30.0

@@ -116,13 +116,20 @@ def format_time(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def format_precise_time(t: datetime) -> str:
+    """RFC 3339 with microseconds: a drain deadline must not come a second early."""
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def parse_time(value: Any) -> datetime | None:
     if not isinstance(value, str):
         return None
-    try:
-        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    except ValueError:
-        return None
+    for fmt in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):
+        try:
+            return datetime.strptime(value, fmt).replace(tzinfo=UTC)
+        except ValueError:
+            continue
+    return None
 
 
 @dataclass(frozen=True)
@@ -507,7 +514,7 @@ class _Planner:
                 # Unmarked, or a mark edited into nonsense: the drain starts now. Deleting
                 # early is the very failure draining exists to avoid.
                 self.actions.append(
-                    AnnotatePod(w.name, {names.ANN_DRAINING_SINCE: format_time(self.now)})
+                    AnnotatePod(w.name, {names.ANN_DRAINING_SINCE: format_precise_time(self.now)})
                 )
                 marking.append(w.name)
                 self.requeue(spec.drain_seconds)

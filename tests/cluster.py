@@ -116,9 +116,7 @@ def namespace(cluster: Cluster) -> Iterator[str]:
     name = f"t-{uuid.uuid4().hex[:10]}"
     cluster.kubectl("create", "namespace", name)
     # Pods need the default ServiceAccount, which the controller-manager adds shortly after.
-    cluster.kubectl(
-        "wait", "--for=create", "serviceaccount/default", "-n", name, "--timeout=30s"
-    )
+    cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", name, "--timeout=30s")
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 

@@ -44,20 +44,31 @@ class ControllerProcess:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "mpijob_elastic.cli", "run",
-                "--kubeconfig", self.cluster.kubeconfig,
-                "--namespaces", ",".join(self.namespaces),
-                "--kubectl-delivery", "none",
-                "--log-format", "json",
+                sys.executable,
+                "-m",
+                "mpijob_elastic.cli",
+                "run",
+                "--kubeconfig",
+                self.cluster.kubeconfig,
+                "--namespaces",
+                ",".join(self.namespaces),
+                "--kubectl-delivery",
+                "none",
+                "--log-format",
+                "json",
                 *self.args,
             ],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         log.close()
         wait_for(
-            lambda: "caches synced" in self.log_path.read_text()[offset:]
-            or self.proc is None
-            or self.proc.poll() is not None,
+            lambda: (
+                "caches synced" in self.log_path.read_text()[offset:]
+                or self.proc is None
+                or self.proc.poll() is not None
+            ),
             what="controller caches to sync",
         )
         assert self.proc.poll() is None, f"controller exited:\n{self.logs()}"

@@ -1,4 +1,4 @@
-"""The Informer against the real local cluster: ConfigMaps changed with kubectl.
+"""The Informer against the real local cluster: objects changed with kubectl.
 
 Every test labels its objects with its own namespace's name and selects on that label, so
 all-namespace informers do not see other tests' objects (nor the kube-root-ca.crt that the
@@ -8,16 +8,19 @@ controller-manager puts in every namespace).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import pytest
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.config import new_client_from_config
 
-from mpijob_elastic.informer import Informer, Obj
+from mpijob_elastic.informer import EventHandler, Informer, Obj
 from tests.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -46,33 +49,47 @@ class Recorder:
                 await self._changed.wait()
 
 
+@dataclass(frozen=True)
+class Kind:
+    """A resource kind as the informer, the manifests and kubectl each name it."""
+
+    api_path: str
+    plural: str
+    api_version: str
+    kind: str
+    resource: str  # for kubectl
+
+
+CONFIGMAPS = Kind("/api/v1", "configmaps", "v1", "ConfigMap", "configmaps")
+
 MakeInformer = Callable[..., Awaitable[Informer]]
 
 
 @pytest.fixture
-async def api(cluster: Cluster) -> AsyncIterator[ApiClient]:
+async def aio_client(cluster: Cluster) -> AsyncIterator[ApiClient]:
     client: ApiClient = await new_client_from_config(config_file=cluster.kubeconfig)
     yield client
     await client.close()
 
 
 @pytest.fixture
-async def make_informer(api: ApiClient) -> AsyncIterator[MakeInformer]:
-    """Starts ConfigMap informers and stops them at the end of the test, even on failure."""
+async def make_informer(aio_client: ApiClient) -> AsyncIterator[MakeInformer]:
+    """Starts informers (of ConfigMaps unless told) and stops them when the test ends."""
     started: list[Informer] = []
 
     async def make(
-        handler: Recorder,
+        handler: EventHandler,
         *,
+        kind: Kind = CONFIGMAPS,
         namespace: str | None = None,
         label_selector: str | None = None,
         watch_timeout_seconds: float = 300.0,
         wait_synced: bool = True,
     ) -> Informer:
         informer = Informer(
-            api,
-            "/api/v1",
-            "configmaps",
+            aio_client,
+            kind.api_path,
+            kind.plural,
             handler,
             namespace=namespace,
             label_selector=label_selector,
@@ -89,13 +106,47 @@ async def make_informer(api: ApiClient) -> AsyncIterator[MakeInformer]:
         await informer.stop()
 
 
-def configmap(
+@pytest.fixture
+def widgets(cluster: Cluster) -> Iterator[Kind]:
+    """A custom resource of a CRD made for this test alone, so its apiserver cache is new."""
+    group = f"t{uuid.uuid4().hex[:10]}.informer-test.mpijob-elastic.io"
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"widgets.{group}"},
+        "spec": {
+            "group": group,
+            "names": {"kind": "Widget", "plural": "widgets", "singular": "widget"},
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+    cluster.apply(crd)
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/widgets.{group}")
+    yield Kind(f"/apis/{group}/v1", "widgets", f"{group}/v1", "Widget", f"widgets.{group}")
+    cluster.kubectl("delete", "crd", f"widgets.{group}", "--wait=false", check=False)
+
+
+def manifest(
     namespace: str,
     name: str,
     data: dict[str, str] | None = None,
     labels: dict[str, str] | None = None,
     owner: Obj | None = None,
     controller: bool = True,
+    kind: Kind = CONFIGMAPS,
 ) -> Obj:
     meta: Obj = {
         "name": name,
@@ -105,14 +156,14 @@ def configmap(
     if owner is not None:
         meta["ownerReferences"] = [
             {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
+                "apiVersion": owner["apiVersion"],
+                "kind": owner["kind"],
                 "name": owner["metadata"]["name"],
                 "uid": owner["metadata"]["uid"],
                 "controller": controller,
             }
         ]
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data or {}}
+    return {"apiVersion": kind.api_version, "kind": kind.kind, "metadata": meta, "data": data or {}}
 
 
 async def kubectl(cluster: Cluster, *args: str, input: str | None = None) -> str:
@@ -127,17 +178,19 @@ async def create(cluster: Cluster, obj: Obj) -> Obj:
     return created
 
 
-async def patch_data(cluster: Cluster, namespace: str, name: str, data: dict[str, str]) -> Obj:
+async def patch_data(
+    cluster: Cluster, namespace: str, name: str, data: dict[str, str], kind: Kind = CONFIGMAPS
+) -> Obj:
     out = await kubectl(
-        cluster, "patch", "configmap", name, "-n", namespace, "-o", "json",
+        cluster, "patch", kind.resource, name, "-n", namespace, "-o", "json",
         "--type=merge", "-p", json.dumps({"data": data}),
     )  # fmt: skip
     patched: Obj = json.loads(out)
     return patched
 
 
-async def delete(cluster: Cluster, namespace: str, *names: str) -> None:
-    await kubectl(cluster, "delete", "configmap", "-n", namespace, "--wait=false", *names)
+async def delete(cluster: Cluster, namespace: str, *names: str, kind: Kind = CONFIGMAPS) -> None:
+    await kubectl(cluster, "delete", kind.resource, "-n", namespace, "--wait=false", *names)
 
 
 def names(objs: list[Obj]) -> list[str]:
@@ -152,7 +205,7 @@ async def test_initial_list_fills_cache_and_sets_synced(
     cluster: Cluster, namespace: str, make_informer: MakeInformer
 ) -> None:
     for name in ("a", "b", "c"):
-        await create(cluster, configmap(namespace, name, {"k": name}))
+        await create(cluster, manifest(namespace, name, {"k": name}))
     handler = Recorder()
     informer = await make_informer(handler, namespace=namespace, label_selector=selector(namespace))
 
@@ -172,10 +225,19 @@ async def test_watch_events_reach_handler_and_cache(
     cluster: Cluster, namespace: str, make_informer: MakeInformer
 ) -> None:
     handler = Recorder()
-    informer = await make_informer(handler, namespace=namespace, label_selector=selector(namespace))
+    # What the cache held for the object each time the handler was called.
+    cached_at_event: list[Obj | None] = []
+
+    def on_event(event_type: str, obj: Obj) -> None:
+        cached_at_event.append(informer.get(namespace, obj["metadata"]["name"]))
+        handler(event_type, obj)
+
+    informer = await make_informer(
+        on_event, namespace=namespace, label_selector=selector(namespace)
+    )
     assert informer.list() == []
 
-    await create(cluster, configmap(namespace, "a", {"k": "1"}))
+    await create(cluster, manifest(namespace, "a", {"k": "1"}))
     await handler.wait_until(lambda: ("ADDED", "a") in handler.events)
     assert informer.get(namespace, "a") is not None
 
@@ -185,13 +247,29 @@ async def test_watch_events_reach_handler_and_cache(
     assert cached is not None
     assert cached["data"] == {"k": "2"}
     assert cached["metadata"]["resourceVersion"] == patched["metadata"]["resourceVersion"]
-    # The handler runs after the cache holds the change.
-    assert handler.objects[-1] is cached
 
     await delete(cluster, namespace, "a")
     await handler.wait_until(lambda: ("DELETED", "a") in handler.events)
     assert informer.get(namespace, "a") is None
     assert handler.events == [("ADDED", "a"), ("MODIFIED", "a"), ("DELETED", "a")]
+    # The handler is called once the cache holds the change.
+    assert cached_at_event == [handler.objects[0], handler.objects[1], None]
+
+
+async def test_objects_larger_than_a_read_chunk_arrive_whole(
+    cluster: Cluster, namespace: str, make_informer: MakeInformer
+) -> None:
+    # Close to the 1 MiB limit of a ConfigMap: one event spans many reads from the socket.
+    big = {"k": "x" * 900_000}
+    await create(cluster, manifest(namespace, "listed", big))
+    handler = Recorder()
+    informer = await make_informer(handler, namespace=namespace, label_selector=selector(namespace))
+    await create(cluster, manifest(namespace, "watched", big))
+    await handler.wait_until(lambda: ("ADDED", "watched") in handler.events)
+    for name in ("listed", "watched"):
+        obj = informer.get(namespace, name)
+        assert obj is not None
+        assert obj["data"] == big
 
 
 async def test_label_selector_and_namespace_filtering(
@@ -208,9 +286,9 @@ async def test_label_selector_and_namespace_filtering(
         one_namespace = await make_informer(here, namespace=namespace, label_selector="app=x")
 
         # "other" gets this test's label too, so only the namespace filter keeps c out.
-        await create(cluster, configmap(namespace, "a", labels={"app": "x"}))
-        await create(cluster, configmap(namespace, "b", labels={"app": "y"}))
-        await create(cluster, configmap(other, "c", labels={"app": "x", RUN_LABEL: namespace}))
+        await create(cluster, manifest(namespace, "a", labels={"app": "x"}))
+        await create(cluster, manifest(namespace, "b", labels={"app": "y"}))
+        await create(cluster, manifest(other, "c", labels={"app": "x", RUN_LABEL: namespace}))
         await everywhere.wait_until(lambda: len(everywhere.events) == 2)
         await here.wait_until(lambda: len(here.events) == 1)
 
@@ -239,13 +317,13 @@ async def test_by_owner_indexes_controller_references(
 ) -> None:
     handler = Recorder()
     informer = await make_informer(handler, namespace=namespace, label_selector=selector(namespace))
-    parent = await create(cluster, configmap(namespace, "parent"))
+    parent = await create(cluster, manifest(namespace, "parent"))
     uid = parent["metadata"]["uid"]
-    await create(cluster, configmap(namespace, "child-1", owner=parent))
-    await create(cluster, configmap(namespace, "child-0", owner=parent))
+    await create(cluster, manifest(namespace, "child-1", owner=parent))
+    await create(cluster, manifest(namespace, "child-0", owner=parent))
     # Owned but not controlled, and not owned at all: neither is in the index.
-    await create(cluster, configmap(namespace, "dependent", owner=parent, controller=False))
-    await create(cluster, configmap(namespace, "orphan"))
+    await create(cluster, manifest(namespace, "dependent", owner=parent, controller=False))
+    await create(cluster, manifest(namespace, "orphan"))
     await handler.wait_until(lambda: len(handler.events) == 5)
 
     assert names(informer.by_owner(uid)) == ["child-0", "child-1"]
@@ -261,7 +339,7 @@ async def test_upsert_gives_read_your_writes(
 ) -> None:
     handler = Recorder()
     informer = await make_informer(handler, namespace=namespace, label_selector=selector(namespace))
-    created = await create(cluster, configmap(namespace, "a", {"k": "1"}))
+    created = await create(cluster, manifest(namespace, "a", {"k": "1"}))
     informer.upsert(created)
     assert informer.get(namespace, "a") is created
     await handler.wait_until(lambda: ("ADDED", "a") in handler.events)
@@ -304,7 +382,7 @@ async def test_watch_resumes_after_server_timeout_without_relist(
         label_selector=selector(namespace),
         watch_timeout_seconds=1,
     )
-    await create(cluster, configmap(namespace, "a"))
+    await create(cluster, manifest(namespace, "a"))
     await handler.wait_until(lambda: ("ADDED", "a") in handler.events)
     # Let the watch end and resume a couple of times.
     for _ in range(int(TIMEOUT / 0.1)):
@@ -313,7 +391,7 @@ async def test_watch_resumes_after_server_timeout_without_relist(
         await asyncio.sleep(0.1)
     else:
         pytest.fail("the watch did not end twice")
-    await create(cluster, configmap(namespace, "b"))
+    await create(cluster, manifest(namespace, "b"))
     await handler.wait_until(lambda: ("ADDED", "b") in handler.events)
 
     assert records(caplog, "listed") == 1
@@ -322,29 +400,37 @@ async def test_watch_resumes_after_server_timeout_without_relist(
 
 
 async def test_410_gone_relists_and_reports_what_changed_meanwhile(
-    cluster: Cluster, namespace: str, make_informer: MakeInformer, caplog: pytest.LogCaptureFixture
+    cluster: Cluster,
+    namespace: str,
+    widgets: Kind,
+    make_informer: MakeInformer,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """An informer that was away too long gets 410 Gone, relists and catches up.
 
     How the 410 is provoked: the informer is stopped (as if cut off by a partition), the
     objects change meanwhile, and its remembered resourceVersion is set to "1" before it
     starts again, as if the server's history had moved on past it while it was away. The
-    kube-apiserver's watch cache starts at the resourceVersion it had when it started, so
-    a watch from "1" is answered with a real ERROR event "410 Expired: too old resource
-    version". Waiting for the history to really move past a resourceVersion would take
-    minutes: the watch cache keeps at least 75 s of events, and etcd compacts every 5 min.
+    apiserver's watch cache of a kind only holds events since it was created, which for a
+    CRD is when the CRD was established; the Widget CRD is made for this test, so "1" is
+    long before that and the apiserver answers the watch with a real ERROR event "410
+    Expired: too old resource version". (ConfigMaps would not do: on this fresh cluster
+    their cache started at resourceVersion 1. And really waiting for history to expire
+    takes minutes: the watch cache keeps at least 75 s of events.)
     """
     caplog.set_level(logging.INFO, logger="mpijob_elastic.informer")
     for name in ("gone", "changed", "same"):
-        await create(cluster, configmap(namespace, name, {"k": "1"}))
+        await create(cluster, manifest(namespace, name, {"k": "1"}, kind=widgets))
     handler = Recorder()
-    informer = await make_informer(handler, namespace=namespace, label_selector=selector(namespace))
+    informer = await make_informer(
+        handler, kind=widgets, namespace=namespace, label_selector=selector(namespace)
+    )
     assert names(informer.list()) == ["changed", "gone", "same"]
     await informer.stop()
 
-    await delete(cluster, namespace, "gone")
-    await patch_data(cluster, namespace, "changed", {"k": "2"})
-    await create(cluster, configmap(namespace, "new"))
+    await delete(cluster, namespace, "gone", kind=widgets)
+    await patch_data(cluster, namespace, "changed", {"k": "2"}, kind=widgets)
+    await create(cluster, manifest(namespace, "new", kind=widgets))
     handler.events.clear()
     informer._resource_version = "1"
     informer.start()
@@ -359,11 +445,11 @@ async def test_410_gone_relists_and_reports_what_changed_meanwhile(
     changed = informer.get(namespace, "changed")
     assert changed is not None
     assert changed["data"] == {"k": "2"}
-    assert records(caplog, "410") == 1
+    assert records(caplog, "410 Expired: too old resource version: 1 ") == 1
     assert records(caplog, "listed") == 2
 
-    # And the watch that follows the relist works.
-    await delete(cluster, namespace, "same")
+    # The watch that follows the relist works.
+    await delete(cluster, namespace, "same", kind=widgets)
     await handler.wait_until(lambda: ("DELETED", "same") in handler.events)
     assert names(informer.list()) == ["changed", "new"]
 
@@ -372,12 +458,12 @@ async def test_restart_resumes_from_last_resource_version(
     cluster: Cluster, namespace: str, make_informer: MakeInformer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="mpijob_elastic.informer")
-    await create(cluster, configmap(namespace, "a"))
+    await create(cluster, manifest(namespace, "a"))
     handler = Recorder()
     informer = await make_informer(handler, namespace=namespace, label_selector=selector(namespace))
     await informer.stop()
     await delete(cluster, namespace, "a")
-    await create(cluster, configmap(namespace, "b"))
+    await create(cluster, manifest(namespace, "b"))
     informer.start()
     # Still within the server's history: the watch replays what was missed, no relist.
     await handler.wait_until(lambda: ("ADDED", "b") in handler.events)
@@ -395,7 +481,7 @@ async def test_stop_is_clean_and_final(
     await informer.stop()  # a second stop is harmless
     assert {task.get_name() for task in tasks_before - asyncio.all_tasks()} == {repr(informer)}
 
-    await create(cluster, configmap(namespace, "a"))
+    await create(cluster, manifest(namespace, "a"))
     await asyncio.sleep(0.5)
     assert handler.events == []
     assert informer.list() == []
@@ -404,3 +490,86 @@ async def test_stop_is_clean_and_final(
     early = await make_informer(Recorder(), namespace=namespace, wait_synced=False)
     await early.stop()
     assert not early.synced.is_set()
+
+
+class SilenceableProxy:
+    """A TCP relay to the API server whose open connections can be made to go silent.
+
+    A silenced connection stays open but carries nothing either way, which is what a
+    client sees when the far end vanished without a FIN (a crashed node, a load balancer
+    that dropped its state). New connections are relayed as usual.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self._upstream = (host, port)
+        self._relays: set[asyncio.Task[None]] = set()
+        self._writers: list[asyncio.StreamWriter] = []
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self._upstream)
+        self._writers += [writer, up_writer]
+        for source, sink in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(self._pipe(source, sink))
+            self._relays.add(task)
+            task.add_done_callback(self._relays.discard)
+
+    @staticmethod
+    async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await source.read(65536):
+                sink.write(data)
+                await sink.drain()
+            sink.close()
+
+    def silence(self) -> None:
+        for task in list(self._relays):
+            task.cancel()
+
+    async def close(self) -> None:
+        self.silence()
+        for writer in self._writers:
+            writer.close()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+async def test_read_timeout_cuts_a_dead_watch(
+    cluster: Cluster,
+    namespace: str,
+    aio_client: ApiClient,
+    make_informer: MakeInformer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="mpijob_elastic.informer")
+    upstream = urlsplit(str(aio_client.configuration.host))
+    assert upstream.hostname is not None
+    assert upstream.port is not None
+    proxy = SilenceableProxy(upstream.hostname, upstream.port)
+    aio_client.configuration.host = f"https://127.0.0.1:{await proxy.start()}"
+    try:
+        handler = Recorder()
+        # The server would end each watch after a second, but a silenced connection does
+        # not pass that end on either: only the client's own read timeout can end it.
+        informer = await make_informer(
+            handler,
+            namespace=namespace,
+            label_selector=selector(namespace),
+            watch_timeout_seconds=1,
+        )
+        # An event through the watch shows it is up before its connection goes silent.
+        await create(cluster, manifest(namespace, "before"))
+        await handler.wait_until(lambda: ("ADDED", "before") in handler.events)
+        proxy.silence()
+        await create(cluster, manifest(namespace, "after"))
+        await handler.wait_until(lambda: ("ADDED", "after") in handler.events)
+        assert records(caplog, "TimeoutError") >= 1
+        await informer.stop()
+    finally:
+        await proxy.close()

@@ -84,8 +84,8 @@ class Cluster:
     events: list[Emit] = field(default_factory=list)
     # (pod name, exec names of the Role at the moment the pod was created)
     creations: list[tuple[str, set[str]]] = field(default_factory=list)
-    # pod name -> when it was deleted, and when it last left discovery
-    deletions: list[tuple[str, datetime]] = field(default_factory=list)
+    # (pod name, when it was deleted, its phase then); when each host last left discovery
+    deletions: list[tuple[str, datetime, str]] = field(default_factory=list)
     left_discovery: dict[str, datetime] = field(default_factory=dict)
     _uids: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -151,7 +151,7 @@ class Cluster:
             assert pod is not None and pod["metadata"]["uid"] == action.uid, "stale delete"
             assert action.uid not in self.deleting, f"second delete of {action.name}"
             self.deleting.add(action.uid)
-            self.deletions.append((action.name, self.now))
+            self.deletions.append((action.name, self.now, pod["status"]["phase"]))
             # KWOK, like a kubelet with grace, sets deletionTimestamp before removal.
             pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
         elif isinstance(action, WriteStatus):

@@ -1,0 +1,516 @@
+"""The controller on the real local cluster: one test per behaviour, asserting what the API
+server holds (and what the launcher's own credentials are allowed to do)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from mpijob_elastic import names, render
+from tests.cluster import Cluster
+from tests.controller import StartController, wait_for
+from tests.integration.conftest import mpijob
+
+pytestmark = pytest.mark.usefixtures("crd")
+
+
+class Job:
+    """Reads one job and its children straight from the API server."""
+
+    def __init__(self, cluster: Cluster, namespace: str, name: str) -> None:
+        self.cluster, self.ns, self.name = cluster, namespace, name
+        api = cluster.api_client()
+        self.core = client.CoreV1Api(api)
+        self.rbac = client.RbacAuthorizationV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+
+    def create(self, manifest: dict[str, Any]) -> None:
+        self.custom.create_namespaced_custom_object(
+            names.GROUP, names.VERSION, self.ns, names.PLURAL, manifest
+        )
+
+    def get(self) -> dict[str, Any]:
+        return dict(
+            self.custom.get_namespaced_custom_object(
+                names.GROUP, names.VERSION, self.ns, names.PLURAL, self.name
+            )
+        )
+
+    def patch(self, patch: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(
+            names.GROUP, names.VERSION, self.ns, names.PLURAL, self.name, patch
+        )
+
+    def set_workers(self, n: int) -> None:
+        self.patch({"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": n}}}})
+
+    def config(self) -> dict[str, str]:
+        try:
+            cm = self.core.read_namespaced_config_map(names.config_map_name(self.name), self.ns)
+        except client.ApiException as err:
+            if err.status == 404:
+                return {}
+            raise
+        return dict(cm.data or {})
+
+    def hosts(self) -> list[str]:
+        script = self.config().get(names.DISCOVER_HOSTS, "")
+        return [line.split()[1] for line in script.splitlines() if line.startswith("echo ")]
+
+    def exec_names(self) -> list[str]:
+        try:
+            role = self.rbac.read_namespaced_role(names.launcher_name(self.name), self.ns)
+        except client.ApiException as err:
+            if err.status == 404:
+                return []
+            raise
+        for rule in role.rules or []:
+            if "pods/exec" in rule.resources:
+                return list(rule.resource_names or [])
+        return []
+
+    def pods(self, role: str = names.ROLE_WORKER) -> dict[str, client.V1Pod]:
+        selector = names.selector(self.name, role)
+        items = self.core.list_namespaced_pod(self.ns, label_selector=selector).items
+        return {p.metadata.name: p for p in items}
+
+    def workers(self) -> list[str]:
+        return sorted(self.pods(), key=lambda n: int(n.rsplit("-", 1)[1]))
+
+    def condition(self, type_: str) -> dict[str, Any] | None:
+        for cond in self.get().get("status", {}).get("conditions", []):
+            if cond["type"] == type_:
+                return dict(cond)
+        return None
+
+    def events(self) -> list[tuple[str, str, str]]:
+        items = self.core.list_namespaced_event(
+            self.ns, field_selector=f"involvedObject.name={self.name},involvedObject.kind=MPIJob"
+        ).items
+        return [(e.type, e.reason, e.message) for e in items]
+
+    def wait_hosts(self, n: int, timeout: float = 30) -> list[str]:
+        want = [f"{self.name}-worker-{i}:1" for i in range(n)]
+        wait_for(lambda: self.hosts() == want, timeout, f"discover_hosts.sh == {want}")
+        return want
+
+
+@pytest.fixture
+def job(cluster: Cluster, namespace: str) -> Iterator[Job]:
+    yield Job(cluster, namespace, "elastic")
+
+
+def launcher_kubectl(cluster: Cluster, job: Job, tmp_path: Path) -> Cluster:
+    wait_for(
+        lambda: (
+            cluster.kubectl(
+                "get", "serviceaccount", names.launcher_name(job.name), "-n", job.ns, check=False
+            ).returncode
+            == 0
+        ),
+        what="launcher ServiceAccount",
+    )
+    kubeconfig = cluster.service_account_kubeconfig(
+        job.ns, names.launcher_name(job.name), tmp_path / "launcher.kubeconfig"
+    )
+    return Cluster(kubeconfig, cluster.kubectl_path)
+
+
+def can_exec(launcher: Cluster, pod: str) -> bool:
+    proc = launcher.kubectl("exec", pod, "--", "echo", "ok", check=False)
+    if proc.returncode == 0:
+        assert proc.stdout.strip() == "ok"
+        return True
+    assert "forbidden" in proc.stderr.lower() or "notfound" in proc.stderr.lower().replace(
+        " ", ""
+    ), proc.stderr
+    return False
+
+
+ELASTIC = {"min_replicas": "1", "max_replicas": "5"}
+
+
+def elastic_job(name: str, workers: int, drain: str = "2", **kw: Any) -> dict[str, Any]:
+    manifest = mpijob(name, workers, **{**ELASTIC, **kw})
+    manifest["metadata"]["annotations"][names.ANN_DRAIN_SECONDS] = drain
+    return manifest
+
+
+def test_scale_2_4_1_3_host_lists_role_and_exec(
+    cluster: Cluster, job: Job, start_controller: StartController, tmp_path: Path
+) -> None:
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 2))
+    job.wait_hosts(2)
+    config = job.config()
+    assert config[names.HOSTFILE] == "elastic-worker-0 slots=1\nelastic-worker-1 slots=1\n"
+    assert config[names.KUBEXEC].endswith('kubectl exec ${POD_NAME} -- /bin/sh -c "$*"')
+    assert job.exec_names() == ["elastic-worker-0", "elastic-worker-1"]
+    launcher = launcher_kubectl(cluster, job, tmp_path)
+    assert can_exec(launcher, "elastic-worker-1")
+
+    job.set_workers(4)
+    job.wait_hosts(4)
+    assert job.config()[names.HOSTFILE].count("slots=1\n") == 4
+    assert job.exec_names() == [f"elastic-worker-{i}" for i in range(4)]
+    for i in (2, 3):
+        assert can_exec(launcher, f"elastic-worker-{i}")
+
+    job.set_workers(1)
+    job.wait_hosts(1, timeout=10)
+    assert job.config()[names.HOSTFILE] == "elastic-worker-0 slots=1\n"
+    wait_for(lambda: job.workers() == ["elastic-worker-0"], 20, "drained workers deleted")
+    wait_for(lambda: job.exec_names() == ["elastic-worker-0"], 10, "exec revoked")
+    for i in (1, 2, 3):
+        assert not can_exec(launcher, f"elastic-worker-{i}")
+
+    job.set_workers(3)
+    job.wait_hosts(3)
+    assert job.exec_names() == [f"elastic-worker-{i}" for i in range(3)]
+    assert can_exec(launcher, "elastic-worker-2")
+    reasons = [reason for _, reason, _ in job.events()]
+    for reason in ("ScaledUp", "Draining", "WorkerDeleted"):
+        assert reason in reasons
+
+
+def test_drain_then_delete_order(job: Job, start_controller: StartController) -> None:
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 3, drain="3"))
+    job.wait_hosts(3)
+    job.set_workers(1)
+    left_at = time.monotonic()
+    job.wait_hosts(1, timeout=10)
+    # Still there, marked, and out of discovery for the whole drain period.
+    pods = job.pods()
+    for victim in ("elastic-worker-1", "elastic-worker-2"):
+        annotations = pods[victim].metadata.annotations or {}
+        assert names.ANN_DRAINING_SINCE in annotations
+        assert pods[victim].metadata.deletion_timestamp is None
+    cond = job.condition("Scaling")
+    assert cond and cond["reason"] == "ScalingDown" and "to 1" in cond["message"]
+    wait_for(lambda: job.workers() == ["elastic-worker-0"], 20, "victims deleted")
+    assert time.monotonic() - left_at >= 2.5
+
+
+def test_scale_up_during_drain_keeps_the_victims(
+    job: Job, start_controller: StartController
+) -> None:
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 3, drain="30"))
+    job.wait_hosts(3)
+    uids = {n: p.metadata.uid for n, p in job.pods().items()}
+    job.set_workers(1)
+    job.wait_hosts(1)
+    job.set_workers(3)
+    job.wait_hosts(3)
+    pods = job.pods()
+    assert {n: p.metadata.uid for n, p in pods.items()} == uids
+    for pod in pods.values():
+        assert names.ANN_DRAINING_SINCE not in (pod.metadata.annotations or {})
+
+
+def test_config_change_touches_the_launcher(job: Job, start_controller: StartController) -> None:
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 1))
+    job.wait_hosts(1)
+    job.set_workers(2)
+    job.wait_hosts(2)
+
+    def launcher_hash() -> str | None:
+        launcher = job.pods(names.ROLE_LAUNCHER).get(names.launcher_name(job.name))
+        return (
+            (launcher.metadata.annotations or {}).get(names.ANN_CONFIG_HASH) if launcher else None
+        )
+
+    wait_for(lambda: launcher_hash() == render.config_hash(job.config()), 10, "launcher hash")
+
+
+def test_kubectl_scale(cluster: Cluster, job: Job, start_controller: StartController) -> None:
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 2))
+    job.wait_hosts(2)
+    cluster.kubectl("scale", f"mpijob/{job.name}", "-n", job.ns, "--replicas=4")
+    job.wait_hosts(4)
+    scale = json.loads(
+        cluster.kubectl(
+            "get", "--raw", f"/apis/kubeflow.org/v1/namespaces/{job.ns}/mpijobs/{job.name}/scale"
+        ).stdout
+    )
+    wait_for(
+        lambda: (
+            json.loads(
+                cluster.kubectl(
+                    "get",
+                    "--raw",
+                    f"/apis/kubeflow.org/v1/namespaces/{job.ns}/mpijobs/{job.name}/scale",
+                ).stdout
+            )["status"].get("replicas")
+            == 4
+        ),
+        what="scale status replicas",
+    )
+    assert scale["spec"]["replicas"] == 4
+    assert "mpi-job-role=worker" in scale["status"]["selector"]
+
+
+def test_worker_deleted_by_hand_leaves_discovery_and_is_replaced(
+    cluster: Cluster, job: Job, start_controller: StartController
+) -> None:
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 3))
+    job.wait_hosts(3)
+    old_uid = job.pods()["elastic-worker-1"].metadata.uid
+    cluster.kubectl("delete", "pod", "elastic-worker-1", "-n", job.ns, "--wait=false")
+    wait_for(
+        lambda: "elastic-worker-1:1" not in job.hosts() or _replaced(job, old_uid), 10, "host left"
+    )
+    job.wait_hosts(3)
+    assert job.pods()["elastic-worker-1"].metadata.uid != old_uid
+
+
+def _replaced(job: Job, old_uid: str) -> bool:
+    pod = job.pods().get("elastic-worker-1")
+    return pod is not None and pod.metadata.uid != old_uid
+
+
+def test_failed_worker_is_replaced_per_restart_policy(
+    cluster: Cluster, job: Job, start_controller: StartController
+) -> None:
+    start_controller(job.ns)
+    manifest = elastic_job(job.name, 2)
+    manifest["spec"]["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = "ExitCode"
+    job.create(manifest)
+    job.wait_hosts(2)
+    uid = job.pods()["elastic-worker-1"].metadata.uid
+    # A signal (137) is worth retrying under ExitCode.
+    cluster.kubectl(
+        "annotate", "pod", "elastic-worker-1", "-n", job.ns, "kwok.mpijob-elastic.io/exit-code=137"
+    )
+    wait_for(lambda: _replaced(job, uid), 20, "worker-1 recreated")
+    job.wait_hosts(2)
+    assert "WorkerFailed" in [r for _, r, _ in job.events()]
+    # A program error (1) is final under ExitCode: the host leaves and is not replaced.
+    uid = job.pods()["elastic-worker-1"].metadata.uid
+    cluster.kubectl(
+        "annotate", "pod", "elastic-worker-1", "-n", job.ns, "kwok.mpijob-elastic.io/exit-code=1"
+    )
+    wait_for(lambda: job.hosts() == ["elastic-worker-0:1"], 10, "failed host out of discovery")
+    time.sleep(1)
+    assert job.pods()["elastic-worker-1"].metadata.uid == uid
+
+
+def test_same_named_jobs_in_two_namespaces(
+    cluster: Cluster, start_controller: StartController, namespace: str
+) -> None:
+    other_ns = f"{namespace}-b"
+    cluster.kubectl("create", "namespace", other_ns)
+    try:
+        a, b = Job(cluster, namespace, "twin"), Job(cluster, other_ns, "twin")
+        start_controller(namespace, other_ns)
+        a.create(elastic_job("twin", 3, drain="0"))
+        b.create(elastic_job("twin", 2, drain="0"))
+        a.wait_hosts(3)
+        b.wait_hosts(2)
+        b_uids = {n: p.metadata.uid for n, p in b.pods().items()}
+        a.set_workers(1)
+        wait_for(lambda: a.workers() == ["twin-worker-0"], 20, "a scaled in")
+        assert {n: p.metadata.uid for n, p in b.pods().items()} == b_uids
+        assert b.hosts() == ["twin-worker-0:1", "twin-worker-1:1"]
+        assert a.hosts() == ["twin-worker-0:1"]
+    finally:
+        cluster.kubectl("delete", "namespace", other_ns, "--wait=false", check=False)
+
+
+def test_restart_in_the_middle_of_a_drain(job: Job, start_controller: StartController) -> None:
+    controller = start_controller(job.ns)
+    job.create(elastic_job(job.name, 3, drain="4"))
+    job.wait_hosts(3)
+    job.set_workers(1)
+    job.wait_hosts(1)
+    wait_for(
+        lambda: all(
+            names.ANN_DRAINING_SINCE in (p.metadata.annotations or {})
+            for n, p in job.pods().items()
+            if n != "elastic-worker-0"
+        ),
+        10,
+        "victims marked",
+    )
+    marked_at = time.monotonic()
+    controller.stop(kill=True)
+    time.sleep(1)
+    assert len(job.pods()) == 3  # nothing deletes while the controller is down
+    controller.start()
+    wait_for(lambda: job.workers() == ["elastic-worker-0"], 20, "drain finished after restart")
+    # The restarted controller honoured the drain deadline that was set before the crash.
+    assert time.monotonic() - marked_at >= 3.5
+    deletes = [e for e in controller.log_entries() if e.get("msg") == "deleted pod"]
+    assert sorted(e["pod"] for e in deletes) == ["elastic-worker-1", "elastic-worker-2"]
+
+
+def test_out_of_range_replicas_are_refused_without_deleting(
+    job: Job, start_controller: StartController
+) -> None:
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 3))
+    job.wait_hosts(3)
+    uids = {n: p.metadata.uid for n, p in job.pods().items()}
+    for bad in (9, 0):
+        job.set_workers(bad)
+        wait_for(
+            lambda bad=bad: (
+                (c := job.condition("InvalidSpec")) is not None
+                and c["status"] == "True"
+                and f"replicas: {bad} is outside" in c["message"]
+            ),
+            10,
+            f"condition for replicas={bad}",
+        )
+        assert {n: p.metadata.uid for n, p in job.pods().items()} == uids
+        assert len(job.hosts()) == 3
+    assert ("Warning", "ReplicasOutOfRange") in [(t, r) for t, r, _ in job.events()]
+    job.set_workers(2)
+    wait_for(lambda: job.condition("InvalidSpec")["status"] == "False", 10, "condition cleared")  # type: ignore[index]
+    job.wait_hosts(2)
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"spec": {"slotsPerWorker": 0}}, "spec.slotsPerWorker"),
+        ({"spec": {"mainContainer": "main; rm -rf /"}}, "spec.mainContainer"),
+        ({"spec": {"mainContainer": "sidecar"}}, "spec.mainContainer"),
+        ({"spec": {"mpiReplicaSpecs": {"Worker": None}}}, "spec.mpiReplicaSpecs.Worker"),
+    ],
+)
+def test_invalid_spec_names_the_field_and_keeps_workers(
+    job: Job, start_controller: StartController, patch: dict[str, Any], field: str
+) -> None:
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 2))
+    job.wait_hosts(2)
+    uids = {n: p.metadata.uid for n, p in job.pods().items()}
+    job.patch(patch)
+    cond = wait_for(
+        lambda: (c := job.condition("InvalidSpec")) and c["status"] == "True" and c,
+        10,
+        "InvalidSpec condition",
+    )
+    assert field in cond["message"]
+    assert any(r == "InvalidSpec" and field in m for _, r, m in job.events())
+    assert {n: p.metadata.uid for n, p in job.pods().items()} == uids
+    assert "rm -rf" not in job.config()[names.KUBEXEC]
+
+
+def test_bad_job_does_not_stop_others(
+    job: Job, cluster: Cluster, start_controller: StartController
+) -> None:
+    start_controller(job.ns)
+    bad = elastic_job("bad", 2)
+    bad["metadata"]["name"] = "a" * 60  # worker pod names would exceed 63 characters
+    long = Job(cluster, job.ns, bad["metadata"]["name"])
+    long.create(bad)
+    job.create(elastic_job(job.name, 2))
+    job.wait_hosts(2)
+    cond = wait_for(lambda: long.condition("InvalidSpec"), 10, "condition on the long name")
+    assert "metadata.name" in cond["message"] and "too long" in cond["message"]
+    assert long.pods() == {}
+
+
+def test_pod_template_rejected_by_the_api_server(
+    job: Job, start_controller: StartController
+) -> None:
+    start_controller(job.ns)
+    manifest = elastic_job(job.name, 1)
+    manifest["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"] = ""
+    job.create(manifest)
+    cond = wait_for(
+        lambda: (c := job.condition("InvalidSpec")) and c["status"] == "True" and c,
+        15,
+        "PodTemplateRejected",
+    )
+    assert cond["reason"] == "PodTemplateRejected"
+    assert "spec.containers[0].image" in cond["message"]
+
+
+def test_launcher_end_decides_the_job_then_clean_pod_policy(
+    cluster: Cluster, job: Job, start_controller: StartController
+) -> None:
+    start_controller(job.ns)
+    manifest = elastic_job(job.name, 2)
+    manifest["spec"]["runPolicy"] = {"cleanPodPolicy": "Running"}
+    job.create(manifest)
+    job.wait_hosts(2)
+    wait_for(lambda: job.pods(names.ROLE_LAUNCHER), 10, "launcher")
+    cluster.kubectl(
+        "annotate",
+        "pod",
+        names.launcher_name(job.name),
+        "-n",
+        job.ns,
+        "kwok.mpijob-elastic.io/exit-code=0",
+    )
+    wait_for(lambda: (c := job.condition("Succeeded")) and c["status"] == "True", 15, "Succeeded")
+    wait_for(lambda: job.pods() == {}, 15, "running workers cleaned up")
+    assert job.pods(names.ROLE_LAUNCHER)  # a finished launcher is not Running: kept
+    status = job.get()["status"]
+    assert status["completionTime"]
+    assert status["conditions"][-1]["type"] == "Succeeded"
+
+
+def test_deleting_the_job_leaves_nothing(
+    cluster: Cluster, job: Job, start_controller: StartController
+) -> None:
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 2))
+    job.wait_hosts(2)
+    cluster.kubectl("delete", "mpijob", job.name, "-n", job.ns)
+    selector = f"{names.LABEL_JOB}={job.name}"
+
+    def leftovers() -> str:
+        return cluster.kubectl(
+            "get",
+            "pods,configmaps,serviceaccounts,roles,rolebindings",
+            "-n",
+            job.ns,
+            "-l",
+            selector,
+            "-o",
+            "name",
+        ).stdout.strip()
+
+    wait_for(lambda: leftovers() == "", 30, "children garbage-collected")
+
+
+def test_managed_by_selects_the_jobs(
+    cluster: Cluster, job: Job, start_controller: StartController
+) -> None:
+    start_controller(job.ns, args=("--only-managed-by",))
+    ours = elastic_job("ours", 1)
+    ours["spec"]["runPolicy"] = {"managedBy": names.MANAGED_BY}
+    theirs = elastic_job("theirs", 1)
+    Job(cluster, job.ns, "theirs").create(theirs)
+    mine = Job(cluster, job.ns, "ours")
+    mine.create(ours)
+    mine.wait_hosts(1)
+    time.sleep(1)
+    assert Job(cluster, job.ns, "theirs").config() == {}
+
+
+def test_worker_without_index_label_is_still_known(
+    cluster: Cluster, job: Job, start_controller: StartController
+) -> None:
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 2))
+    job.wait_hosts(2)
+    uids = {n: p.metadata.uid for n, p in job.pods().items()}
+    cluster.kubectl("label", "pod", "elastic-worker-1", "-n", job.ns, f"{names.LABEL_INDEX}-")
+    time.sleep(1.5)
+    assert {n: p.metadata.uid for n, p in job.pods().items()} == uids
+    assert len(job.hosts()) == 2
