@@ -13,7 +13,7 @@ import os
 import subprocess
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ class Cluster:
 
     kubeconfig: str
     kubectl_path: str
+    _api: client.ApiClient | None = field(default=None, compare=False, repr=False)
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, as_user: str | None = None
@@ -56,7 +57,27 @@ class Cluster:
         self.kubectl("apply", *ns, "-f", "-", input=text)
 
     def api_client(self) -> client.ApiClient:
-        return config.new_client_from_config(config_file=self.kubeconfig)
+        api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=self.kubeconfig
+        )
+        return api
+
+    def raw(self, method: str, path: str, body: Any = None) -> dict[str, Any] | None:
+        """One API request as plain JSON (None for 404): what the server holds, untyped."""
+        if self._api is None:
+            object.__setattr__(self, "_api", self.api_client())
+        api: Any = self._api
+        headers = {"Accept": "application/json", "Content-Type": "application/merge-patch+json"}
+        request = api.param_serialize(
+            method, path, header_params=headers, body=body, auth_settings=["BearerToken"]
+        )
+        response = api.call_api(*request)
+        response.read()
+        if response.status == 404:
+            return None
+        if not 200 <= response.status < 300:
+            raise AssertionError(f"{method} {path}: {response.status} {response.data[:300]!r}")
+        return dict(json.loads(response.data))
 
     def service_account_kubeconfig(self, namespace: str, service_account: str, path: Path) -> str:
         """Write a kubeconfig that acts as a ServiceAccount, with a token from TokenRequest.
@@ -125,4 +146,4 @@ def namespace(cluster: Cluster) -> Iterator[str]:
 def core(cluster: Cluster) -> Iterator[client.CoreV1Api]:
     api = cluster.api_client()
     yield client.CoreV1Api(api)
-    api.close()
+    api.close()  # type: ignore[no-untyped-call]

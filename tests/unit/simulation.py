@@ -147,13 +147,14 @@ class Cluster:
                 else:
                     ann[k] = v
         elif isinstance(action, DeletePod):
-            pod = self.objects.get(("Pod", action.name))
-            assert pod is not None and pod["metadata"]["uid"] == action.uid, "stale delete"
+            victim = self.objects.get(("Pod", action.name))
+            assert victim is not None, f"delete of missing {action.name}"
+            assert victim["metadata"]["uid"] == action.uid, "stale delete"
             assert action.uid not in self.deleting, f"second delete of {action.name}"
             self.deleting.add(action.uid)
-            self.deletions.append((action.name, self.now, pod["status"]["phase"]))
+            self.deletions.append((action.name, self.now, victim["status"]["phase"]))
             # KWOK, like a kubelet with grace, sets deletionTimestamp before removal.
-            pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+            victim["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
         elif isinstance(action, WriteStatus):
             self.job["status"] = copy.deepcopy(action.status)
         elif isinstance(action, Emit):

@@ -101,11 +101,9 @@ def test_scale_up_role_first_and_running_before_discovery() -> None:
     assert cm(c)["data"][names.HOSTFILE].count("\n") == 4
     # Created but not Running: not a host yet.
     assert discovered(cm(c)) == ["job-worker-0", "job-worker-1"]
-    assert condition(c, "Scaling") == {
-        **condition(c, "Scaling"),
-        "status": "True",
-        "reason": "ScalingUp",
-    }  # type: ignore[dict-item]
+    scaling = condition(c, "Scaling")
+    assert scaling is not None
+    assert (scaling["status"], scaling["reason"]) == ("True", "ScalingUp")
     c.run_pods()
     c.apply(c.plan())
     assert discovered(cm(c)) == [f"job-worker-{i}" for i in range(4)]
@@ -127,7 +125,8 @@ def test_scale_in_drains_then_deletes_once_then_revokes() -> None:
         for i, a in enumerate(p.actions)
         if isinstance(a, AnnotatePod) and names.ANN_DRAINING_SINCE in a.annotations
     ]
-    assert marks and min(marks) > cm_at
+    assert marks
+    assert min(marks) > cm_at
     assert not p.of_type(DeletePod)
     assert p.requeue_after == 30
     c.apply(p)
@@ -192,7 +191,8 @@ def test_zero_drain_deletes_right_after_the_host_lists_change() -> None:
         if isinstance(a, Replace) and a.obj["kind"] == "ConfigMap"
     )
     deletes = [i for i, a in enumerate(p.actions) if isinstance(a, DeletePod)]
-    assert len(deletes) == 2 and min(deletes) > cm_at
+    assert len(deletes) == 2
+    assert min(deletes) > cm_at
 
 
 def test_unreadable_drain_mark_restarts_the_drain() -> None:
@@ -231,7 +231,9 @@ def test_out_of_range_replicas_keep_the_current_workers() -> None:
         assert not [a for a in p.of_type(Create) if a.obj["kind"] == "Pod"], bad
         c.apply(p)
         cond = condition(c, "InvalidSpec")
-        assert cond and cond["status"] == "True" and cond["reason"] == "ReplicasOutOfRange"
+        assert cond
+        assert cond["status"] == "True"
+        assert cond["reason"] == "ReplicasOutOfRange"
         assert "spec.mpiReplicaSpecs.Worker.replicas" in cond["message"]
         assert workers_of(c) == ["job-worker-0", "job-worker-1", "job-worker-2"]
     assert [e.reason for e in c.events].count("ReplicasOutOfRange") == 3
@@ -258,7 +260,8 @@ def test_invalid_spec_touches_no_child() -> None:
     assert all(isinstance(a, (WriteStatus,)) or a.__class__.__name__ == "Emit" for a in p.actions)
     c.apply(p)
     cond = condition(c, "InvalidSpec")
-    assert cond and "spec.slotsPerWorker" in cond["message"]
+    assert cond
+    assert "spec.slotsPerWorker" in cond["message"]
     assert c.events[-1].reason == "InvalidSpec"
     # Reconciling again neither repeats the Event nor rewrites the status.
     assert c.plan().actions == ()
@@ -317,7 +320,8 @@ def test_launcher_end_decides_the_job_and_clean_pod_policy() -> None:
         # Finished is final: nothing is recreated, nothing deleted twice.
         c.finalize_deletions()
         p = c.plan()
-        assert not p.of_type(Create) and not p.of_type(DeletePod), policy
+        assert not p.of_type(Create), policy
+        assert not p.of_type(DeletePod), policy
 
 
 def test_launcher_failure_fails_the_job() -> None:
@@ -402,13 +406,14 @@ def test_invariants_under_any_event_order(steps: list[tuple[str, int]], drain: s
         # The launcher can exec into every host it is told about.
         assert set(hosts) <= role
         # Every worker was exec-able from the moment it was created.
-        for pod, granted in c.creations:
-            assert pod == "job-launcher" or pod in granted
+        for created, granted in c.creations:
+            assert created == "job-launcher" or created in granted
         if kind == "reconcile":
             # Right after a reconcile, hosts are only Running pods not being deleted.
             for host in hosts:
                 pod = c.get("Pod", host)
-                assert pod is not None and pod["status"]["phase"] == "Running"
+                assert pod is not None
+                assert pod["status"]["phase"] == "Running"
                 assert not pod["metadata"].get("deletionTimestamp")
     # A healthy worker was only ever deleted after leaving discovery for the drain period.
     for name, at, phase in c.deletions:
