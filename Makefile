@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: test unit integration e2e lint demo binaries cluster-up cluster-down venv clean
+.PHONY: test unit integration e2e lint demo bench binaries cluster-up cluster-down venv clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -52,6 +52,10 @@ test: lint binaries
 
 demo: venv binaries
 	@$(PY) -m e2e.demo $(DEMO_ARGS)
+
+# Worker Running -> discover_hosts.sh delay on the local cluster (see docs/benchmarks.md).
+bench: venv binaries
+	@$(PY) -m bench.propagation
 
 clean: cluster-down
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -55,6 +55,31 @@ CHILD_KINDS: Mapping[str, tuple[str, str]] = {
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
 }
+# Pod writes of one kind that the plan puts side by side are independent of each other
+# (the Role they depend on was written before them), so they go out together: a scale-up
+# of 50 workers must not wait for 50 round trips before the next host list is written.
+WRITE_CONCURRENCY = 16
+_BATCHABLE = (AnnotatePod, DeletePod)
+
+
+def _batchable(action: Action) -> str | None:
+    if isinstance(action, Create) and action.obj["kind"] == "Pod":
+        return "create-pod"
+    return type(action).__name__ if isinstance(action, _BATCHABLE) else None
+
+
+def _batches(actions: Sequence[Action]) -> list[list[Action]]:
+    """Split the plan into runs that keep its order; a run of one batchable kind is one."""
+    out: list[list[Action]] = []
+    for action in actions:
+        kind = _batchable(action)
+        if out and kind is not None and _batchable(out[-1][0]) == kind:
+            out[-1].append(action)
+        else:
+            out.append([action])
+    return out
+
+
 # How long an issued delete is remembered if its pod never shows up as gone.
 DELETE_MEMORY_SECONDS = 300.0
 
@@ -99,6 +124,7 @@ class Controller:
                 )
                 self.caches.add(kind, ns, informer)
         self.deleting: dict[str, float] = {}
+        self._write_slots = asyncio.Semaphore(WRITE_CONCURRENCY)
         self._workers: list[asyncio.Task[None]] = []
         # Reconcile timing, exposed for tests and benchmarks.
         self.reconciles = 0
@@ -207,9 +233,21 @@ class Controller:
             return None
         self.reconciles += 1
         the_plan = plan(self.observe(job), self.settings)
-        for action in the_plan.actions:
-            await self.execute(job, action)
+        for batch in _batches(the_plan.actions):
+            if len(batch) == 1:
+                await self.execute(job, batch[0])
+                continue
+            results = await asyncio.gather(
+                *(self._bounded(self.execute(job, a)) for a in batch), return_exceptions=True
+            )
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                raise errors[0]
         return the_plan.requeue_after
+
+    async def _bounded(self, write: Any) -> None:
+        async with self._write_slots:
+            await write
 
     async def execute(self, job: Obj, action: Action) -> None:
         meta = job["metadata"]

@@ -1,0 +1,40 @@
+"""Concurrent writes never reorder the plan: only neighbouring pod writes of one kind merge."""
+
+from mpijob_elastic.plan import AnnotatePod, Create, DeletePod, Emit, Replace
+from mpijob_elastic.reconciler import _batches
+
+
+def pod(name: str) -> Create:
+    return Create({"kind": "Pod", "metadata": {"name": name}})
+
+
+def test_runs_of_one_pod_write_kind_are_batched_in_order() -> None:
+    role = Replace({"kind": "Role", "metadata": {"name": "r"}})
+    cm = Create({"kind": "ConfigMap", "metadata": {"name": "c"}})
+    actions = [
+        role,
+        cm,
+        AnnotatePod("l", {}),
+        DeletePod("a", "1"),
+        DeletePod("b", "2"),
+        pod("w0"),
+        pod("w1"),
+        pod("w2"),
+        Emit("Normal", "ScaledUp", "x"),
+    ]
+    batches = _batches(actions)
+    assert batches == [
+        [role],
+        [cm],
+        [AnnotatePod("l", {})],
+        [DeletePod("a", "1"), DeletePod("b", "2")],
+        [pod("w0"), pod("w1"), pod("w2")],
+        [Emit("Normal", "ScaledUp", "x")],
+    ]
+    assert [a for b in batches for a in b] == actions
+
+
+def test_non_pod_creates_are_never_batched() -> None:
+    sa = Create({"kind": "ServiceAccount", "metadata": {"name": "s"}})
+    role = Create({"kind": "Role", "metadata": {"name": "r"}})
+    assert _batches([sa, role]) == [[sa], [role]]
