@@ -34,6 +34,19 @@ def sh(*args: str, input: str | None = None) -> str:
     return subprocess.run(args, check=True, capture_output=True, text=True, input=input).stdout
 
 
+async def ash(*args: str, input: str | None = None) -> None:
+    """kubectl without blocking the loop, whose informers are timing events meanwhile."""
+    proc = await asyncio.create_subprocess_exec(
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await proc.communicate(input.encode() if input else None)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(args)}: {err.decode()}")
+
+
 def job_manifest(name: str, workers: int, max_workers: int) -> dict[str, Any]:
     template = {"spec": {"containers": [{"name": "main", "image": "busybox"}]}}
     return {
@@ -82,8 +95,8 @@ class Timeline:
         return [self.listed[p] - self.running[p] for p in pods]
 
 
-async def wait(predicate: Any, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
+async def wait(predicate: Any, limit: float = 60) -> None:
+    deadline = time.monotonic() + limit
     while not predicate():
         if time.monotonic() > deadline:
             raise TimeoutError("benchmark step timed out")
@@ -101,29 +114,9 @@ def summary(label: str, values: list[float]) -> dict[str, Any]:
     }
 
 
-async def bench(kubeconfig: str, kubectl: str, rounds: int, burst: int) -> list[dict[str, Any]]:
-    namespace = f"bench-{os.getpid()}"
-    k = [kubectl, "--kubeconfig", kubeconfig]
-    sh(*k, "apply", "-f", str(ROOT / "config/crd/kubeflow.org_mpijobs.yaml"))
-    sh(*k, "wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
-    sh(*k, "create", "namespace", namespace)
-    controller = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mpijob_elastic.cli",
-            "run",
-            "--kubeconfig",
-            kubeconfig,
-            "--namespaces",
-            namespace,
-            "--kubectl-delivery",
-            "none",
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-    )
+async def bench(
+    kubeconfig: str, k: list[str], namespace: str, rounds: int, burst: int
+) -> list[dict[str, Any]]:
     api = await kube_config.new_client_from_config(config_file=kubeconfig)
     timeline = Timeline("bench")
     selector = f"{names.LABEL_JOB}=bench"
@@ -146,7 +139,7 @@ async def bench(kubeconfig: str, kubectl: str, rounds: int, burst: int) -> list[
             informer.start()
         await asyncio.gather(*(i.synced.wait() for i in informers))
         max_workers = max(rounds + 1, burst)
-        sh(
+        await ash(
             *k,
             "create",
             "-n",
@@ -159,7 +152,7 @@ async def bench(kubeconfig: str, kubectl: str, rounds: int, burst: int) -> list[
 
         # One worker at a time, as an autoscaler adding capacity would.
         for n in range(2, rounds + 2):
-            sh(*k, "scale", "-n", namespace, "mpijob/bench", f"--replicas={n}")
+            await ash(*k, "scale", "-n", namespace, "mpijob/bench", f"--replicas={n}")
             await wait(lambda n=n: f"bench-worker-{n - 1}" in timeline.listed)
         results.append(
             summary(
@@ -169,7 +162,7 @@ async def bench(kubeconfig: str, kubectl: str, rounds: int, burst: int) -> list[
         )
 
         # Back to 1, then a burst: many pods turn Running within moments of each other.
-        sh(*k, "scale", "-n", namespace, "mpijob/bench", "--replicas=1")
+        await ash(*k, "scale", "-n", namespace, "mpijob/bench", "--replicas=1")
         await wait(
             lambda: (
                 not [
@@ -183,7 +176,7 @@ async def bench(kubeconfig: str, kubectl: str, rounds: int, burst: int) -> list[
         for i in range(1, burst):
             timeline.running.pop(f"bench-worker-{i}", None)
             timeline.listed.pop(f"bench-worker-{i}", None)
-        sh(*k, "scale", "-n", namespace, "mpijob/bench", f"--replicas={burst}")
+        await ash(*k, "scale", "-n", namespace, "mpijob/bench", f"--replicas={burst}")
         await wait(lambda: all(f"bench-worker-{i}" in timeline.listed for i in range(burst)))
         results.append(
             summary(
@@ -195,10 +188,38 @@ async def bench(kubeconfig: str, kubectl: str, rounds: int, burst: int) -> list[
         for informer in informers:
             await informer.stop()
         await api.close()
+    return results
+
+
+def run(kubeconfig: str, kubectl: str, rounds: int, burst: int) -> list[dict[str, Any]]:
+    namespace = f"bench-{os.getpid()}"
+    k = [kubectl, "--kubeconfig", kubeconfig]
+    sh(*k, "apply", "-f", str(ROOT / "config/crd/kubeflow.org_mpijobs.yaml"))
+    sh(*k, "wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
+    sh(*k, "create", "namespace", namespace)
+    controller = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mpijob_elastic.cli",
+            "run",
+            "--kubeconfig",
+            kubeconfig,
+            "--namespaces",
+            namespace,
+            "--kubectl-delivery",
+            "none",
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+    )
+    try:
+        return asyncio.run(bench(kubeconfig, k, namespace, rounds, burst))
+    finally:
         controller.terminate()
         controller.wait(10)
         sh(*k, "delete", "namespace", namespace, "--wait=false")
-    return results
 
 
 def main() -> None:
@@ -211,20 +232,18 @@ def main() -> None:
     env = dict(os.environ, MPIJOB_ELASTIC_CLUSTER="mpijob-elastic-bench")
     started = kubeconfig is None
     if kubeconfig is None:
-        out = subprocess.run(
-            [str(ROOT / "hack/cluster-up.sh")], env=env, check=True, capture_output=True, text=True
-        ).stdout
+        up = [str(ROOT / "hack/cluster-up.sh")]
+        out = subprocess.run(up, env=env, check=True, capture_output=True, text=True).stdout
         kubeconfig = out.strip().splitlines()[-1]
     try:
-        results = asyncio.run(bench(kubeconfig, f"{bin_dir}/kubectl", args.rounds, args.burst))
+        results = run(kubeconfig, f"{bin_dir}/kubectl", args.rounds, args.burst)
     finally:
         if started:
             subprocess.run([str(ROOT / "hack/cluster-down.sh")], env=env, check=False)
     print(f"{'case':40} {'workers':>7} {'median':>9} {'p95':>9} {'max':>9}")
     for r in results:
-        print(
-            f"{r['case']:40} {r['workers']:>7} {r['median_ms']:>7}ms {r['p95_ms']:>7}ms {r['max_ms']:>7}ms"
-        )
+        times = "".join(f"{r[k]:>7}ms" for k in ("median_ms", "p95_ms", "max_ms"))
+        print(f"{r['case']:40} {r['workers']:>7}  {times}")
     print(json.dumps(results))
 
 

@@ -1,6 +1,6 @@
 """Concurrent writes never reorder the plan: only neighbouring pod writes of one kind merge."""
 
-from mpijob_elastic.plan import AnnotatePod, Create, DeletePod, Emit, Replace
+from mpijob_elastic.plan import Action, AnnotatePod, Create, DeletePod, Emit, Replace
 from mpijob_elastic.reconciler import _batches
 
 
@@ -11,7 +11,7 @@ def pod(name: str) -> Create:
 def test_runs_of_one_pod_write_kind_are_batched_in_order() -> None:
     role = Replace({"kind": "Role", "metadata": {"name": "r"}})
     cm = Create({"kind": "ConfigMap", "metadata": {"name": "c"}})
-    actions = [
+    actions: list[Action] = [
         role,
         cm,
         AnnotatePod("l", {}),
