@@ -29,6 +29,7 @@ import json
 import math
 import os
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -73,6 +74,26 @@ EXIT_USAGE = 2
 # the rank's own last words, not a whole log.
 STDERR_TAIL_LINES = 20
 STDERR_TAIL_CHARS = 2000
+
+
+# How kubectl exec reports the remote command's exit: a real kubelet makes kubectl print
+# this and exit with the same code; KWOK's local exec makes kubectl exit 1 with an internal
+# error that ends in "exit status N". Either way Horovod's log would name the remote code.
+_REMOTE_EXIT_PATTERNS = (
+    re.compile(r"command terminated with exit code (\d+)"),
+    re.compile(r"error executing command in container:.*exit status (\d+)"),
+)
+
+
+def remote_exit_code(stderr: str) -> int | None:
+    """The remote command's exit code as kubectl reported it on stderr, if it did."""
+    found: int | None = None
+    for line in stderr.splitlines():
+        for pattern in _REMOTE_EXIT_PATTERNS:
+            match = pattern.search(line)
+            if match:
+                found = int(match.group(1))
+    return found
 
 
 class DiscoveryError(Exception):
@@ -448,9 +469,14 @@ class Driver:
         stop.cancel()
         if run not in done:
             _signal_group(proc, signal.SIGKILL)
-            run.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await run
+            # Letting communicate() read to EOF is what closes the subprocess transport;
+            # cancelling it early leaves the transport to the garbage collector, which
+            # may meet an event loop that is already closed.
+            finished, _ = await asyncio.wait({run}, timeout=2.0)
+            if not finished:
+                run.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await run
             await proc.wait()
             if self._stop_event.is_set():
                 return None
@@ -704,11 +730,20 @@ class Driver:
             rank.stderr_tail.append(text)
             self._say(f"[{rank.host}/{rank.local_rank}!] {text}")
 
-    def _on_rank_exit(self, rank: Rank, code: int, sig: int | None) -> None:
-        rank.exit_code = code
+    def _on_rank_exit(self, rank: Rank, rsh_code: int, sig: int | None) -> None:
+        rank.exit_code = rsh_code
         base = {"host": rank.host, "rank_id": rank.rank_id, "local_rank": rank.local_rank}
+        code = rsh_code
+        if rsh_code != 0:
+            code = remote_exit_code(rank.stderr_text()) or rsh_code
         if rank.stopping is not None:
-            self.emit(ev.RANK_STOPPED, **base, exit_code=code, reason=rank.stopping)
+            self.emit(
+                ev.RANK_STOPPED,
+                **base,
+                exit_code=code,
+                rsh_exit_code=rsh_code,
+                reason=rank.stopping,
+            )
             entry = self._hosts.get(rank.host)
             if entry is not None and entry.leaving is None:
                 entry.ranks.pop(rank.local_rank, None)  # the slot may be filled again
@@ -725,6 +760,7 @@ class Driver:
                 ev.RANK_FAILED,
                 **base,
                 exit_code=code,
+                rsh_exit_code=rsh_code,
                 signal=sig,
                 stderr=stderr,
                 exec_refused=refused,
@@ -732,7 +768,9 @@ class Driver:
             )
             if refused:
                 self._exec_failures += 1
-                self.emit(ev.EXEC_FAILED, **base, exit_code=code, stderr=stderr)
+                self.emit(
+                    ev.EXEC_FAILED, **base, exit_code=code, rsh_exit_code=rsh_code, stderr=stderr
+                )
             self._blacklist_host(rank.host)
         self._forget_if_done(rank.host)
 

@@ -16,7 +16,7 @@ import pytest
 
 from mpijob_elastic import names
 from tests.cluster import Cluster
-from tests.integration.conftest import (
+from tests.manifests import (
     ADMISSION_ENFORCED,
     ADMISSION_LABEL,
     POLICY_READY_TIMEOUT,

@@ -13,7 +13,7 @@ import pytest
 from mpijob_elastic import names, render
 from tests.cluster import Cluster
 from tests.controller import StartController, wait_for
-from tests.integration.conftest import mpijob
+from tests.manifests import mpijob
 
 pytestmark = pytest.mark.usefixtures("crd")
 

@@ -13,7 +13,7 @@ import yaml
 
 from mpijob_elastic import names
 from tests.cluster import Cluster
-from tests.integration.conftest import CONFIG, CRD_NAME, load_documents, mpijob
+from tests.manifests import CONFIG, CRD_NAME, load_documents, mpijob
 
 NAMESPACED = CONFIG / "namespaced"
 # The namespaced overlay's RoleBindings name example namespaces; it has a test of its own.

@@ -293,7 +293,7 @@ async def test_host_leaving_discovery_is_graceful(rig: Rig) -> None:
 async def test_rank_dying_while_listed_blacklists_the_host(rig: Rig) -> None:
     rig.set_hosts("a:1", "b:2")
     run = await start(rig, np=3, min_np=1)
-    await wait_for(rig, lambda: running_on(rig, "b") == 2, "ranks on b")
+    await wait_for(rig, lambda: running_on(rig, "a") == 1 and running_on(rig, "b") == 2, "ranks")
 
     rig.kill("b")  # pod deleted while still listed: what upstream controllers do
     await wait_for(rig, lambda: bool(rig.of(ev.HOST_BLACKLISTED)), "blacklist")
@@ -360,9 +360,9 @@ async def test_cooldown_lets_a_blacklisted_host_back(rig: Rig) -> None:
 async def test_max_np_caps_slots_and_a_spare_host_takes_over(rig: Rig) -> None:
     rig.set_hosts("a:2", "b:2")
     run = await start(rig, np=2, min_np=1, max_np=3)
-    await wait_for(rig, lambda: running_on(rig, "b") == 1, "rank on b")
+    await wait_for(rig, lambda: running_on(rig, "a") == 2 and running_on(rig, "b") == 1, "ranks")
     await asyncio.sleep(0.3)
-    assert (running_on(rig, "a"), running_on(rig, "b")) == (2, 1)
+    assert len(rig.of(ev.RANK_STARTED)) == 3
 
     rig.set_hosts("b:2")
     await wait_for(rig, lambda: running_on(rig, "b") == 2, "second rank on b")
@@ -518,8 +518,11 @@ def test_driver_process_with_real_ranks_and_kill_emulation(tmp_path: Path) -> No
         wait_file_events(
             log, lambda r: len(ev.of_kind(r, ev.RANK_RUNNING)) == 2, "two running ranks"
         )
-        calls = (tmp_path / "pods" / "calls").read_text()
-        assert "--namespace team-a get pod w-1 -o json" in calls
+        calls = tmp_path / "pods" / "calls"
+        deadline = time.monotonic() + 5.0
+        while "--namespace team-a get pod w-1 -o json" not in calls.read_text():
+            assert time.monotonic() < deadline, calls.read_text()
+            time.sleep(0.05)
 
         # w-1's pod starts terminating while the host is still listed: the rank dies as
         # the real one would, and the driver takes it as Horovod does.

@@ -23,7 +23,7 @@ import yaml
 from mpijob_elastic import names
 from tests.cluster import Cluster
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config"
 CRD_FILE = CONFIG / "crd" / "kubeflow.org_mpijobs.yaml"
 CRD_NAME = f"{names.PLURAL}.{names.GROUP}"

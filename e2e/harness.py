@@ -1,0 +1,301 @@
+"""Runs an elastic MPIJob the way a user does, and watches it from the launcher's side.
+
+Shared by the end-to-end suite and ``make demo``. On a KWOK cluster the launcher has no
+real container, so its two halves run here as local processes:
+
+* the mock Horovod driver (``e2e.mockhorovod``) with the launcher ServiceAccount's own
+  token, so every ``kubexec.sh`` call goes through the API server's RBAC into KWOK's exec;
+* the kubelet-volume stand-in (``e2e.kubelet_volume``), which keeps the driver's local
+  ``/etc/mpi`` in step with the ConfigMap, when a kubelet would.
+
+When the driver ends, the launcher pod is ended through a KWOK stage (the
+``kwok.mpijob-elastic.io/exit-code`` annotation), not by writing pod status by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from e2e.mockhorovod import events as ev
+from mpijob_elastic import names
+from tests.cluster import ROOT, Cluster
+
+EXIT_ANNOTATION = "kwok.mpijob-elastic.io/exit-code"
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "event" in record:
+            out.append(record)
+    return out
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.1)
+
+
+@dataclass
+class Step:
+    """One user action and everything observed after it."""
+
+    label: str
+    started: float
+    lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ElasticRun:
+    cluster: Cluster
+    namespace: str
+    manifest: dict[str, Any]
+    workdir: Path
+    driver_args: tuple[str, ...] = ("-np", "2", "--min-np", "1", "--max-np", "5")
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+
+    @property
+    def job(self) -> str:
+        return str(self.manifest["metadata"]["name"])
+
+    @property
+    def etc_mpi(self) -> Path:
+        return self.workdir / "etc-mpi"
+
+    @property
+    def driver_log(self) -> Path:
+        return self.workdir / "driver.jsonl"
+
+    @property
+    def volume_log(self) -> Path:
+        return self.workdir / "volume.jsonl"
+
+    # -- setting up -------------------------------------------------------------------------
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> str:
+        return self.cluster.kubectl(*args, "-n", self.namespace, check=check, input=input).stdout
+
+    def submit(self) -> Step:
+        step = self.begin(f"kubectl apply: {self.job} with {self.workers_wanted()} workers")
+        self.kubectl("apply", "-f", "-", input=json.dumps(self.manifest))
+        return step
+
+    def workers_wanted(self) -> int:
+        return int(self.manifest["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"])
+
+    def _spawn(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        out = log.open("ab")
+        self.procs.append(
+            subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+        )
+        out.close()
+
+    def start_launcher(self, timeout: float = 60) -> None:
+        """Once the controller created the launcher pod, start what runs "inside" it."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        wait_until(
+            lambda: self.kubectl("get", "pod", names.launcher_name(self.job), check=False),
+            timeout,
+            "the launcher pod",
+        )
+        self._spawn(
+            [
+                sys.executable,
+                "-m",
+                "e2e.kubelet_volume",
+                "--kubeconfig",
+                self.cluster.kubeconfig,
+                "--namespace",
+                self.namespace,
+                "--job",
+                self.job,
+                "--dir",
+                str(self.etc_mpi),
+                "--log-file",
+                str(self.volume_log),
+            ],
+            self.workdir / "volume.out",
+        )
+        wait_until(lambda: (self.etc_mpi / names.DISCOVER_HOSTS).exists(), 30, "the mounted files")
+        sa_kubeconfig = self.cluster.service_account_kubeconfig(
+            self.namespace, names.launcher_name(self.job), self.workdir / "launcher.kubeconfig"
+        )
+        kubectl_dir = str(Path(self.cluster.kubectl_path).parent)
+        env = dict(os.environ, KUBECONFIG=sa_kubeconfig, PATH=f"{kubectl_dir}:{os.environ['PATH']}")
+        self._spawn(
+            [
+                sys.executable,
+                "-m",
+                "e2e.mockhorovod",
+                *self.driver_args,
+                "--host-discovery-script",
+                str(self.etc_mpi / names.DISCOVER_HOSTS),
+                "--rsh-agent",
+                str(self.etc_mpi / names.KUBEXEC),
+                "--rank-kubeconfig",
+                sa_kubeconfig,
+                "--rank-namespace",
+                self.namespace,
+                "--rank-kubectl",
+                self.cluster.kubectl_path,
+                "--log-file",
+                str(self.driver_log),
+                "--stop-file",
+                str(self.workdir / "stop"),
+                "--work-dir",
+                str(self.workdir / "ranks"),
+            ],
+            self.workdir / "driver.out",
+            env,
+        )
+
+    # -- what the launcher saw --------------------------------------------------------------
+
+    def driver_events(self, *kinds: str) -> list[dict[str, Any]]:
+        records = read_lines(self.driver_log)
+        return [r for r in records if not kinds or r["event"] in kinds]
+
+    def volume_events(self, *kinds: str) -> list[dict[str, Any]]:
+        records = read_lines(self.volume_log)
+        return [r for r in records if not kinds or r["event"] in kinds]
+
+    def discovered(self) -> list[str]:
+        found = self.driver_events(ev.DISCOVERY)
+        return list(found[-1]["hosts"]) if found else []
+
+    def ranks_running_on(self) -> set[str]:
+        """Hosts with a running rank, per the driver's own start/stop events."""
+        hosts: dict[str, int] = {}
+        for record in self.driver_events(
+            ev.RANK_RUNNING, ev.RANK_STOPPED, ev.RANK_EXITED, ev.RANK_FAILED
+        ):
+            delta = 1 if record["event"] == ev.RANK_RUNNING else -1
+            hosts[record["host"]] = hosts.get(record["host"], 0) + delta
+        return {h for h, n in hosts.items() if n > 0}
+
+    def hosts(self, n: int) -> list[str]:
+        return [names.worker_name(self.job, i) for i in range(n)]
+
+    def wait_for_ranks_on(self, n: int, timeout: float = 60) -> None:
+        want = set(self.hosts(n))
+        wait_until(
+            lambda: self.ranks_running_on() == want and set(self.discovered()) == want,
+            timeout,
+            f"ranks on exactly {sorted(want)}",
+        )
+
+    def worker_pods(self) -> list[str]:
+        out = self.kubectl(
+            "get", "pods", "-l", names.selector(self.job, names.ROLE_WORKER), "-o", "name"
+        )
+        pods = [line.split("/", 1)[1] for line in out.split()]
+        return sorted(pods, key=lambda p: int(p.rsplit("-", 1)[1]))
+
+    # -- user actions -----------------------------------------------------------------------
+
+    def begin(self, label: str) -> Step:
+        step = Step(label, time.time())
+        self.steps.append(step)
+        return step
+
+    def scale(self, n: int, via: str = "patch") -> Step:
+        step = self.begin(f"{'kubectl scale' if via == 'scale' else 'kubectl patch'}: {n} workers")
+        if via == "scale":
+            self.kubectl("scale", f"mpijob/{self.job}", f"--replicas={n}")
+        else:
+            patch = {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": n}}}}
+            self.kubectl("patch", "mpijob", self.job, "--type=merge", "-p", json.dumps(patch))
+        return step
+
+    def finish(self, timeout: float = 60) -> int:
+        """End the training: the driver stops, and its exit code ends the launcher pod."""
+        (self.workdir / "stop").touch()
+        driver = self.procs[-1]
+        code = driver.wait(timeout)
+        self.kubectl("annotate", "pod", names.launcher_name(self.job), f"{EXIT_ANNOTATION}={code}")
+        return code
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        # Ranks notice their driver is gone and exit; give them a moment.
+        time.sleep(0.5)
+
+    # -- the timeline -----------------------------------------------------------------------
+
+    def timeline(self, step: Step, until: float | None = None) -> list[tuple[float, str]]:
+        """What happened after a step, in seconds since it, from every observer."""
+        end = until or time.time()
+        rows: list[tuple[float, str]] = []
+        for r in self.volume_events():
+            if not step.started <= r["ts"] <= end:
+                continue
+            if r["event"] == "configmap_updated":
+                rows.append((r["ts"], "ConfigMap updated by the controller"))
+            elif r["event"] == "files_synced":
+                rows.append((r["ts"], f"launcher's /etc/mpi refreshed ({r['trigger']})"))
+            elif r["event"] == "pod_running":
+                rows.append((r["ts"], f"pod {r['pod']} Running"))
+            elif r["event"] == "pod_deleted":
+                rows.append((r["ts"], f"pod {r['pod']} deleted"))
+        for r in self.driver_events():
+            if not step.started <= r["ts"] <= end:
+                continue
+            text = describe_driver_event(r)
+            if text:
+                rows.append((r["ts"], text))
+        rows.sort()
+        return [(ts - step.started, text) for ts, text in rows]
+
+
+def describe_driver_event(r: dict[str, Any]) -> str | None:
+    kind = r["event"]
+    if kind == ev.DISCOVERY:
+        return f"driver: discover_hosts.sh lists {len(r['hosts'])}: {', '.join(r['hosts']) or '-'}"
+    if kind == ev.HOST_ADDED:
+        return f"driver: host {r['host']} added"
+    if kind == ev.RANK_RUNNING:
+        return f"driver: rank running on {r['host']} (via kubexec.sh)"
+    if kind == ev.HOST_REMOVED:
+        return f"driver: host {r['host']} removed gracefully"
+    if kind == ev.RANK_FAILED:
+        return f"driver: FAILURE of a rank on {r['host']} (exit {r.get('exit_code')})"
+    if kind == ev.HOST_BLACKLISTED:
+        return f"driver: host {r['host']} BLACKLISTED"
+    if kind == ev.EXEC_FAILED:
+        return f"driver: exec into {r['host']} FAILED: {r.get('stderr', '').strip()[:80]}"
+    if kind == ev.JOB_STARTED:
+        return f"driver: training started on {len(r.get('hosts', []))} hosts"
+    return None
+
+
+def format_timeline(step: Step, rows: list[tuple[float, str]]) -> str:
+    lines = [f"== {step.label}"]
+    lines += [f"   +{offset:6.2f}s  {text}" for offset, text in rows]
+    return "\n".join(lines)

@@ -1,0 +1,221 @@
+"""End to end: a user's elastic MPIJob, seen from the launcher (a mock Horovod driver).
+
+The steps run in order on one job, as a user would walk them: submit with 2 workers
+(bounds 1..5), scale to 4, to 1, back to 3, lose a worker, try an out-of-range edit,
+`kubectl scale`, let the training finish, delete the job. After each step the driver's
+own record says what Horovod would have seen: hosts gained, hosts removed gracefully,
+failures and blacklists. Every scale step's timeline goes to stdout and to e2e/out/.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.harness import ElasticRun, format_timeline, wait_until
+from e2e.mockhorovod import events as ev
+from mpijob_elastic import names
+from tests.cluster import ROOT, Cluster
+from tests.controller import ControllerProcess
+from tests.manifests import AdmissionPolicy, create_namespace
+
+OUT = ROOT / "e2e" / "out"
+SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
+DRAIN_SECONDS = 3
+
+
+def sample_job() -> dict[str, Any]:
+    job: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
+    job["metadata"]["annotations"][names.ANN_DRAIN_SECONDS] = str(DRAIN_SECONDS)
+    job["spec"].setdefault("runPolicy", {})["cleanPodPolicy"] = "Running"
+    return job
+
+
+@pytest.fixture(scope="module")
+def e2e_namespace(cluster: Cluster, admission_policy: AdmissionPolicy) -> Iterator[str]:
+    name = create_namespace(cluster, admission_policy.namespace_labels)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def controller(
+    cluster: Cluster, e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControllerProcess]:
+    proc = ControllerProcess(
+        cluster, (e2e_namespace,), tmp_path_factory.mktemp("controller") / "controller.log"
+    )
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def run(
+    cluster: Cluster,
+    e2e_namespace: str,
+    controller: ControllerProcess,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ElasticRun]:
+    elastic = ElasticRun(cluster, e2e_namespace, sample_job(), tmp_path_factory.mktemp("launcher"))
+    yield elastic
+    elastic.close()
+    OUT.mkdir(exist_ok=True)
+    report = "\n\n".join(
+        format_timeline(step, elastic.timeline(step, until=nxt.started if nxt else None))
+        for step, nxt in zip(elastic.steps, [*elastic.steps[1:], None], strict=True)
+    )
+    path = OUT / f"timeline-{time.strftime('%Y%m%d-%H%M%S')}.txt"
+    path.write_text(report + "\n")
+    print(f"\n{report}\n(timeline written to {path})")
+
+
+def no_failures(run: ElasticRun) -> None:
+    bad = run.driver_events(ev.RANK_FAILED, ev.HOST_BLACKLISTED, ev.EXEC_FAILED)
+    assert bad == [], bad
+
+
+def test_submit_starts_ranks_on_both_workers(run: ElasticRun) -> None:
+    run.submit()
+    run.start_launcher()
+    run.wait_for_ranks_on(2)
+    no_failures(run)
+
+
+def test_scale_up_to_4_gains_both_hosts_without_forbidden_exec(run: ElasticRun) -> None:
+    run.scale(4)
+    run.wait_for_ranks_on(4)
+    added = {e["host"] for e in run.driver_events(ev.HOST_ADDED)}
+    assert added == set(run.hosts(4))
+    no_failures(run)
+
+
+def test_scale_in_to_1_is_graceful_and_deletes_after_discovery(run: ElasticRun) -> None:
+    step = run.scale(1)
+    run.wait_for_ranks_on(1)
+    wait_until(lambda: run.worker_pods() == run.hosts(1), 30, "surplus pods deleted")
+    victims = set(run.hosts(4)) - set(run.hosts(1))
+    removed = {
+        e["host"]: e["ts"]
+        for e in run.driver_events(ev.HOST_REMOVED)
+        if e["ts"] >= step.started and e["graceful"]
+    }
+    assert set(removed) == victims
+    wait_until(
+        lambda: victims <= {e["pod"] for e in run.volume_events("pod_deleted")},
+        10,
+        "deletions observed",
+    )
+    deleted = {
+        e["pod"]: e["ts"] for e in run.volume_events("pod_deleted") if e["ts"] >= step.started
+    }
+    for victim in victims:
+        # The driver let the host go, and only then (after the drain) did its pod go.
+        assert deleted[victim] - removed[victim] >= DRAIN_SECONDS - 1.0, victim
+    no_failures(run)
+
+
+def test_scale_back_to_3_reuses_names_and_uses_them_all(run: ElasticRun) -> None:
+    run.scale(3)
+    run.wait_for_ranks_on(3)
+    no_failures(run)
+    assert run.driver_events(ev.HOST_BLACKLISTED) == []
+
+
+def test_worker_deleted_by_hand_is_one_failure_and_is_replaced(run: ElasticRun) -> None:
+    victim = names.worker_name(run.job, 1)
+    old_uid = run.kubectl("get", "pod", victim, "-o", "jsonpath={.metadata.uid}")
+    run.begin(f"kubectl delete pod {victim}")
+    run.kubectl("delete", "pod", victim, "--wait=false")
+    failures = wait_until(lambda: run.driver_events(ev.RANK_FAILED), 20, "the rank failure")
+    assert [f["host"] for f in failures] == [victim]
+    wait_until(
+        lambda: [b["host"] for b in run.driver_events(ev.HOST_BLACKLISTED)] == [victim],
+        10,
+        "the host blacklisted",
+    )
+    # The controller puts a new pod, of the same name, in its place.
+    wait_until(
+        lambda: (
+            run.kubectl("get", "pod", victim, "-o", "jsonpath={.metadata.uid}", check=False)
+            not in ("", old_uid)
+        ),
+        30,
+        "the replacement pod",
+    )
+    wait_until(lambda: victim in run.discovered(), 20, "the replacement discovered")
+    # Horovod never takes a blacklisted name back: that is why graceful scale-in matters.
+    time.sleep(2)
+    assert victim not in run.ranks_running_on()
+    assert run.driver_events(ev.EXEC_FAILED) == []
+
+
+def test_out_of_range_edit_is_refused_with_the_policy_message(run: ElasticRun) -> None:
+    patch = json.dumps({"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 9}}}})
+    refused = run.cluster.kubectl(
+        "patch", "mpijob", run.job, "-n", run.namespace, "--type=merge", "-p", patch, check=False
+    )
+    assert refused.returncode != 0
+    assert "above the maximum 5" in refused.stderr
+    scaled = run.cluster.kubectl(
+        "scale", f"mpijob/{run.job}", "-n", run.namespace, "--replicas=0", check=False
+    )
+    assert scaled.returncode != 0
+    assert "below the minimum 1" in scaled.stderr
+    assert run.worker_pods() == run.hosts(3)
+
+
+def test_kubectl_scale_works(run: ElasticRun) -> None:
+    run.scale(4, via="scale")
+    blacklisted = names.worker_name(run.job, 1)
+    want = set(run.hosts(4)) - {blacklisted}
+    wait_until(lambda: run.ranks_running_on() == want, 60, f"ranks on {sorted(want)}")
+    assert set(run.discovered()) == set(run.hosts(4))
+
+
+def test_launcher_finishing_succeeds_the_job_and_cleans_up(run: ElasticRun) -> None:
+    run.begin("training finishes")
+    assert run.finish() == 0
+    exits = run.driver_events(ev.DRIVER_EXIT)
+    assert exits
+    assert exits[-1].get("failures") == 1
+
+    def succeeded() -> bool:
+        job = json.loads(run.kubectl("get", "mpijob", run.job, "-o", "json"))
+        return any(
+            c["type"] == "Succeeded" and c["status"] == "True"
+            for c in job.get("status", {}).get("conditions", [])
+        )
+
+    wait_until(succeeded, 30, "the job to succeed")
+    # cleanPodPolicy Running: the running workers go, the finished launcher stays.
+    wait_until(lambda: run.worker_pods() == [], 30, "workers cleaned up")
+
+
+def test_deleting_the_job_leaves_nothing_behind(run: ElasticRun) -> None:
+    run.kubectl("delete", "mpijob", run.job)
+
+    def leftovers() -> str:
+        return run.kubectl(
+            "get",
+            "pods,configmaps,serviceaccounts,roles,rolebindings",
+            "-l",
+            f"{names.LABEL_JOB}={run.job}",
+            "-o",
+            "name",
+        ).strip()
+
+    wait_until(lambda: leftovers() == "", 60, "every child garbage-collected")
+
+
+def test_timeline_files_are_written(run: ElasticRun) -> None:
+    # Every scale step saw its change reach the driver; the timeline says how fast.
+    for step in run.steps:
+        if "workers" in step.label and "kubectl" in step.label:
+            rows = run.timeline(step)
+            assert any("driver: discover_hosts.sh lists" in text for _, text in rows), step.label
