@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -101,10 +101,8 @@ class Volume:
     async def run(self, stop: asyncio.Event) -> None:
         last_periodic = time.monotonic()
         while not stop.is_set():
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=1.0)
-            except TimeoutError:
-                pass
             if self.wake.is_set():
                 self.wake.clear()
                 self.sync("pod-update")
@@ -155,4 +153,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
