@@ -5,7 +5,7 @@ set -euo pipefail
 . "$(dirname "$0")/cluster-env.sh"
 bin_dir=$("$here/build-binaries.sh")
 if [ -d "$KWOK_WORKDIR/clusters/$cluster_name" ]; then
-  "$bin_dir/kwokctl" delete cluster --name "$cluster_name" >&2 || true
+  "$bin_dir/kwokctl" delete cluster --name "$cluster_name" >/dev/null 2>&1 || true
   rm -rf "$KWOK_WORKDIR/clusters/$cluster_name"
 fi
 echo "cluster $cluster_name is down" >&2

@@ -23,6 +23,9 @@ config=$(mktemp)
 trap 'rm -f "$config"' EXIT
 cat "$bin_dir/kwok-default-stages.yaml" "$here/kwok/stages.yaml" \
   "$here/kwok/exec.yaml" >"$config"
+# kwokctl logs JSON lines; keep them in a file and show them only if something fails.
+log_file="$KWOK_WORKDIR/$cluster_name-up.log"
+mkdir -p "$KWOK_WORKDIR"
 kwokctl create cluster --name "$cluster_name" --runtime binary --config "$config" \
   --kube-authorization=true --kube-admission=true \
   --kube-apiserver-binary "$bin_dir/kube-apiserver" \
@@ -30,7 +33,7 @@ kwokctl create cluster --name "$cluster_name" --runtime binary --config "$config
   --kube-scheduler-binary "$bin_dir/kube-scheduler" \
   --kwok-controller-binary "$bin_dir/kwok" \
   --etcd-binary "$bin_dir/etcd" \
-  --wait 60s >&2
+  --wait 60s >"$log_file" 2>&1 || { cat "$log_file" >&2; log "kwokctl failed"; exit 1; }
 kubectl --kubeconfig "$kubeconfig" apply -f "$here/kwok/nodes.yaml" >/dev/null
 kubectl --kubeconfig "$kubeconfig" wait --for=condition=Ready node --all --timeout=60s >/dev/null
 # The default ServiceAccount is made by the controller-manager a moment after a namespace

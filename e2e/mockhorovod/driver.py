@@ -694,8 +694,8 @@ class Driver:
             pid=proc.pid,
             command=rank.command,
         )
-        if rank.stopping is not None:
-            self._signal_rank(rank)  # stopped before it was even spawned
+        if rank.stopping is not None:  # stopped before it was even spawned
+            self._schedule_signal(rank, 0.0)
         assert proc.stdout is not None
         assert proc.stderr is not None
         readers = [
@@ -736,7 +736,10 @@ class Driver:
         code = rsh_code
         if rsh_code != 0:
             code = remote_exit_code(rank.stderr_text()) or rsh_code
-        if rank.stopping is not None:
+        # Leaving at its own pace, a rank exits 0; one that exits non-zero on its own (not by
+        # our signal) died while it still held its assignment.
+        died_leaving = rank.stopping == "host_removed" and sig is None and code != 0
+        if rank.stopping is not None and not died_leaving:
             self.emit(
                 ev.RANK_STOPPED,
                 **base,
@@ -750,7 +753,7 @@ class Driver:
         elif code == 0:
             self.emit(ev.RANK_EXITED, **base, exit_code=0)
         else:
-            # Not stopped by the driver, so its host is still listed: this is what Horovod
+            # Its host still listed, or leaving but not gone yet: this is what Horovod
             # counts as a failure, rolls everyone back for, and blacklists the host over.
             self._failures += 1
             refused = not rank.running
@@ -815,7 +818,10 @@ class Driver:
         """Stops a rank the way the graceful path does: stop file, SIGTERM, then SIGKILL.
 
         The stop file is for KWOK, where the rank runs outside the remote shell's process
-        tree and killing ``kubectl exec`` does not reach it.
+        tree and killing ``kubectl exec`` does not reach it. A rank whose host left the
+        discovery output is not signalled at once: Horovod lets such ranks leave at their
+        next commit, and until then they hold their assignment, so one that dies meanwhile
+        (its pod deleted under it) is a failure, as in Horovod.
         """
         if rank.stopping is not None or not rank.alive:
             return
@@ -823,19 +829,19 @@ class Driver:
         with contextlib.suppress(OSError):
             rank.stop_file.touch()
         if rank.proc is not None:
-            self._signal_rank(rank)
+            self._schedule_signal(rank, self.config.stop_grace if reason == "host_removed" else 0.0)
 
-    def _signal_rank(self, rank: Rank) -> None:
-        assert rank.proc is not None
-        _signal_group(rank.proc, signal.SIGTERM)
-        killer = asyncio.create_task(self._kill_later(rank))
+    def _schedule_signal(self, rank: Rank, delay: float) -> None:
+        killer = asyncio.create_task(self._signal_rank(rank, delay))
         self._killers.add(killer)
         killer.add_done_callback(self._killers.discard)
 
-    async def _kill_later(self, rank: Rank) -> None:
-        await asyncio.sleep(self.config.stop_grace)
-        if rank.proc is not None and rank.proc.returncode is None:
-            _signal_group(rank.proc, signal.SIGKILL)
+    async def _signal_rank(self, rank: Rank, delay: float) -> None:
+        for sig, wait in ((signal.SIGTERM, delay), (signal.SIGKILL, self.config.stop_grace)):
+            await asyncio.sleep(wait)
+            if rank.proc is None or rank.proc.returncode is not None:
+                return
+            _signal_group(rank.proc, sig)
 
     async def _stop_all(self, reason: str) -> None:
         for entry in self._hosts.values():

@@ -177,6 +177,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def watch_for_delete(
+    kubectl: str, kubeconfig: str, namespace: str | None, host: str
+) -> subprocess.Popen[bytes]:
+    """A kubectl that exits 0 the moment the pod is deleted.
+
+    A real kubelet kills the container within milliseconds of the deletion; polling every
+    half second would let the controller's host-list update reach the driver first, turning
+    what Horovod sees as a failure into a graceful removal. A watch is as fast as the
+    controller's own.
+    """
+    cmd = [kubectl, "--kubeconfig", kubeconfig]
+    if namespace:
+        cmd += ["--namespace", namespace]
+    cmd += ["wait", "--for=delete", f"pod/{host}", "--timeout=-1s"]
+    return subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _on_signal)
@@ -191,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
         watch = args.kubeconfig is not None
         known_uid: str | None = None
         last_error_report = 0.0
+        watcher: subprocess.Popen[bytes] | None = None
         while True:
             if local and stop_file is not None:
                 reason = local_stop_reason(stop_file, args.driver_pid)
@@ -211,14 +231,31 @@ def run(args: argparse.Namespace) -> int:
                     return int(args.kill_exit_code)
                 if verdict.state == "alive":
                     known_uid = verdict.uid
+                    if watcher is None:
+                        watcher = watch_for_delete(
+                            args.kubectl, args.kubeconfig, args.namespace, args.host
+                        )
                 elif time.monotonic() - last_error_report > ERROR_REPORT_INTERVAL:
                     last_error_report = time.monotonic()
                     _err(args, f"pod check failed, still running: {verdict.reason}")
-            time.sleep(args.poll_interval)
+            if watcher is None:
+                time.sleep(args.poll_interval)
+                continue
+            try:
+                code = watcher.wait(timeout=args.poll_interval)
+            except subprocess.TimeoutExpired:
+                continue
+            if code == 0:
+                _err(args, f"pod {args.host} deleted: killed, exiting {args.kill_exit_code}")
+                return int(args.kill_exit_code)
+            _err(args, f"watch for deletion ended with {code}; polling decides")
+            watcher = None  # the next poll decides, and restarts it
     except _Terminated:
         return 0  # the graceful path: the driver let go of this rank
     finally:
         _disarm()
+        if watcher is not None and watcher.poll() is None:
+            watcher.kill()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -34,6 +34,7 @@ from e2e.mockhorovod.driver import (
     main,
     parse_args,
     parse_discovery_output,
+    remote_exit_code,
     remote_shell_command,
 )
 from e2e.mockhorovod.rank import check_pod, judge_pod, local_stop_reason
@@ -213,6 +214,17 @@ def test_remote_command_survives_kubexec_quoting(tmp_path: Path) -> None:
     assert out.stdout == "a b|c'd|"
 
 
+def test_remote_exit_code_from_kubectl_stderr() -> None:
+    real = "command terminated with exit code 137"
+    kwok = (
+        "error: Internal error occurred: error executing command in container: "
+        "cmd wait: /bin/sh -c cd /x && exec python3 -m e2e.mockhorovod.rank: exit status 137"
+    )
+    assert remote_exit_code(real) == 137
+    assert remote_exit_code("+ set -x\n" + kwok) == 137
+    assert remote_exit_code("Error from server (Forbidden): nope") is None
+
+
 def test_cooldown_doubles_within_range() -> None:
     assert cooldown_seconds(1, 1, 1) == 1.0
     assert 4.0 <= cooldown_seconds(2, 100, 1) <= 6.0
@@ -324,6 +336,30 @@ async def test_rank_dying_while_listed_blacklists_the_host(rig: Rig) -> None:
     (exit_event,) = rig.of(ev.DRIVER_EXIT)
     assert exit_event["blacklisted_hosts"] == ["b"]
     assert exit_event["failures"] == len(failed) >= 1
+
+
+async def test_rank_killed_while_its_host_is_leaving_is_a_failure(rig: Rig) -> None:
+    # A removed host's ranks leave at their next commit; until then they hold their
+    # assignment, so a pod deleted under them first is a failure, as in Horovod. This rank
+    # ignores the stop file (as on another machine), so it is still there when killed.
+    stubborn = write_script(
+        rig.tmp / "stubborn.sh",
+        FAKE_RANK.replace('  if [ -e "$2" ]; then exit 0; fi\n', ""),
+    )
+    template = f"exec /bin/sh {stubborn} {{host}} {{stop_file}} {rig.tmp}"
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=1, rank_command=template, stop_grace=5.0)
+    await wait_for(rig, lambda: running_on(rig, "b") == 1, "rank on b")
+
+    rig.set_hosts("a:1")
+    await wait_for(rig, lambda: bool(rig.of(ev.HOST_REMOVED, host="b")), "b leaving")
+    rig.kill("b")
+    await wait_for(rig, lambda: bool(rig.of(ev.HOST_BLACKLISTED, host="b")), "b blacklisted")
+    (failed,) = rig.of(ev.RANK_FAILED, host="b")
+    assert failed["exit_code"] == KILLED_EXIT_CODE
+    assert failed["listed"] is False
+    assert rig.of(ev.RANK_STOPPED, host="b") == []
+    assert await run.finish() == 0
 
 
 async def test_refused_exec_is_an_exec_failure(rig: Rig) -> None:

@@ -1,0 +1,196 @@
+"""`make demo`: an elastic MPIJob scaled 2 -> 4 -> 1 -> 3 on a local cluster, explained.
+
+python -m e2e.demo [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2e.harness import ElasticRun, Step, wait_until
+from e2e.mockhorovod import events as ev
+from mpijob_elastic import names
+from tests.cluster import HACK, ROOT, Cluster, binaries_dir
+from tests.controller import ControllerProcess
+
+CLUSTER = "mpijob-elastic-demo"
+NAMESPACE = "demo"
+DRAIN_SECONDS = 5
+
+
+def say(text: str = "") -> None:
+    print(textwrap.dedent(text).strip("\n") if text else "", flush=True)
+
+
+def section(title: str) -> None:
+    print(f"\n\033[1m{title}\033[0m" if sys.stdout.isatty() else f"\n{title}", flush=True)
+
+
+def show_state(run: ElasticRun, step: Step) -> None:
+    pods = json.loads(
+        run.kubectl("get", "pods", "-l", names.selector(run.job, "worker"), "-o", "json")
+    )
+    print("  worker pods:")
+    for pod in sorted(pods["items"], key=lambda p: int(p["metadata"]["name"].rsplit("-", 1)[1])):
+        meta = pod["metadata"]
+        state = pod.get("status", {}).get("phase", "?")
+        if names.ANN_DRAINING_SINCE in (meta.get("annotations") or {}):
+            state += ", draining (out of discover_hosts.sh, deleted after the drain)"
+        print(f"    {meta['name']:28} {state}")
+    script = (run.etc_mpi / names.DISCOVER_HOSTS).read_text()
+    print("  /etc/mpi/discover_hosts.sh, as the launcher sees it:")
+    for line in script.splitlines():
+        print(f"    {line}")
+    print("  what happened, in seconds since the edit:")
+    for offset, text in run.timeline(step):
+        print(f"    +{offset:5.2f}s  {text}")
+    failures = len(run.driver_events(ev.RANK_FAILED))
+    blacklisted = [e["host"] for e in run.driver_events(ev.HOST_BLACKLISTED)]
+    print(
+        f"  Horovod's view: ranks on {len(run.ranks_running_on())} hosts; "
+        f"{failures} failures, blacklisted: {', '.join(blacklisted) or 'none'}"
+    )
+
+
+def sample() -> dict[str, Any]:
+    job: dict[str, Any] = yaml.safe_load((ROOT / "config/samples/elastic-mpijob.yaml").read_text())
+    job["metadata"]["annotations"][names.ANN_DRAIN_SECONDS] = str(DRAIN_SECONDS)
+    return job
+
+
+def demo(cluster: Cluster, workdir: Path) -> None:
+    cluster.kubectl("apply", "-k", str(ROOT / "config/crd"))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
+    cluster.kubectl("apply", "-k", str(ROOT / "config/admission"))
+    cluster.kubectl("create", "namespace", NAMESPACE, check=False)
+    # Pods cannot be created in a namespace before its default ServiceAccount exists.
+    cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", NAMESPACE)
+    section("1. The controller")
+    controller = ControllerProcess(cluster, (NAMESPACE,), workdir / "controller.log")
+    controller.start()
+    say(f"""
+        mpijob-elastic runs as a local process watching namespace '{NAMESPACE}' (its log:
+        {workdir / "controller.log"}). The MPIJob CRD has a scale subresource, and a
+        ValidatingAdmissionPolicy keeps Worker replicas within the job's bounds.
+    """)
+    run = ElasticRun(cluster, NAMESPACE, sample(), workdir / "launcher")
+    try:
+        section("2. Submit the sample elastic MPIJob (config/samples/elastic-mpijob.yaml)")
+        say(f"""
+            2 workers, bounds 1..5 (annotations {names.ANN_MIN_REPLICAS} and
+            {names.ANN_MAX_REPLICAS}), drain {DRAIN_SECONDS}s. Its launcher runs
+              horovodrun -np 2 --min-np 1 --max-np 5 \\
+                --host-discovery-script /etc/mpi/discover_hosts.sh ...
+            Here a mock of Horovod's elastic driver plays the launcher: it runs
+            discover_hosts.sh every second and starts ranks through kubexec.sh (kubectl exec,
+            as the launcher's ServiceAccount, so RBAC is checked for real).
+        """)
+        step = run.submit()
+        run.start_launcher()
+        run.wait_for_ranks_on(2)
+        show_state(run, step)
+
+        section("3. Scale up to 4: kubectl patch ... Worker.replicas: 4")
+        say("""
+            The controller grants the launcher exec on the new workers first, creates them,
+            and lists each in discover_hosts.sh once it runs. It annotates the launcher pod
+            so the kubelet refreshes the mounted file now, not in a minute.
+        """)
+        step = run.scale(4)
+        run.wait_for_ranks_on(4)
+        show_state(run, step)
+
+        section("4. Scale in to 1: kubectl patch ... Worker.replicas: 1")
+        say(f"""
+            The surplus workers leave discover_hosts.sh first. Horovod sees hosts leave the
+            discovery output and lets them go gracefully: no failure, no blacklist. Only
+            after the {DRAIN_SECONDS}s drain are their pods deleted. (Upstream controllers
+            deleted them while still listed: a failure in Horovod's eyes, and a blacklisted
+            name.)
+        """)
+        step = run.scale(1)
+        run.wait_for_ranks_on(1)
+        time.sleep(1)
+        say("  one second later:")
+        show_state(run, step)
+        wait_until(lambda: run.worker_pods() == run.hosts(1), 30, "the drain")
+        say(f"  after the drain ({DRAIN_SECONDS}s):")
+        show_state(run, step)
+
+        section("5. Scale back to 3: kubectl scale mpijob/elastic-horovod --replicas=3")
+        say("""
+            Names are reused (worker-1, worker-2). Since they left gracefully, none was
+            blacklisted, so Horovod takes them all back.
+        """)
+        step = run.scale(3, via="scale")
+        run.wait_for_ranks_on(3)
+        show_state(run, step)
+
+        section("6. An edit outside the bounds is refused")
+        refused = cluster.kubectl(
+            "scale", f"mpijob/{run.job}", "-n", NAMESPACE, "--replicas=9", check=False
+        )
+        say(f"  kubectl scale --replicas=9 -> {refused.stderr.strip()}")
+
+        section("7. The training finishes")
+        code = run.finish()
+        wait_until(lambda: "Succeeded" in run.kubectl("get", "mpijob", run.job), 30, "Succeeded")
+        say(f"  The driver exited {code}, so the launcher pod ended, and the job:")
+        for line in run.kubectl("get", "mpijob", run.job).splitlines():
+            print(f"    {line}")
+    finally:
+        run.close()
+        controller.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--keep", action="store_true", help="leave the cluster up afterwards")
+    args = parser.parse_args()
+    section("0. A local Kubernetes cluster")
+    say("""
+        Real kube-apiserver, etcd, controller-manager and scheduler, with KWOK playing the
+        kubelet for 4 fake GPU nodes, all as local processes. The first run builds them from
+        Go modules (a few minutes, with progress); later runs start in seconds.
+    """)
+    bin_dir = binaries_dir()
+    env = dict(os.environ, MPIJOB_ELASTIC_CLUSTER=CLUSTER)
+    up = subprocess.run(
+        [str(HACK / "cluster-up.sh")], env=env, check=True, stdout=subprocess.PIPE, text=True
+    )
+    kubeconfig = up.stdout.strip().splitlines()[-1]
+    cluster = Cluster(kubeconfig, str(bin_dir / "kubectl"))
+    print(cluster.kubectl("get", "nodes").stdout)
+    try:
+        with tempfile.TemporaryDirectory(prefix="mpijob-elastic-demo-") as tmp:
+            demo(cluster, Path(tmp))
+    finally:
+        if args.keep:
+            section("The cluster is still up")
+            say(f"""
+                export KUBECONFIG={kubeconfig}
+                export PATH={bin_dir}:$PATH
+                kubectl get mpijobs,pods -n {NAMESPACE}
+                # the controller again:
+                mpijob-elastic run --namespaces {NAMESPACE} --kubectl-delivery none
+                # when done:
+                MPIJOB_ELASTIC_CLUSTER={CLUSTER} make cluster-down
+            """)
+        else:
+            subprocess.run([str(HACK / "cluster-down.sh")], env=env, check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
