@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: test unit integration e2e lint demo bench binaries cluster-up cluster-down venv clean
+.PHONY: test unit integration e2e e2e-kind lint demo bench binaries cluster-up cluster-down venv clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -44,6 +44,10 @@ integration: venv binaries
 
 e2e: venv binaries
 	$(call run_pytest,e2e)
+
+# The same suite on kind, for machines with Docker and kind (see e2e/README.md).
+e2e-kind: venv
+	@hack/e2e-kind.sh
 
 # Everything: lint, unit, integration and end-to-end tests on one local cluster that a
 # session fixture starts and stops.

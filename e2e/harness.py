@@ -1,7 +1,9 @@
 """Runs an elastic MPIJob the way a user does, and watches it from the launcher's side.
 
-Shared by the end-to-end suite and ``make demo``. On a KWOK cluster the launcher has no
-real container, so its two halves run here as local processes:
+Shared by the end-to-end suite and ``make demo``. On a cluster with real kubelets (kind,
+``in_cluster=True``) the launcher is a real pod running the mock launcher image, and the
+driver's event lines are read from its log. On a KWOK cluster the launcher has no real
+container, so its two halves run here as local processes:
 
 * the mock Horovod driver (``e2e.mockhorovod``) with the launcher ServiceAccount's own
   token, so every ``kubexec.sh`` call goes through the API server's RBAC into KWOK's exec;
@@ -29,6 +31,30 @@ from mpijob_elastic import names
 from tests.cluster import ROOT, Cluster
 
 EXIT_ANNOTATION = "kwok.mpijob-elastic.io/exit-code"
+# Where the mock images keep the mock driver and rank (e2e/images/*/Dockerfile).
+IMAGE_REPO = "/opt/mockhorovod"
+STOP_FILE_IN_POD = "/tmp/stop-training"
+
+
+def in_cluster_job(job: dict[str, Any], launcher_image: str, worker_image: str) -> dict[str, Any]:
+    """The job with the mock images, for a cluster whose kubelets run containers."""
+    specs = job["spec"]["mpiReplicaSpecs"]
+    launcher = specs["Launcher"]["template"]["spec"]["containers"][0]
+    launcher["image"] = launcher_image
+    launcher["command"] = [
+        "horovodrun", "-np", "2", "--min-np", "1", "--max-np", "5",
+        "--host-discovery-script", "/etc/mpi/discover_hosts.sh",
+        "--rank-repo", IMAGE_REPO, "--rank-python", "/usr/local/bin/python3",
+        "--stop-file", STOP_FILE_IN_POD,
+    ]  # fmt: skip
+    launcher.pop("args", None)
+    launcher.pop("resources", None)
+    for container in specs["Worker"]["template"]["spec"]["containers"]:
+        container["image"] = worker_image
+        container.pop("resources", None)  # kind nodes have no GPUs
+        container.pop("command", None)
+        container.pop("args", None)
+    return job
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:
@@ -72,6 +98,7 @@ class ElasticRun:
     manifest: dict[str, Any]
     workdir: Path
     driver_args: tuple[str, ...] = ("-np", "2", "--min-np", "1", "--max-np", "5")
+    in_cluster: bool = False
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
 
@@ -130,13 +157,14 @@ class ElasticRun:
                 self.namespace,
                 "--job",
                 self.job,
-                "--dir",
-                str(self.etc_mpi),
                 "--log-file",
                 str(self.volume_log),
+                *([] if self.in_cluster else ["--dir", str(self.etc_mpi)]),
             ],
             self.workdir / "volume.out",
         )
+        if self.in_cluster:
+            return  # the launcher pod runs the driver itself
         wait_until(lambda: (self.etc_mpi / names.DISCOVER_HOSTS).exists(), 30, "the mounted files")
         sa_kubeconfig = self.cluster.service_account_kubeconfig(
             self.namespace, names.launcher_name(self.job), self.workdir / "launcher.kubeconfig"
@@ -173,6 +201,9 @@ class ElasticRun:
     # -- what the launcher saw --------------------------------------------------------------
 
     def driver_events(self, *kinds: str) -> list[dict[str, Any]]:
+        if self.in_cluster:
+            logs = self.kubectl("logs", names.launcher_name(self.job), check=False)
+            self.driver_log.write_text(logs)
         records = read_lines(self.driver_log)
         return [r for r in records if not kinds or r["event"] in kinds]
 
@@ -230,6 +261,10 @@ class ElasticRun:
 
     def finish(self, timeout: float = 60) -> int:
         """End the training: the driver stops, and its exit code ends the launcher pod."""
+        if self.in_cluster:
+            self.kubectl("exec", names.launcher_name(self.job), "--", "touch", STOP_FILE_IN_POD)
+            done = wait_until(lambda: self.driver_events(ev.DRIVER_EXIT), timeout, "driver exit")
+            return int(done[-1]["exit_code"])
         (self.workdir / "stop").touch()
         driver = self.procs[-1]
         code = driver.wait(timeout)

@@ -11,7 +11,10 @@ timings include the propagation a user gets.
 It also logs, one JSON line each, what it observes for the timeline: ConfigMap changes,
 file syncs (and what triggered them), and worker pods starting or going away.
 
-    python -m e2e.kubelet_volume --kubeconfig K --namespace NS --job NAME --dir DIR
+    python -m e2e.kubelet_volume --kubeconfig K --namespace NS --job NAME [--dir DIR]
+
+Without ``--dir`` it only observes: on a cluster with real kubelets (kind) the files are
+theirs to write, and this process just records the timeline.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ MODES = {names.KUBEXEC: 0o555, names.HOSTFILE: 0o444, names.DISCOVER_HOSTS: 0o55
 
 
 class Volume:
-    def __init__(self, job: str, directory: Path, log_file: Path | None) -> None:
+    def __init__(self, job: str, directory: Path | None, log_file: Path | None) -> None:
         self.job = job
         self.dir = directory
         self.log_file = log_file
@@ -82,8 +85,8 @@ class Volume:
             self.log("pod_running", pod=name)
 
     def sync(self, trigger: str) -> None:
-        if self.config is None or self.launcher_version is None:
-            return  # no pod to mount it in yet
+        if self.dir is None or self.config is None or self.launcher_version is None:
+            return  # observing only, or no pod to mount it in yet
         digest = config_hash(self.config)
         if digest == self.synced_hash:
             return
@@ -113,7 +116,11 @@ class Volume:
 
 async def main_async(args: argparse.Namespace) -> None:
     api = await kube_config.new_client_from_config(config_file=args.kubeconfig)
-    volume = Volume(args.job, Path(args.dir), Path(args.log_file) if args.log_file else None)
+    volume = Volume(
+        args.job,
+        Path(args.dir) if args.dir else None,
+        Path(args.log_file) if args.log_file else None,
+    )
     selector = f"{names.LABEL_JOB}={args.job}"
     informers = [
         Informer(
@@ -147,7 +154,7 @@ def main() -> None:
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--job", required=True)
-    parser.add_argument("--dir", required=True, help="the local /etc/mpi")
+    parser.add_argument("--dir", help="the local /etc/mpi; without it, only observe")
     parser.add_argument("--log-file")
     asyncio.run(main_async(parser.parse_args()))
 

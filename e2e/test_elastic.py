@@ -10,6 +10,7 @@ failures and blacklists. Every scale step's timeline goes to stdout and to e2e/o
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.harness import ElasticRun, format_timeline, wait_until
+from e2e.harness import ElasticRun, format_timeline, in_cluster_job, wait_until
 from e2e.mockhorovod import events as ev
 from mpijob_elastic import names
 from tests.cluster import ROOT, Cluster
@@ -25,6 +26,9 @@ from tests.controller import ControllerProcess
 from tests.manifests import AdmissionPolicy, create_namespace
 
 OUT = ROOT / "e2e" / "out"
+# hack/e2e-kind.sh sets these: the controller is deployed in the cluster, and the launcher
+# is a real pod running the mock launcher image.
+IN_CLUSTER = os.environ.get("E2E_IN_CLUSTER") == "1"
 SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
 DRAIN_SECONDS = 3
 
@@ -33,6 +37,8 @@ def sample_job() -> dict[str, Any]:
     job: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
     job["metadata"]["annotations"][names.ANN_DRAIN_SECONDS] = str(DRAIN_SECONDS)
     job["spec"].setdefault("runPolicy", {})["cleanPodPolicy"] = "Running"
+    if IN_CLUSTER:
+        in_cluster_job(job, os.environ["E2E_LAUNCHER_IMAGE"], os.environ["E2E_WORKER_IMAGE"])
     return job
 
 
@@ -46,7 +52,10 @@ def e2e_namespace(cluster: Cluster, admission_policy: AdmissionPolicy) -> Iterat
 @pytest.fixture(scope="module")
 def controller(
     cluster: Cluster, e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ControllerProcess]:
+) -> Iterator[ControllerProcess | None]:
+    if IN_CLUSTER:
+        yield None  # deployed from config/default by hack/e2e-kind.sh
+        return
     proc = ControllerProcess(
         cluster, (e2e_namespace,), tmp_path_factory.mktemp("controller") / "controller.log"
     )

@@ -1,0 +1,25 @@
+"""The kind-only transform of the sample job: mock images in, GPUs out, still a valid job."""
+
+from pathlib import Path
+
+import yaml
+
+from e2e.harness import STOP_FILE_IN_POD, in_cluster_job
+from mpijob_elastic.spec import parse
+
+SAMPLE = Path(__file__).resolve().parents[2] / "config" / "samples" / "elastic-mpijob.yaml"
+
+
+def test_sample_runs_the_mock_images_without_gpus() -> None:
+    job = in_cluster_job(yaml.safe_load(SAMPLE.read_text()), "launcher:e2e", "worker:e2e")
+    specs = job["spec"]["mpiReplicaSpecs"]
+    launcher = specs["Launcher"]["template"]["spec"]["containers"][0]
+    assert launcher["image"] == "launcher:e2e"
+    assert launcher["command"][0] == "horovodrun"
+    assert launcher["command"][-2:] == ["--stop-file", STOP_FILE_IN_POD]
+    assert "resources" not in launcher
+    for worker in specs["Worker"]["template"]["spec"]["containers"]:
+        assert worker["image"] == "worker:e2e"
+        assert "resources" not in worker
+        assert "command" not in worker
+    assert parse(job, 30).worker.replicas == 2
