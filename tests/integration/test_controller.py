@@ -524,3 +524,67 @@ def test_worker_without_index_label_is_still_known(
     time.sleep(1.5)
     assert job.uids() == uids
     assert len(job.hosts()) == 2
+
+
+def test_horizontal_pod_autoscaler_scales_the_job(
+    cluster: Cluster, job: Job, start_controller: StartController
+) -> None:
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 2))
+    job.wait_hosts(2)
+    # No metrics server here, but an HPA raises a target below its minReplicas without
+    # metrics: that is enough to prove it reads and writes the MPIJob's scale subresource.
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": job.name},
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": names.API_VERSION,
+                "kind": names.KIND,
+                "name": job.name,
+            },
+            "minReplicas": 3,
+            "maxReplicas": 5,
+            "metrics": [
+                {
+                    "type": "Resource",
+                    "resource": {
+                        "name": "cpu",
+                        "target": {"type": "Utilization", "averageUtilization": 50},
+                    },
+                }
+            ],
+        },
+    }
+    cluster.apply(hpa, job.ns)
+    job.wait_hosts(3, timeout=60)
+    assert job.get()["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 3
+
+
+def test_a_settled_job_is_not_rewritten(job: Job, start_controller: StartController) -> None:
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 2))
+    job.wait_hosts(2)
+
+    def settled() -> bool:
+        scaling, running = job.condition("Scaling"), job.condition("Running")
+        return bool(
+            running and running["status"] == "True" and scaling and scaling["status"] == "False"
+        )
+
+    wait_for(settled, 15, "the job to settle")
+
+    def versions() -> list[str]:
+        paths = [
+            f"{job.path}/{job.name}",
+            f"/api/v1/namespaces/{job.ns}/configmaps/{names.config_map_name(job.name)}",
+            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{job.ns}/roles/"
+            f"{names.launcher_name(job.name)}",
+            f"/api/v1/namespaces/{job.ns}/pods/{names.launcher_name(job.name)}",
+        ]
+        return [(job.cluster.raw("GET", p) or {})["metadata"]["resourceVersion"] for p in paths]
+
+    before = versions()
+    time.sleep(3)
+    assert versions() == before
