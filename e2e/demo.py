@@ -18,11 +18,11 @@ from typing import Any
 
 import yaml
 
-from e2e.harness import ElasticRun, Step, wait_until
+from e2e.harness import ElasticRun, Step
 from e2e.mockhorovod import events as ev
 from mpijob_elastic import names
 from tests.cluster import HACK, ROOT, Cluster, binaries_dir
-from tests.controller import ControllerProcess
+from tests.controller import ControllerProcess, wait_for
 
 CLUSTER = "mpijob-elastic-demo"
 NAMESPACE = "demo"
@@ -124,7 +124,7 @@ def demo(cluster: Cluster, workdir: Path) -> None:
         time.sleep(1)
         say("  one second later:")
         show_state(run, step)
-        wait_until(lambda: run.worker_pods() == run.hosts(1), 30, "the drain")
+        wait_for(lambda: run.worker_pods() == run.hosts(1), 30, "the drain")
         say(f"  after the drain ({DRAIN_SECONDS}s):")
         show_state(run, step)
 
@@ -145,7 +145,7 @@ def demo(cluster: Cluster, workdir: Path) -> None:
 
         section("7. The training finishes")
         code = run.finish()
-        wait_until(lambda: "Succeeded" in run.kubectl("get", "mpijob", run.job), 30, "Succeeded")
+        wait_for(lambda: "Succeeded" in run.kubectl("get", "mpijob", run.job), 30, "Succeeded")
         say(f"  The driver exited {code}, so the launcher pod ended, and the job:")
         for line in run.kubectl("get", "mpijob", run.job).splitlines():
             print(f"    {line}")

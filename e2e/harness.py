@@ -21,7 +21,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 from e2e.mockhorovod import events as ev
 from mpijob_elastic import names
 from tests.cluster import ROOT, Cluster
+from tests.controller import wait_for
 
 EXIT_ANNOTATION = "kwok.mpijob-elastic.io/exit-code"
 # Where the mock images keep the mock driver and rank (e2e/images/*/Dockerfile).
@@ -55,31 +55,6 @@ def in_cluster_job(job: dict[str, Any], launcher_image: str, worker_image: str) 
         container.pop("command", None)
         container.pop("args", None)
     return job
-
-
-def read_lines(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and "event" in record:
-            out.append(record)
-    return out
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 @dataclass
@@ -141,7 +116,7 @@ class ElasticRun:
     def start_launcher(self, timeout: float = 60) -> None:
         """Once the controller created the launcher pod, start what runs "inside" it."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        wait_until(
+        wait_for(
             lambda: self.kubectl("get", "pod", names.launcher_name(self.job), check=False),
             timeout,
             "the launcher pod",
@@ -165,7 +140,7 @@ class ElasticRun:
         )
         if self.in_cluster:
             return  # the launcher pod runs the driver itself
-        wait_until(lambda: (self.etc_mpi / names.DISCOVER_HOSTS).exists(), 30, "the mounted files")
+        wait_for(lambda: (self.etc_mpi / names.DISCOVER_HOSTS).exists(), 30, "the mounted files")
         sa_kubeconfig = self.cluster.service_account_kubeconfig(
             self.namespace, names.launcher_name(self.job), self.workdir / "launcher.kubeconfig"
         )
@@ -204,12 +179,12 @@ class ElasticRun:
         if self.in_cluster:
             logs = self.kubectl("logs", names.launcher_name(self.job), check=False)
             self.driver_log.write_text(logs)
-        records = read_lines(self.driver_log)
-        return [r for r in records if not kinds or r["event"] in kinds]
+        records = ev.read_events(self.driver_log)
+        return ev.of_kind(records, *kinds) if kinds else records
 
     def volume_events(self, *kinds: str) -> list[dict[str, Any]]:
-        records = read_lines(self.volume_log)
-        return [r for r in records if not kinds or r["event"] in kinds]
+        records = ev.read_events(self.volume_log)
+        return ev.of_kind(records, *kinds) if kinds else records
 
     def discovered(self) -> list[str]:
         found = self.driver_events(ev.DISCOVERY)
@@ -230,7 +205,7 @@ class ElasticRun:
 
     def wait_for_ranks_on(self, n: int, timeout: float = 60) -> None:
         want = set(self.hosts(n))
-        wait_until(
+        wait_for(
             lambda: self.ranks_running_on() == want and set(self.discovered()) == want,
             timeout,
             f"ranks on exactly {sorted(want)}",
@@ -263,7 +238,7 @@ class ElasticRun:
         """End the training: the driver stops, and its exit code ends the launcher pod."""
         if self.in_cluster:
             self.kubectl("exec", names.launcher_name(self.job), "--", "touch", STOP_FILE_IN_POD)
-            done = wait_until(lambda: self.driver_events(ev.DRIVER_EXIT), timeout, "driver exit")
+            done = wait_for(lambda: self.driver_events(ev.DRIVER_EXIT), timeout, "driver exit")
             return int(done[-1]["exit_code"])
         (self.workdir / "stop").touch()
         driver = self.procs[-1]

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.harness import ElasticRun, format_timeline, in_cluster_job, wait_until
+from e2e.harness import ElasticRun, format_timeline, in_cluster_job
 from e2e.mockhorovod import events as ev
 from mpijob_elastic import names
 from tests.cluster import ROOT, Cluster
-from tests.controller import ControllerProcess
+from tests.controller import ControllerProcess, wait_for
 from tests.manifests import AdmissionPolicy, create_namespace
 
 OUT = ROOT / "e2e" / "out"
@@ -107,7 +107,7 @@ def test_scale_up_to_4_gains_both_hosts_without_forbidden_exec(run: ElasticRun) 
 def test_scale_in_to_1_is_graceful_and_deletes_after_discovery(run: ElasticRun) -> None:
     step = run.scale(1)
     run.wait_for_ranks_on(1)
-    wait_until(lambda: run.worker_pods() == run.hosts(1), 30, "surplus pods deleted")
+    wait_for(lambda: run.worker_pods() == run.hosts(1), 30, "surplus pods deleted")
     victims = set(run.hosts(4)) - set(run.hosts(1))
     removed = {
         e["host"]: e["ts"]
@@ -115,7 +115,7 @@ def test_scale_in_to_1_is_graceful_and_deletes_after_discovery(run: ElasticRun) 
         if e["ts"] >= step.started and e["graceful"]
     }
     assert set(removed) == victims
-    wait_until(
+    wait_for(
         lambda: victims <= {e["pod"] for e in run.volume_events("pod_deleted")},
         10,
         "deletions observed",
@@ -141,15 +141,15 @@ def test_worker_deleted_by_hand_is_one_failure_and_is_replaced(run: ElasticRun) 
     old_uid = run.kubectl("get", "pod", victim, "-o", "jsonpath={.metadata.uid}")
     run.begin(f"kubectl delete pod {victim}")
     run.kubectl("delete", "pod", victim, "--wait=false")
-    failures = wait_until(lambda: run.driver_events(ev.RANK_FAILED), 20, "the rank failure")
+    failures = wait_for(lambda: run.driver_events(ev.RANK_FAILED), 20, "the rank failure")
     assert [f["host"] for f in failures] == [victim]
-    wait_until(
+    wait_for(
         lambda: [b["host"] for b in run.driver_events(ev.HOST_BLACKLISTED)] == [victim],
         10,
         "the host blacklisted",
     )
     # The controller puts a new pod, of the same name, in its place.
-    wait_until(
+    wait_for(
         lambda: (
             run.kubectl("get", "pod", victim, "-o", "jsonpath={.metadata.uid}", check=False)
             not in ("", old_uid)
@@ -157,7 +157,7 @@ def test_worker_deleted_by_hand_is_one_failure_and_is_replaced(run: ElasticRun) 
         30,
         "the replacement pod",
     )
-    wait_until(lambda: victim in run.discovered(), 20, "the replacement discovered")
+    wait_for(lambda: victim in run.discovered(), 20, "the replacement discovered")
     # Horovod never takes a blacklisted name back: that is why graceful scale-in matters.
     time.sleep(2)
     assert victim not in run.ranks_running_on()
@@ -183,7 +183,7 @@ def test_kubectl_scale_works(run: ElasticRun) -> None:
     run.scale(4, via="scale")
     blacklisted = names.worker_name(run.job, 1)
     want = set(run.hosts(4)) - {blacklisted}
-    wait_until(lambda: run.ranks_running_on() == want, 60, f"ranks on {sorted(want)}")
+    wait_for(lambda: run.ranks_running_on() == want, 60, f"ranks on {sorted(want)}")
     assert set(run.discovered()) == set(run.hosts(4))
 
 
@@ -201,9 +201,9 @@ def test_launcher_finishing_succeeds_the_job_and_cleans_up(run: ElasticRun) -> N
             for c in job.get("status", {}).get("conditions", [])
         )
 
-    wait_until(succeeded, 30, "the job to succeed")
+    wait_for(succeeded, 30, "the job to succeed")
     # cleanPodPolicy Running: the running workers go, the finished launcher stays.
-    wait_until(lambda: run.worker_pods() == [], 30, "workers cleaned up")
+    wait_for(lambda: run.worker_pods() == [], 30, "workers cleaned up")
 
 
 def test_deleting_the_job_leaves_nothing_behind(run: ElasticRun) -> None:
@@ -219,7 +219,7 @@ def test_deleting_the_job_leaves_nothing_behind(run: ElasticRun) -> None:
             "name",
         ).strip()
 
-    wait_until(lambda: leftovers() == "", 60, "every child garbage-collected")
+    wait_for(lambda: leftovers() == "", 60, "every child garbage-collected")
 
 
 def test_timeline_files_are_written(run: ElasticRun) -> None:

@@ -126,8 +126,6 @@ class Controller:
         self.deleting: dict[str, float] = {}
         self._write_slots = asyncio.Semaphore(WRITE_CONCURRENCY)
         self._workers: list[asyncio.Task[None]] = []
-        # Reconcile timing, exposed for tests and benchmarks.
-        self.reconciles = 0
 
     # -- events -> keys ---------------------------------------------------------------------
 
@@ -231,7 +229,6 @@ class Controller:
         job = jobs.get(namespace, name) if jobs else None
         if job is None or not manages(job, self.settings):
             return None
-        self.reconciles += 1
         the_plan = plan(self.observe(job), self.settings)
         for batch in _batches(the_plan.actions):
             if len(batch) == 1:
