@@ -330,9 +330,12 @@ class _Planner:
             }
             self.actions.append(Replace(updated))
 
-    def delete(self, worker: Worker) -> None:
-        if worker.uid not in self.observed.deleting:
-            self.actions.append(DeletePod(worker.name, worker.uid))
+    def delete(self, worker: Worker) -> bool:
+        """Plan the pod's delete, once: False if it was already issued."""
+        if worker.uid in self.observed.deleting:
+            return False
+        self.actions.append(DeletePod(worker.name, worker.uid))
+        return True
 
     def finish(self) -> Plan:
         status = self.status.build()
@@ -439,8 +442,12 @@ class _Planner:
 
         # 6. Lost workers within replicas are replaced, per the Worker restartPolicy.
         for w in wanted:
-            if w.phase == "Failed" and not w.terminating and self.replace_failed(spec, w):
-                self.delete(w)
+            if (
+                w.phase == "Failed"
+                and not w.terminating
+                and self.replace_failed(spec, w)
+                and self.delete(w)
+            ):
                 why = w.reason or f"exit code {w.exit_code(spec.main_container)}"
                 self.event(
                     "Warning", "WorkerFailed", f"worker pod {w.name} failed ({why}); recreating it"
@@ -451,7 +458,7 @@ class _Planner:
         if missing:
             for i in missing:
                 self.actions.append(Create(render.worker_pod(spec, i)))
-            previous = _hostfile_workers(old_data)
+            previous = _hostfile_workers(spec.name, old_data)
             new = [names.worker_name(spec.name, i) for i in missing if i >= previous]
             replaced = [names.worker_name(spec.name, i) for i in missing if i < previous]
             if new:
@@ -466,7 +473,7 @@ class _Planner:
                 )
 
         # 8. The launcher starts once the workers the job minimally needs can take ranks.
-        needed = min(spec.bounds.min, target) if spec.elastic and spec.bounds.min else target
+        needed = target if spec.bounds.min is None else min(spec.bounds.min, target)
         if launcher is None and len(hosts) >= needed:
             self.actions.append(Create(render.launcher_pod(spec, self.settings, hash_, needed)))
         if launcher is not None and (launcher.get("status") or {}).get("phase") == "Running":
@@ -523,8 +530,7 @@ class _Planner:
             remaining = spec.drain_seconds - elapsed
             if remaining > 0:
                 self.requeue(remaining)
-            elif w.uid not in self.observed.deleting:
-                self.delete(w)
+            elif self.delete(w):
                 deleted.append(w.name)
         if marking:
             self.event(
@@ -593,9 +599,10 @@ class _Planner:
                 self.actions.append(DeletePod(meta["name"], meta.get("uid", "")))
 
 
-def _hostfile_workers(data: Mapping[str, Any] | None) -> int:
+def _hostfile_workers(job: str, data: Mapping[str, Any] | None) -> int:
+    """How many workers the hostfile we wrote last listed: the size the job had."""
     text = (data or {}).get(names.HOSTFILE) or ""
-    return sum(1 for line in text.splitlines() if "-worker-" in line)
+    return sum(1 for line in text.splitlines() if line.startswith(f"{job}-worker-"))
 
 
 def rejected_status(

@@ -90,11 +90,6 @@ class JobSpec:
     bounds: Bounds
     drain_seconds: float
 
-    @property
-    def elastic(self) -> bool:
-        """A job that declares a minimum accepts starting with fewer workers than asked for."""
-        return self.bounds.min is not None
-
 
 def managed_by(job: Mapping[str, Any]) -> str | None:
     value = ((job.get("spec") or {}).get("runPolicy") or {}).get("managedBy")

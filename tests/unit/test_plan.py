@@ -290,6 +290,22 @@ def test_failed_worker_leaves_discovery_and_is_replaced() -> None:
     assert "WorkerReplaced" in [e.reason for e in c.events]
 
 
+def test_a_failed_worker_is_reported_once() -> None:
+    c = started(2)
+    c.job["spec"]["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = "OnFailure"
+    c.converge()
+    _fail(c, "job-worker-1")
+    c.apply(c.plan())
+    c.apply(c.plan())  # the cache still shows the pod: no second delete, no second Event
+    assert [e.reason for e in c.events].count("WorkerFailed") == 1
+
+
+def test_min_zero_starts_the_launcher_without_workers() -> None:
+    c = Cluster(make_job(2, annotations={names.ANN_MIN_REPLICAS: "0"}))
+    c.apply(c.plan())
+    assert c.get("Pod", "job-launcher") is not None
+
+
 def test_restart_policies_for_failed_workers() -> None:
     cases = [
         ("Never", 137, "", False),

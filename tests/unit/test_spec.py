@@ -34,7 +34,6 @@ def test_a_good_job_parses_with_v1_defaults() -> None:
     assert spec.worker.replicas == 3
     assert spec.worker.restart_policy == "Never"
     assert spec.bounds == Bounds(None, None)
-    assert not spec.elastic
 
 
 @pytest.mark.parametrize(
@@ -128,7 +127,6 @@ def test_out_of_range_replicas_are_not_a_parse_error() -> None:
     spec = parse(job, 30)
     assert not spec.bounds.contains(9)
     assert spec.bounds.clamp(9) == 5
-    assert spec.elastic
 
 
 @given(
