@@ -123,7 +123,8 @@ class Controller:
                     api, path, plural, self._on_child, namespace=ns, label_selector=CHILD_SELECTOR
                 )
                 self.caches.add(kind, ns, informer)
-        self.deleting: dict[str, float] = {}
+        # Per job: UIDs of pods whose delete was issued, and when.
+        self.deleting: dict[Key, dict[str, float]] = {}
         self._write_slots = asyncio.Semaphore(WRITE_CONCURRENCY)
         self._workers: list[asyncio.Task[None]] = []
 
@@ -171,7 +172,12 @@ class Controller:
             try:
                 requeue = await self.reconcile(key)
             except Exception as err:  # one bad job must never stop the controller
-                log.warning(
+                # A conflict only means the cache was behind: routine, not a warning.
+                level = (
+                    logging.INFO if isinstance(err, ApiError) and err.conflict else logging.WARNING
+                )
+                log.log(
+                    level,
                     "reconcile failed, retrying with backoff",
                     extra={"job": "/".join(key), "error": str(err)},
                     exc_info=not isinstance(err, ApiError),
@@ -203,7 +209,7 @@ class Controller:
             return next((o for o in owned(kind) if o["metadata"]["name"] == name), None)
 
         pods = owned("Pod")
-        self._forget_deletes(pods)
+        deleting = self._forget_deletes((ns, meta["name"]), pods)
         launcher = names.launcher_name(meta["name"])
         return Observed(
             job=job,
@@ -212,22 +218,26 @@ class Controller:
             service_account=named("ServiceAccount", launcher),
             role=named("Role", launcher),
             role_binding=named("RoleBinding", launcher),
-            deleting=frozenset(self.deleting),
+            deleting=frozenset(deleting),
         )
 
-    def _forget_deletes(self, pods: list[Obj]) -> None:
+    def _forget_deletes(self, key: Key, pods: list[Obj]) -> dict[str, float]:
+        """The job's issued deletes, minus those whose pods have left the cache."""
         present = {p["metadata"].get("uid") for p in pods}
         horizon = time.monotonic() - DELETE_MEMORY_SECONDS
-        for uid, at in list(self.deleting.items()):
+        issued = self.deleting.setdefault(key, {})
+        for uid, at in list(issued.items()):
+            # Gone from the cache means gone from the server: the watch saw it leave.
             if at < horizon or uid not in present:
-                # Gone from the cache means gone from the server: the watch saw it leave.
-                self.deleting.pop(uid, None)
+                del issued[uid]
+        return issued
 
     async def reconcile(self, key: Key) -> float | None:
         namespace, name = key
         jobs = self.caches.pick(names.KIND, namespace)
         job = jobs.get(namespace, name) if jobs else None
         if job is None or not manages(job, self.settings):
+            self.deleting.pop(key, None)
             return None
         the_plan = plan(self.observe(job), self.settings)
         for batch in _batches(the_plan.actions):
@@ -275,13 +285,14 @@ class Controller:
                 if not err.not_found:
                     raise
         elif isinstance(action, DeletePod):
-            self.deleting[action.uid] = time.monotonic()
+            issued = self.deleting.setdefault((ns, meta["name"]), {})
+            issued[action.uid] = time.monotonic()
             try:
                 result = await self.kube.delete("Pod", ns, action.name, action.uid)
             except ApiError as err:
                 # Gone already, or a successor with another UID: nothing of ours to delete.
                 if not (err.not_found or err.conflict):
-                    self.deleting.pop(action.uid, None)
+                    issued.pop(action.uid, None)
                     raise
             else:
                 if result.get("kind") == "Pod":
