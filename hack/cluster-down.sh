@@ -8,4 +8,5 @@ if [ -d "$KWOK_WORKDIR/clusters/$cluster_name" ]; then
   "$bin_dir/kwokctl" delete cluster --name "$cluster_name" >/dev/null 2>&1 || true
   rm -rf "$KWOK_WORKDIR/clusters/$cluster_name"
 fi
+rm -f "$KWOK_WORKDIR/$cluster_name-up.log"
 echo "cluster $cluster_name is down" >&2
