@@ -262,47 +262,41 @@ class ElasticRun:
     def timeline(self, step: Step, until: float | None = None) -> list[tuple[float, str]]:
         """What happened after a step, in seconds since it, from every observer."""
         end = until or time.time()
-        rows: list[tuple[float, str]] = []
-        for r in self.volume_events():
-            if not step.started <= r["ts"] <= end:
-                continue
-            if r["event"] == "configmap_updated":
-                rows.append((r["ts"], "ConfigMap updated by the controller"))
-            elif r["event"] == "files_synced":
-                rows.append((r["ts"], f"launcher's /etc/mpi refreshed ({r['trigger']})"))
-            elif r["event"] == "pod_running":
-                rows.append((r["ts"], f"pod {r['pod']} Running"))
-            elif r["event"] == "pod_deleted":
-                rows.append((r["ts"], f"pod {r['pod']} deleted"))
-        for r in self.driver_events():
-            if not step.started <= r["ts"] <= end:
-                continue
-            text = describe_driver_event(r)
-            if text:
-                rows.append((r["ts"], text))
-        rows.sort()
+        rows = sorted(
+            (r["ts"], describe(r))
+            for r in [*self.volume_events(), *self.driver_events()]
+            if step.started <= r["ts"] <= end and r["event"] in TIMELINE_TEXT
+        )
         return [(ts - step.started, text) for ts, text in rows]
 
 
-def describe_driver_event(r: dict[str, Any]) -> str | None:
-    kind = r["event"]
-    if kind == ev.DISCOVERY:
-        return f"driver: discover_hosts.sh lists {len(r['hosts'])}: {', '.join(r['hosts']) or '-'}"
-    if kind == ev.HOST_ADDED:
-        return f"driver: host {r['host']} added"
-    if kind == ev.RANK_RUNNING:
-        return f"driver: rank running on {r['host']} (via kubexec.sh)"
-    if kind == ev.HOST_REMOVED:
-        return f"driver: host {r['host']} removed gracefully"
-    if kind == ev.RANK_FAILED:
-        return f"driver: FAILURE of a rank on {r['host']} (exit {r.get('exit_code')})"
-    if kind == ev.HOST_BLACKLISTED:
-        return f"driver: host {r['host']} BLACKLISTED"
-    if kind == ev.EXEC_FAILED:
-        return f"driver: exec into {r['host']} FAILED: {r.get('stderr', '').strip()[:80]}"
-    if kind == ev.JOB_STARTED:
-        return f"driver: training started on {len(r.get('hosts', []))} hosts"
-    return None
+# How each observed event reads in a timeline; events not listed here are left out.
+TIMELINE_TEXT = {
+    "configmap_updated": "ConfigMap updated by the controller",
+    "files_synced": "launcher's /etc/mpi refreshed ({trigger})",
+    "pod_running": "pod {pod} Running",
+    "pod_deleted": "pod {pod} deleted",
+    ev.DISCOVERY: "driver: discover_hosts.sh lists {count}: {hosts}",
+    ev.JOB_STARTED: "driver: training started on {count} hosts",
+    ev.HOST_ADDED: "driver: host {host} added",
+    ev.RANK_RUNNING: "driver: rank running on {host} (via kubexec.sh)",
+    ev.HOST_REMOVED: "driver: host {host} removed gracefully",
+    ev.RANK_FAILED: "driver: FAILURE of a rank on {host} (exit {exit_code})",
+    ev.HOST_BLACKLISTED: "driver: host {host} BLACKLISTED",
+    ev.EXEC_FAILED: "driver: exec into {host} FAILED: {stderr_head}",
+}
+
+
+def describe(record: dict[str, Any]) -> str:
+    hosts = record.get("hosts") or []
+    return TIMELINE_TEXT[record["event"]].format(
+        **{
+            **record,
+            "count": len(hosts),
+            "hosts": ", ".join(hosts) or "-",
+            "stderr_head": str(record.get("stderr", "")).strip()[:80],
+        }
+    )
 
 
 def format_timeline(step: Step, rows: list[tuple[float, str]]) -> str:

@@ -667,6 +667,21 @@ def rank_process(tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
     )
 
 
+def still_running_then_terminated(proc: subprocess.Popen[str], settle: float) -> str:
+    """Asserts the rank is still alive after ``settle`` s and exits 0 on SIGTERM; its stderr."""
+    try:
+        wait_marker(proc)
+        time.sleep(settle)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate()
+    return err
+
+
 def wait_marker(proc: subprocess.Popen[str]) -> None:
     assert proc.stdout is not None
     assert proc.stdout.readline().startswith(RANK_STARTED_MARKER)
@@ -695,17 +710,7 @@ def test_rank_ignores_transient_kubectl_errors(tmp_path: Path) -> None:
     set_pod(tmp_path, "w-0")
     (tmp_path / "pods" / "w-0.err").write_text("Unable to connect to the server\n")
     args = ["--kubeconfig", "/k", "--kubectl", str(kubectl), "--poll-interval", "0.05"]
-    proc = rank_process(tmp_path, *args)
-    try:
-        wait_marker(proc)
-        time.sleep(0.4)
-        assert proc.poll() is None
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=5) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        _, err = proc.communicate()
+    err = still_running_then_terminated(rank_process(tmp_path, *args), settle=0.4)
     assert "still running" in err
     assert "Traceback" not in err
 
@@ -756,13 +761,4 @@ def test_rank_on_another_machine_ignores_local_checks(tmp_path: Path) -> None:
         "--poll-interval",
         "0.05",
     )
-    try:
-        wait_marker(proc)
-        time.sleep(0.3)
-        assert proc.poll() is None
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=5) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
+    still_running_then_terminated(proc, settle=0.3)
