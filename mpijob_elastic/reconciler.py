@@ -22,7 +22,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from mpijob_elastic import names
 from mpijob_elastic.informer import Informer
-from mpijob_elastic.kube import ApiError, Kube
+from mpijob_elastic.kube import RESOURCES, ApiError, Kube
 from mpijob_elastic.plan import (
     Action,
     AnnotatePod,
@@ -48,13 +48,7 @@ Obj = dict[str, Any]
 # Children are all labelled with the job's name; watching only those keeps the caches to
 # the objects this controller can own, not every pod in the cluster.
 CHILD_SELECTOR = f"{names.LABEL_GROUP}={names.GROUP},{names.LABEL_JOB}"
-CHILD_KINDS: Mapping[str, tuple[str, str]] = {
-    "Pod": ("/api/v1", "pods"),
-    "ConfigMap": ("/api/v1", "configmaps"),
-    "ServiceAccount": ("/api/v1", "serviceaccounts"),
-    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
-    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
-}
+CHILD_KINDS = ("Pod", "ConfigMap", "ServiceAccount", "Role", "RoleBinding")
 # Pod writes of one kind that the plan puts side by side are independent of each other
 # (the Role they depend on was written before them), so they go out together: a scale-up
 # of 50 workers must not wait for 50 round trips before the next host list is written.
@@ -116,9 +110,11 @@ class Controller:
         self.caches = _Caches()
         namespaces: list[str | None] = list(settings.namespaces) or [None]
         for ns in namespaces:
-            jobs = Informer(api, "/apis/kubeflow.org/v1", "mpijobs", self._on_job, namespace=ns)
+            path, plural = RESOURCES[names.KIND]
+            jobs = Informer(api, path, plural, self._on_job, namespace=ns)
             self.caches.add(names.KIND, ns, jobs)
-            for kind, (path, plural) in CHILD_KINDS.items():
+            for kind in CHILD_KINDS:
+                path, plural = RESOURCES[kind]
                 informer = Informer(
                     api, path, plural, self._on_child, namespace=ns, label_selector=CHILD_SELECTOR
                 )
@@ -350,7 +346,7 @@ class Controller:
             "reportingComponent": "mpijob-elastic",
         }
         try:
-            await self.kube.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body)
+            await self.kube.create(body)
         except ApiError as err:
             # An Event is a courtesy; losing one must not fail the reconcile that made it.
             log.warning("could not record event", extra={"reason": event.reason, "error": str(err)})
