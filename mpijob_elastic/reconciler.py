@@ -103,20 +103,30 @@ class _Caches:
 
 
 class Controller:
-    def __init__(self, api: ApiClient, settings: Settings) -> None:
+    def __init__(
+        self, api: ApiClient, settings: Settings, *, watch_api: ApiClient | None = None
+    ) -> None:
+        """``api`` carries the writes; ``watch_api``, if given, the long-lived watches, so
+        open watches can never take the connections a write needs."""
         self.settings = settings
         self.kube = Kube(api)
+        watches = watch_api or api
         self.queue: WorkQueue[Key] = WorkQueue()
         self.caches = _Caches()
         namespaces: list[str | None] = list(settings.namespaces) or [None]
         for ns in namespaces:
             path, plural = RESOURCES[names.KIND]
-            jobs = Informer(api, path, plural, self._on_job, namespace=ns)
+            jobs = Informer(watches, path, plural, self._on_job, namespace=ns)
             self.caches.add(names.KIND, ns, jobs)
             for kind in CHILD_KINDS:
                 path, plural = RESOURCES[kind]
                 informer = Informer(
-                    api, path, plural, self._on_child, namespace=ns, label_selector=CHILD_SELECTOR
+                    watches,
+                    path,
+                    plural,
+                    self._on_child,
+                    namespace=ns,
+                    label_selector=CHILD_SELECTOR,
                 )
                 self.caches.add(kind, ns, informer)
         # Per job: UIDs of pods whose delete was issued, and when.
