@@ -18,6 +18,14 @@ mkdir -p "$bin_dir" "$src_dir"
 
 log() { printf '[build-binaries %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
+# Test sessions, the demo and kind-up may all ask at once; one builds, the others wait for
+# it and then find the binaries cached.
+exec 9>"$cache_root/.build.lock"
+if ! flock -n 9; then
+  log "waiting for another build-binaries run to finish"
+  flock 9
+fi
+
 fail() {
   log "FAILED: $1"
   log "Provide the binary by hand instead: build or download $2 and point $3 at it," \
