@@ -6,7 +6,17 @@
 # ...), then the cache, then a build. Binaries on PATH are deliberately not used for the
 # control plane: a stray kube-apiserver of another minor would make test results depend on
 # the machine. Progress goes to stderr; stdout is only the bin directory.
+#
+# `--node` (or KUBE_NODE_BINARIES=1) also builds kubelet, kubeadm and kube-proxy, the same
+# way: only the kind node image needs them (hack/kind-up.sh), the KWOK cluster does not.
 set -euo pipefail
+node_binaries=${KUBE_NODE_BINARIES:-0}
+for arg in "$@"; do
+  case $arg in
+    --node) node_binaries=1 ;;
+    *) echo "usage: $0 [--node]" >&2; exit 2 ;;
+  esac
+done
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
 . "$here/versions.env"
@@ -80,6 +90,25 @@ GO
   (cd "$dir" && go mod tidy)
 }
 
+# The node binaries join the same module in a file of their own, so the KWOK path never
+# resolves their dependencies.
+add_node_tools() {
+  local dir="$src_dir/kubernetes-$KUBE_VERSION"
+  [ -f "$dir/go.mod" ] || build_kube
+  cat >"$dir/tools_node.go" <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kubeadm"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+)
+GO
+  (cd "$dir" && go mod tidy)
+}
+
 kube_ldflags() {
   local f="" pkg
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -141,6 +170,22 @@ if [ ${#kube_missing[@]} -gt 0 ]; then
     timed "$b" bash -c "cd '$src_dir/kubernetes-$KUBE_VERSION' && go build -trimpath -ldflags '$(kube_ldflags)' -o '$bin_dir/$b.tmp' k8s.io/kubernetes/cmd/$b && mv '$bin_dir/$b.tmp' '$bin_dir/$b'" ||
       fail "go build of $b $KUBE_VERSION" "$b" "$var"
   done
+fi
+
+if [ "$node_binaries" = 1 ]; then
+  node_missing=()
+  need kubelet KUBELET_BINARY && node_missing+=(kubelet)
+  need kubeadm KUBEADM_BINARY && node_missing+=(kubeadm)
+  need kube-proxy KUBE_PROXY_BINARY && node_missing+=(kube-proxy)
+  if [ ${#node_missing[@]} -gt 0 ]; then
+    timed "kubernetes-$KUBE_VERSION-node-modules" add_node_tools ||
+      fail "could not resolve the node binaries of k8s.io/kubernetes $KUBE_VERSION" kubelet KUBELET_BINARY
+    for b in "${node_missing[@]}"; do
+      var=$(echo "$b" | tr a-z- A-Z_)_BINARY
+      timed "$b" bash -c "cd '$src_dir/kubernetes-$KUBE_VERSION' && go build -trimpath -ldflags '$(kube_ldflags)' -o '$bin_dir/$b.tmp' k8s.io/kubernetes/cmd/$b && mv '$bin_dir/$b.tmp' '$bin_dir/$b'" ||
+        fail "go build of $b $KUBE_VERSION" "$b" "$var"
+    done
+  fi
 fi
 
 if need etcd ETCD_BINARY; then
