@@ -71,7 +71,13 @@ def run(
     controller: ControllerProcess,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ElasticRun]:
-    elastic = ElasticRun(cluster, e2e_namespace, sample_job(), tmp_path_factory.mktemp("launcher"))
+    elastic = ElasticRun(
+        cluster,
+        e2e_namespace,
+        sample_job(),
+        tmp_path_factory.mktemp("launcher"),
+        in_cluster=IN_CLUSTER,
+    )
     yield elastic
     elastic.close()
     OUT.mkdir(exist_ok=True)
