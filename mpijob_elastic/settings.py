@@ -32,3 +32,13 @@ class Settings:
     # second) and for the ranks to reach their next commit and leave on their own.
     default_drain_seconds: float = 30.0
     reconcile_workers: int = 4
+    # A job asking for more (Worker.replicas or either bound annotation) gets InvalidSpec, so
+    # the work of planning one job and the objects it writes stay bounded: a job asking for
+    # 200000 workers once took 57 s of CPU and delayed every other job.
+    # What grows per worker is the launcher Role's resourceNames and the ConfigMap. With a
+    # 63-character worker name a worker costs 67 bytes of Role JSON and 143 bytes of
+    # ConfigMap data (hostfile "<name> slots=1\n", 72; discover_hosts.sh "echo <name>:1\n",
+    # 71), 161 with a 10-digit slotsPerWorker: at 1000 workers that is 67 KB and 161 KB,
+    # well under the 1 MiB a ConfigMap's data may hold and etcd's 1.5 MiB per object, which
+    # would be reached near 6500 workers. Larger MPI jobs exist; raise the limit for them.
+    max_workers_per_job: int = 1000

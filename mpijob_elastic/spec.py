@@ -4,16 +4,24 @@ Every error names the field the user has to fix, in the API server's ``field.pat
 style, because these messages end up in a condition and an Event that users read with
 ``kubectl describe``. Anything that later reaches a shell script (``kubexec.sh``) or a
 child's name is checked here, so no spec value can inject shell or break a name limit.
+
+The CRD keeps pod templates unpruned, so a template can hold any JSON at all. ``parse``
+checks the shape of every part of it that render.py reads or extends, so that whatever
+``parse`` accepts renders without raising, and it raises nothing but ``InvalidSpec``:
+a reconcile that raised would retry for ever without telling the user anything.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from mpijob_elastic import names
+from mpijob_elastic.settings import Settings
 
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 CLEAN_POD_POLICIES = ("All", "Running", "None")
@@ -21,6 +29,20 @@ CLEAN_POD_POLICIES = ("All", "Running", "None")
 # Pod names double as hostnames in Open MPI's view, and hostnames are DNS-1123 labels.
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _MAX_LABEL = 63
+
+# int() and float() also take "1_0", " 4 ", "\u0661" (Arabic-Indic one), "+4", "1e3" and
+# "nan", none of which a user typing a count or a duration means; fullmatch, because "$"
+# would let a trailing newline through.
+_WHOLE_NUMBER = re.compile(r"[0-9]+")
+_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+
+# The CRD declares replicas and slotsPerWorker int32 but does not enforce it; outside that
+# range a number is a typo, and Python's str() of a huge int raises.
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+# render.py deep-copies a template recursively, which hits Python's recursion limit at
+# about 500 levels. Real pod templates nest about 12 deep (affinity terms are the deepest).
+_MAX_TEMPLATE_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -92,8 +114,30 @@ class JobSpec:
 
 
 def managed_by(job: Mapping[str, Any]) -> str | None:
-    value = ((job.get("spec") or {}).get("runPolicy") or {}).get("managedBy")
+    # Called before parse, on jobs parse may reject, so it must not trust any shape.
+    spec = job.get("spec") if isinstance(job, Mapping) else None
+    run_policy = spec.get("runPolicy") if isinstance(spec, Mapping) else None
+    value = run_policy.get("managedBy") if isinstance(run_policy, Mapping) else None
     return value if isinstance(value, str) and value else None
+
+
+# -- shapes ------------------------------------------------------------------------------
+
+
+def _show(value: Any) -> str:
+    """The value as JSON, kept short: it lands in a condition message."""
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, list | tuple):
+        return "a list"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return "a number too large to be meant"  # and str() of it may raise
+    if isinstance(value, str) and len(value) > 40:
+        value = value[:40] + "..."
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return type(value).__name__
 
 
 def _int(value: Any) -> int | None:
@@ -103,18 +147,204 @@ def _int(value: Any) -> int | None:
     return value
 
 
+def _object(
+    value: Any, field: str, errors: list[FieldError], *, required: bool = False
+) -> Mapping[str, Any] | None:
+    """The value as a mapping ({} if unset), or None after reporting why it is not one."""
+    if value is None:
+        if required:
+            errors.append(FieldError(field, "Required value"))
+            return None
+        return {}
+    if not isinstance(value, Mapping):
+        errors.append(FieldError(field, f"must be an object, got {_show(value)}"))
+        return None
+    return value
+
+
+def _string(
+    value: Any, field: str, errors: list[FieldError], *, required: bool = False
+) -> str | None:
+    if value is None:
+        if required:
+            errors.append(FieldError(field, "Required value"))
+            return None
+        return ""
+    if not isinstance(value, str):
+        errors.append(FieldError(field, f"must be a string, got {_show(value)}"))
+        return None
+    return value
+
+
+def _string_map(value: Any, field: str, errors: list[FieldError]) -> bool:
+    mapping = _object(value, field, errors)
+    if mapping is None:
+        return False
+    for key, item in mapping.items():
+        if not isinstance(item, str):
+            # Only the first bad entry: the message goes into a condition, whatever its size.
+            errors.append(FieldError(f"{field}[{key}]", f"must be a string, got {_show(item)}"))
+            return False
+    return True
+
+
+def _string_list(value: Any, field: str, errors: list[FieldError]) -> None:
+    if value is None:
+        return
+    if not isinstance(value, list):
+        errors.append(FieldError(field, f"must be a list of strings, got {_show(value)}"))
+        return
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            errors.append(FieldError(f"{field}[{i}]", f"must be a string, got {_show(item)}"))
+            return
+
+
+def _named_objects(
+    value: Any, field: str, what: str, errors: list[FieldError]
+) -> list[Mapping[str, Any]] | None:
+    """A list of objects that each have a string ``name``, as most lists in a PodSpec are.
+
+    ``what`` describes one entry (``"{name, value} object"``). None after reporting.
+    """
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        errors.append(FieldError(field, f"must be a list of {what}s, got {_show(value)}"))
+        return None
+    for i, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            errors.append(FieldError(f"{field}[{i}]", f"must be a {what}, got {_show(item)}"))
+            return None
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            message = (
+                "Required value" if name in (None, "") else f"must be a string, got {_show(name)}"
+            )
+            errors.append(FieldError(f"{field}[{i}].name", message))
+            return None
+    return value
+
+
+def _container(container: Mapping[str, Any], field: str, errors: list[FieldError]) -> None:
+    # Only what render reads or extends, and the lists it appends to; the API server checks
+    # the rest when the pod is created, and that refusal is reported on the job too.
+    _string_list(container.get("command"), f"{field}.command", errors)
+    _string_list(container.get("args"), f"{field}.args", errors)
+    env = _named_objects(container.get("env"), f"{field}.env", "{name, value} object", errors)
+    for i, var in enumerate(env or []):
+        value = var.get("value")
+        if value is not None and not isinstance(value, str):
+            errors.append(
+                FieldError(f"{field}.env[{i}].value", f"must be a string, got {_show(value)}")
+            )
+            break
+    _named_objects(
+        container.get("volumeMounts"), f"{field}.volumeMounts", "{name, mountPath} object", errors
+    )
+    resources = _object(container.get("resources"), f"{field}.resources", errors)
+    if resources is not None:
+        _object(resources.get("limits"), f"{field}.resources.limits", errors)
+        _object(resources.get("requests"), f"{field}.resources.requests", errors)
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    # Iterative, because the point is to refuse what recursion cannot handle.
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children = list(item.values())
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _without_null_lists(template: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The template without ``volumes: null`` and ``volumeMounts: null``.
+
+    A YAML ``volumes:`` with every entry commented out is null, which the API server reads as
+    unset; render appends to these lists, and appending to None raises.
+    """
+    pod = template["spec"]
+    containers = pod["containers"]
+    if pod.get("volumes", []) is not None and all(
+        c.get("volumeMounts", []) is not None for c in containers
+    ):
+        return template
+    pod = {k: v for k, v in pod.items() if not (k == "volumes" and v is None)}
+    pod["containers"] = [
+        {k: v for k, v in c.items() if not (k == "volumeMounts" and v is None)} for c in containers
+    ]
+    return {**template, "spec": pod}
+
+
+def _template(value: Any, field: str, errors: list[FieldError]) -> Mapping[str, Any] | None:
+    template = _object(value, field, errors, required=True)
+    if template is None:
+        return None
+    if _deeper_than(template, _MAX_TEMPLATE_DEPTH):
+        errors.append(FieldError(field, f"must not nest more than {_MAX_TEMPLATE_DEPTH} levels"))
+        return None
+    before = len(errors)
+    meta = _object(template.get("metadata"), f"{field}.metadata", errors)
+    if meta is not None:
+        _string_map(meta.get("labels"), f"{field}.metadata.labels", errors)
+        _string_map(meta.get("annotations"), f"{field}.metadata.annotations", errors)
+    pod = _object(template.get("spec"), f"{field}.spec", errors, required=True)
+    if pod is not None:
+        path = f"{field}.spec.containers"
+        containers = _named_objects(pod.get("containers"), path, "container object", errors)
+        if containers == []:
+            errors.append(FieldError(path, "Required value: at least one container"))
+        for i, container in enumerate(containers or []):
+            _container(container, f"{path}[{i}]", errors)
+        path = f"{field}.spec.initContainers"
+        init = _named_objects(pod.get("initContainers"), path, "container object", errors)
+        for i, container in enumerate(init or []):
+            _container(container, f"{path}[{i}]", errors)
+        _named_objects(pod.get("volumes"), f"{field}.spec.volumes", "volume object", errors)
+    if len(errors) > before:
+        return None
+    return _without_null_lists(template)
+
+
+# -- fields ------------------------------------------------------------------------------
+
+
 def _annotation_int(
-    annotations: Mapping[str, Any], key: str, minimum: int, errors: list[FieldError]
+    annotations: Mapping[str, Any],
+    key: str,
+    minimum: int,
+    maximum: int,
+    errors: list[FieldError],
 ) -> int | None:
     raw = annotations.get(key)
-    if raw is None:
-        return None
+    if not isinstance(raw, str):
+        return None  # unset, or already reported as not a string
     field = f"metadata.annotations[{key}]"
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        errors.append(FieldError(field, f"must be a whole number, got {raw!r}"))
+    if not _WHOLE_NUMBER.fullmatch(raw):
+        errors.append(
+            FieldError(field, f"must be a whole number in ASCII digits, got {_show(raw)}")
+        )
         return None
+    digits = raw.lstrip("0") or "0"
+    # Compared as text first: int() refuses more than 4300 digits.
+    if len(digits) > len(str(maximum)) or int(digits) > maximum:
+        errors.append(
+            FieldError(
+                field,
+                f"must be at most {maximum} (the controller's --max-workers-per-job), "
+                f"got {_show(raw)}",
+            )
+        )
+        return None
+    value = int(digits)
     if value < minimum:
         errors.append(FieldError(field, f"must be at least {minimum}, got {value}"))
         return None
@@ -125,105 +355,153 @@ def _drain_seconds(
     annotations: Mapping[str, Any], default: float, errors: list[FieldError]
 ) -> float:
     raw = annotations.get(names.ANN_DRAIN_SECONDS)
-    if raw is None:
-        return default
+    if not isinstance(raw, str):
+        return default  # unset, or already reported as not a string
     field = f"metadata.annotations[{names.ANN_DRAIN_SECONDS}]"
-    try:
-        value = float(str(raw).strip())
-    except ValueError:
-        errors.append(FieldError(field, f"must be a number of seconds, got {raw!r}"))
+    if not _DECIMAL.fullmatch(raw):
+        errors.append(
+            FieldError(
+                field,
+                f"must be a number of seconds in ASCII digits (like 30 or 2.5), got {_show(raw)}",
+            )
+        )
         return default
-    if not value >= 0 or value == float("inf"):
-        errors.append(FieldError(field, f"must be a finite number >= 0, got {raw!r}"))
+    value = float(raw)
+    if not math.isfinite(value):
+        errors.append(FieldError(field, f"must be a finite number of seconds, got {_show(raw)}"))
         return default
     return value
 
 
+def _choice(
+    value: Any, field: str, allowed: tuple[str, ...], default: str, errors: list[FieldError]
+) -> str:
+    # "" is how Go clients write "unset", and the upstream operator defaults it too.
+    if value is None or value == "":
+        return default
+    if value not in allowed:
+        errors.append(
+            FieldError(
+                field, f"unsupported value {_show(value)}: must be one of {', '.join(allowed)}"
+            )
+        )
+        return default
+    return str(value)
+
+
 def _replica_spec(
-    specs: Mapping[str, Any], role: str, errors: list[FieldError]
+    specs: Mapping[str, Any], role: str, maximum: int | None, errors: list[FieldError]
 ) -> ReplicaSpec | None:
+    """The role's spec, or None if anything in it was reported."""
     path = f"spec.mpiReplicaSpecs.{role}"
     raw = specs.get(role)
     if not isinstance(raw, Mapping):
         errors.append(FieldError(path, "Required value"))
         return None
+    before = len(errors)
     replicas_raw = raw.get("replicas", 1)
     replicas = _int(replicas_raw)
     if replicas is None:
-        errors.append(FieldError(f"{path}.replicas", f"must be an integer, got {replicas_raw!r}"))
-    restart = raw.get("restartPolicy") or "Never"
-    if restart not in RESTART_POLICIES:
+        errors.append(
+            FieldError(f"{path}.replicas", f"must be an integer, got {_show(replicas_raw)}")
+        )
+    elif maximum is not None and replicas > maximum:
         errors.append(
             FieldError(
-                f"{path}.restartPolicy",
-                f"unsupported value {restart!r}: must be one of {', '.join(RESTART_POLICIES)}",
+                f"{path}.replicas",
+                f"must be at most {maximum} (the controller's --max-workers-per-job), "
+                f"got {_show(replicas)}",
             )
         )
-    template = raw.get("template")
-    containers = (
-        (template.get("spec") or {}).get("containers") if isinstance(template, Mapping) else None
-    ) or []
-    if not isinstance(containers, list) or not containers:
+    elif not _INT32_MIN <= replicas <= _INT32_MAX:
         errors.append(
-            FieldError(f"{path}.template.spec.containers", "Required value: at least one container")
+            FieldError(f"{path}.replicas", f"must be a 32-bit integer, got {_show(replicas)}")
         )
-    elif not all(isinstance(c, Mapping) and isinstance(c.get("name"), str) for c in containers):
-        errors.append(
-            FieldError(f"{path}.template.spec.containers", "every container needs a name")
-        )
-    if replicas is None or not isinstance(template, Mapping):
+    restart = _choice(
+        raw.get("restartPolicy"), f"{path}.restartPolicy", RESTART_POLICIES, "Never", errors
+    )
+    template = _template(raw.get("template"), f"{path}.template", errors)
+    if len(errors) > before or replicas is None or template is None:
         return None
     return ReplicaSpec(replicas=replicas, restart_policy=restart, template=template)
 
 
-def parse(job: Mapping[str, Any], default_drain_seconds: float) -> JobSpec:
+def parse(
+    job: Mapping[str, Any],
+    default_drain_seconds: float,
+    *,
+    max_workers: int = Settings.max_workers_per_job,
+) -> JobSpec:
     """Return the job's typed spec, or raise InvalidSpec listing every field to fix.
 
     Worker replicas outside the job's bounds are *not* an error here: the planner keeps such
-    a job running at its current size, which needs the rest of the spec.
+    a job running at its current size, which needs the rest of the spec. Asking for more
+    than ``max_workers`` is, because it is the controller's limit, not the job's.
     """
+    if not isinstance(job, Mapping):
+        raise InvalidSpec([FieldError("MPIJob", f"must be an object, got {_show(job)}")])
     errors: list[FieldError] = []
-    meta = job.get("metadata") or {}
-    spec = job.get("spec") or {}
-    name = str(meta.get("name", ""))
-    annotations = meta.get("annotations") or {}
+    meta = _object(job.get("metadata"), "metadata", errors, required=True)
+    raw_spec = _object(job.get("spec"), "spec", errors, required=True)
+    spec = raw_spec or {}
+
+    name = namespace = uid = None
+    annotations: Mapping[str, Any] = {}
+    if meta is not None:
+        name = _string(meta.get("name"), "metadata.name", errors, required=True)
+        namespace = _string(meta.get("namespace"), "metadata.namespace", errors)
+        uid = _string(meta.get("uid"), "metadata.uid", errors)
+        raw_annotations = meta.get("annotations")
+        _string_map(raw_annotations, "metadata.annotations", errors)
+        if isinstance(raw_annotations, Mapping):
+            annotations = raw_annotations
 
     slots_raw = spec.get("slotsPerWorker", 1)
     slots = _int(slots_raw)
-    if slots is None or slots < 1:
+    if slots is None or not 1 <= slots <= _INT32_MAX:
         errors.append(
-            FieldError("spec.slotsPerWorker", f"must be an integer >= 1, got {slots_raw!r}")
+            FieldError(
+                "spec.slotsPerWorker",
+                f"must be a 32-bit integer >= 1, got {_show(slots_raw)}",
+            )
+        )
+        slots = None
+
+    run_policy = _object(spec.get("runPolicy"), "spec.runPolicy", errors) or {}
+    if run_policy.get("cleanPodPolicy") not in (None, ""):
+        clean = _choice(
+            run_policy.get("cleanPodPolicy"),
+            "spec.runPolicy.cleanPodPolicy",
+            CLEAN_POD_POLICIES,
+            "None",
+            errors,
+        )
+    else:
+        clean = _choice(
+            spec.get("cleanPodPolicy"), "spec.cleanPodPolicy", CLEAN_POD_POLICIES, "None", errors
         )
 
-    run_policy = spec.get("runPolicy") or {}
-    clean = run_policy.get("cleanPodPolicy") or spec.get("cleanPodPolicy") or "None"
-    if clean not in CLEAN_POD_POLICIES:
-        field = (
-            "spec.runPolicy.cleanPodPolicy"
-            if run_policy.get("cleanPodPolicy")
-            else ("spec.cleanPodPolicy")
-        )
-        errors.append(
-            FieldError(field, f"unsupported value {clean!r}: must be one of All, Running, None")
-        )
-
-    specs = spec.get("mpiReplicaSpecs")
-    if not isinstance(specs, Mapping):
-        errors.append(FieldError("spec.mpiReplicaSpecs", "Required value"))
-        specs = {}
-    launcher = _replica_spec(specs, "Launcher", errors)
-    worker = _replica_spec(specs, "Worker", errors)
+    launcher = worker = None
+    # An unusable spec is reported once, not once more for every field missing from it.
+    specs = (
+        _object(spec.get("mpiReplicaSpecs"), "spec.mpiReplicaSpecs", errors, required=True)
+        if raw_spec is not None
+        else None
+    )
+    if specs is not None:
+        launcher = _replica_spec(specs, "Launcher", None, errors)
+        worker = _replica_spec(specs, "Worker", max_workers, errors)
     if launcher is not None and launcher.replicas != 1:
         errors.append(
             FieldError(
                 "spec.mpiReplicaSpecs.Launcher.replicas",
-                f"must be 1, got {launcher.replicas}",
+                f"must be 1, got {_show(launcher.replicas)}",
             )
         )
 
     bounds = Bounds(
-        _annotation_int(annotations, names.ANN_MIN_REPLICAS, 0, errors),
-        _annotation_int(annotations, names.ANN_MAX_REPLICAS, 1, errors),
+        _annotation_int(annotations, names.ANN_MIN_REPLICAS, 0, max_workers, errors),
+        _annotation_int(annotations, names.ANN_MAX_REPLICAS, 1, max_workers, errors),
     )
     if bounds.min is not None and bounds.max is not None and bounds.min > bounds.max:
         errors.append(
@@ -234,7 +512,7 @@ def parse(job: Mapping[str, Any], default_drain_seconds: float) -> JobSpec:
         )
     drain = _drain_seconds(annotations, default_drain_seconds, errors)
 
-    if not _DNS_LABEL.match(name):
+    if name is not None and not _DNS_LABEL.match(name):
         errors.append(
             FieldError(
                 "metadata.name",
@@ -242,7 +520,7 @@ def parse(job: Mapping[str, Any], default_drain_seconds: float) -> JobSpec:
                 "worker pod names are used as MPI hostnames",
             )
         )
-    elif worker is not None:
+    elif name is not None and worker is not None:
         largest = max(worker.replicas, bounds.max or 0, 1) - 1
         longest = names.worker_name(name, largest)
         if len(longest) > _MAX_LABEL:
@@ -260,7 +538,8 @@ def parse(job: Mapping[str, Any], default_drain_seconds: float) -> JobSpec:
         if not isinstance(main, str) or len(main) > _MAX_LABEL or not _DNS_LABEL.match(main):
             errors.append(
                 FieldError(
-                    "spec.mainContainer", f"must be a container name (DNS-1123 label), got {main!r}"
+                    "spec.mainContainer",
+                    f"must be a container name (DNS-1123 label), got {_show(main)}",
                 )
             )
         elif worker is not None and main not in {c.get("name") for c in worker.containers}:
@@ -271,12 +550,12 @@ def parse(job: Mapping[str, Any], default_drain_seconds: float) -> JobSpec:
                 )
             )
 
-    if errors or launcher is None or worker is None or slots is None:
+    if errors or launcher is None or worker is None or slots is None or name is None:
         raise InvalidSpec(errors)
     return JobSpec(
-        namespace=str(meta.get("namespace", "")),
+        namespace=namespace or "",
         name=name,
-        uid=str(meta.get("uid", "")),
+        uid=uid or "",
         slots_per_worker=slots,
         main_container=main,
         clean_pod_policy=clean,
