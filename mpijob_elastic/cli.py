@@ -17,7 +17,8 @@ from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient
 
 from mpijob_elastic import logs, names
-from mpijob_elastic.plan import Create, Observed, Replace, plan
+from mpijob_elastic.actions import Create, Observed, Replace
+from mpijob_elastic.plan import plan
 from mpijob_elastic.reconciler import Controller
 from mpijob_elastic.settings import KubectlDelivery, Settings
 from mpijob_elastic.spec import InvalidSpec, parse
@@ -109,6 +110,17 @@ async def _run(args: argparse.Namespace) -> None:
         await api.close()
 
 
+def _running(pod: dict[str, Any]) -> dict[str, Any]:
+    """The status of a pod whose containers all run, as a kubelet would report it."""
+    containers = pod["spec"].get("containers") or []
+    return {
+        "phase": "Running",
+        "containerStatuses": [
+            {"name": c["name"], "ready": True, "state": {"running": {}}} for c in containers
+        ],
+    }
+
+
 def render_children(job: dict[str, Any], settings: Settings) -> list[dict[str, Any]]:
     """Every child of a job once its workers run: the plans of a job starting up, replayed."""
     job.setdefault("metadata", {}).setdefault("namespace", "default")
@@ -116,11 +128,7 @@ def render_children(job: dict[str, Any], settings: Settings) -> list[dict[str, A
     objects: dict[tuple[str, str], dict[str, Any]] = {}
     now = datetime.now(UTC)
     for _ in range(3):
-        pods = [
-            {**o, "status": {"phase": "Running"}}
-            for (kind, _), o in objects.items()
-            if kind == "Pod"
-        ]
+        pods = [{**o, "status": _running(o)} for (kind, _), o in objects.items() if kind == "Pod"]
 
         def get(kind: str, name: str) -> dict[str, Any] | None:
             return objects.get((kind, name))

@@ -83,6 +83,10 @@ class Kube:
             )
         return dict(data)
 
+    async def get(self, kind: str, namespace: str, name: str) -> Obj:
+        """A read off the hot path: only to learn who holds a name we could not create."""
+        return await self.request("GET", f"{collection_path(kind, namespace)}/{name}")
+
     async def create(self, obj: Mapping[str, Any]) -> Obj:
         meta = obj["metadata"]
         return await self.request("POST", collection_path(obj["kind"], meta["namespace"]), obj)

@@ -11,34 +11,23 @@ every event rate-limited).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-import uuid
-from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 
 from mpijob_elastic import names
+from mpijob_elastic.actions import Observed
 from mpijob_elastic.informer import Informer
 from mpijob_elastic.kube import RESOURCES, ApiError, Kube
-from mpijob_elastic.plan import (
-    Action,
-    AnnotatePod,
-    Create,
-    DeletePod,
-    Emit,
-    Observed,
-    Replace,
-    WriteStatus,
-    format_time,
-    plan,
-    rejected_status,
-)
+from mpijob_elastic.plan import plan
 from mpijob_elastic.settings import Settings
 from mpijob_elastic.spec import managed_by
 from mpijob_elastic.workqueue import ShutDownError, WorkQueue
+from mpijob_elastic.writer import Writer
 
 log = logging.getLogger("mpijob_elastic.reconciler")
 
@@ -49,33 +38,22 @@ Obj = dict[str, Any]
 # the objects this controller can own, not every pod in the cluster.
 CHILD_SELECTOR = f"{names.LABEL_GROUP}={names.GROUP},{names.LABEL_JOB}"
 CHILD_KINDS = ("Pod", "ConfigMap", "ServiceAccount", "Role", "RoleBinding")
-# Pod writes of one kind that the plan puts side by side are independent of each other
-# (the Role they depend on was written before them), so they go out together: a scale-up
-# of 50 workers must not wait for 50 round trips before the next host list is written.
-WRITE_CONCURRENCY = 16
-_BATCHABLE = (AnnotatePod, DeletePod)
 
 
-def _batchable(action: Action) -> str | None:
-    if isinstance(action, Create) and action.obj["kind"] == "Pod":
-        return "create-pod"
-    return type(action).__name__ if isinstance(action, _BATCHABLE) else None
+def _job_signature(job: Obj) -> tuple[Any, ...]:
+    """What of a job can change its plan; its status cannot, it is our own output.
 
-
-def _batches(actions: Sequence[Action]) -> list[list[Action]]:
-    """Split the plan into runs that keep its order; a run of one batchable kind is one."""
-    out: list[list[Action]] = []
-    for action in actions:
-        kind = _batchable(action)
-        if out and kind is not None and _batchable(out[-1][0]) == kind:
-            out[-1].append(action)
-        else:
-            out.append([action])
-    return out
-
-
-# How long an issued delete is remembered if its pod never shows up as gone.
-DELETE_MEMORY_SECONDS = 300.0
+    A status write is a watch event like any other; reconciling on it would make every
+    retry of a failing job trigger the next one at once, bypassing the backoff.
+    """
+    meta = job["metadata"]
+    return (
+        meta.get("uid"),
+        meta.get("generation"),
+        meta.get("deletionTimestamp"),
+        json.dumps(meta.get("annotations") or {}, sort_keys=True),
+        json.dumps(meta.get("labels") or {}, sort_keys=True),
+    )
 
 
 def manages(job: Mapping[str, Any], settings: Settings) -> bool:
@@ -129,16 +107,23 @@ class Controller:
                     label_selector=CHILD_SELECTOR,
                 )
                 self.caches.add(kind, ns, informer)
-        # Per job: UIDs of pods whose delete was issued, and when.
-        self.deleting: dict[Key, dict[str, float]] = {}
-        self._write_slots = asyncio.Semaphore(WRITE_CONCURRENCY)
+        self.writer = Writer(self.kube, self._cache)
+        self._job_signatures: dict[Key, tuple[Any, ...]] = {}
         self._workers: list[asyncio.Task[None]] = []
 
     # -- events -> keys ---------------------------------------------------------------------
 
-    def _on_job(self, _type: str, job: Obj) -> None:
+    def _on_job(self, type_: str, job: Obj) -> None:
         meta = job["metadata"]
-        self.queue.add((meta["namespace"], meta["name"]))
+        key = (meta["namespace"], meta["name"])
+        if type_ == "DELETED":
+            self._job_signatures.pop(key, None)
+        else:
+            signature = _job_signature(job)
+            if self._job_signatures.get(key) == signature:
+                return
+            self._job_signatures[key] = signature
+        self.queue.add(key)
 
     def _on_child(self, _type: str, obj: Obj) -> None:
         meta = obj["metadata"]
@@ -215,7 +200,8 @@ class Controller:
             return next((o for o in owned(kind) if o["metadata"]["name"] == name), None)
 
         pods = owned("Pod")
-        deleting = self._forget_deletes((ns, meta["name"]), pods)
+        memory = self.writer.of((ns, meta["name"]))
+        now = time.monotonic()
         launcher = names.launcher_name(meta["name"])
         return Observed(
             job=job,
@@ -224,139 +210,25 @@ class Controller:
             service_account=named("ServiceAccount", launcher),
             role=named("Role", launcher),
             role_binding=named("RoleBinding", launcher),
-            deleting=frozenset(deleting),
+            deleting=memory.deleting(pods, now),
+            conflicts=memory.taken(now),
         )
 
-    def _forget_deletes(self, key: Key, pods: list[Obj]) -> dict[str, float]:
-        """The job's issued deletes, minus those whose pods have left the cache."""
-        present = {p["metadata"].get("uid") for p in pods}
-        horizon = time.monotonic() - DELETE_MEMORY_SECONDS
-        issued = self.deleting.setdefault(key, {})
-        for uid, at in list(issued.items()):
-            # Gone from the cache means gone from the server: the watch saw it leave.
-            if at < horizon or uid not in present:
-                del issued[uid]
-        return issued
-
     async def reconcile(self, key: Key) -> float | None:
+        """One turn for one job; raises if a write failed, so the queue backs off."""
         namespace, name = key
         jobs = self.caches.pick(names.KIND, namespace)
         job = jobs.get(namespace, name) if jobs else None
         if job is None or not manages(job, self.settings):
-            self.deleting.pop(key, None)
+            self.writer.forget(key)
             return None
         the_plan = plan(self.observe(job), self.settings)
-        for batch in _batches(the_plan.actions):
-            if len(batch) == 1:
-                await self.execute(job, batch[0])
-                continue
-            results = await asyncio.gather(
-                *(self._bounded(self.execute(job, a)) for a in batch), return_exceptions=True
-            )
-            errors = [r for r in results if isinstance(r, BaseException)]
-            if errors:
-                raise errors[0]
-        return the_plan.requeue_after
-
-    async def _bounded(self, write: Any) -> None:
-        async with self._write_slots:
-            await write
-
-    async def execute(self, job: Obj, action: Action) -> None:
-        meta = job["metadata"]
-        ns = meta["namespace"]
-        if isinstance(action, Create):
-            try:
-                created = await self.kube.create(action.obj)
-            except ApiError as err:
-                if err.invalid and action.obj["kind"] == "Pod":
-                    await self._pod_rejected(job, err)
-                raise
-            self._cache(created)
-            log.info(
-                "created",
-                extra={
-                    "job": f"{ns}/{meta['name']}",
-                    "kind": action.obj["kind"],
-                    "object": created["metadata"]["name"],
-                },
-            )
-        elif isinstance(action, Replace):
-            self._cache(await self.kube.replace(action.obj))
-        elif isinstance(action, AnnotatePod):
-            patch = {"metadata": {"annotations": dict(action.annotations)}}
-            try:
-                self._cache(await self.kube.patch("Pod", ns, action.name, patch))
-            except ApiError as err:
-                if not err.not_found:
-                    raise
-        elif isinstance(action, DeletePod):
-            issued = self.deleting.setdefault((ns, meta["name"]), {})
-            issued[action.uid] = time.monotonic()
-            try:
-                result = await self.kube.delete("Pod", ns, action.name, action.uid)
-            except ApiError as err:
-                # Gone already, or a successor with another UID: nothing of ours to delete.
-                if not (err.not_found or err.conflict):
-                    issued.pop(action.uid, None)
-                    raise
-            else:
-                if result.get("kind") == "Pod":
-                    self._cache(result)
-            log.info("deleted pod", extra={"job": f"{ns}/{meta['name']}", "pod": action.name})
-        elif isinstance(action, WriteStatus):
-            await self._write_status(job, action.status, action.resource_version)
-        elif isinstance(action, Emit):
-            await self.emit(job, action)
+        await self.writer.run(job, the_plan)
+        retry = self.writer.of(key).next_retry(time.monotonic())
+        requeue = [t for t in (the_plan.requeue_after, retry) if t is not None]
+        return min(requeue) if requeue else None
 
     def _cache(self, obj: Obj) -> None:
         cache = self.caches.pick(obj.get("kind", ""), obj["metadata"]["namespace"])
         if cache is not None:
             cache.upsert(obj)
-
-    async def _write_status(self, job: Obj, status: Obj, resource_version: str) -> None:
-        meta = job["metadata"]
-        # The resourceVersion makes the merge patch conditional: a status computed from a
-        # stale job is refused (409) and recomputed, never written over a newer one.
-        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
-        updated = await self.kube.patch("MPIJob", meta["namespace"], meta["name"], body, "status")
-        self._cache({**updated, "kind": names.KIND})
-
-    async def _pod_rejected(self, job: Obj, err: ApiError) -> None:
-        status = rejected_status(job, err.message)
-        if status is not None:
-            await self._write_status(job, status, job["metadata"]["resourceVersion"])
-            await self.emit(job, Emit("Warning", "PodTemplateRejected", err.message))
-
-    async def emit(self, job: Obj, event: Emit) -> None:
-        meta = job["metadata"]
-        now = format_time(datetime.now(UTC))
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {
-                "name": f"{meta['name']}.{uuid.uuid4().hex[:12]}",
-                "namespace": meta["namespace"],
-            },
-            "involvedObject": {
-                "apiVersion": names.API_VERSION,
-                "kind": names.KIND,
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta["uid"],
-                "resourceVersion": meta.get("resourceVersion", ""),
-            },
-            "reason": event.reason,
-            "message": event.message,
-            "type": event.type,
-            "count": 1,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "source": {"component": "mpijob-elastic"},
-            "reportingComponent": "mpijob-elastic",
-        }
-        try:
-            await self.kube.create(body)
-        except ApiError as err:
-            # An Event is a courtesy; losing one must not fail the reconcile that made it.
-            log.warning("could not record event", extra={"reason": event.reason, "error": str(err)})

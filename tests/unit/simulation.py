@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from mpijob_elastic import names
-from mpijob_elastic.plan import (
+from mpijob_elastic.actions import (
     AnnotatePod,
     Create,
     DeletePod,
@@ -23,8 +23,8 @@ from mpijob_elastic.plan import (
     Plan,
     Replace,
     WriteStatus,
-    plan,
 )
+from mpijob_elastic.plan import plan
 from mpijob_elastic.settings import KubectlDelivery, Settings
 
 Obj = dict[str, Any]
@@ -60,6 +60,17 @@ def make_job(
             },
             **spec,
         },
+    }
+
+
+def running_status(pod: Obj) -> Obj:
+    """What a kubelet reports once every container of the pod runs."""
+    return {
+        "phase": "Running",
+        "containerStatuses": [
+            {"name": c["name"], "ready": True, "state": {"running": {}}}
+            for c in pod["spec"]["containers"]
+        ],
     }
 
 
@@ -168,7 +179,7 @@ class Cluster:
     def run_pods(self) -> None:
         for pod in self.pods:
             if pod["status"]["phase"] == "Pending" and not pod["metadata"].get("deletionTimestamp"):
-                pod["status"]["phase"] = "Running"
+                pod["status"] = running_status(pod)
 
     def finalize_deletions(self) -> None:
         for key, pod in list(self.objects.items()):

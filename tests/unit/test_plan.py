@@ -8,15 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpijob_elastic import names
-from mpijob_elastic.plan import (
-    AnnotatePod,
-    Create,
-    DeletePod,
-    Replace,
-    WriteStatus,
-    worker_index,
-)
-from tests.unit.simulation import Cluster, discovered, exec_names, make_job
+from mpijob_elastic.actions import AnnotatePod, Create, DeletePod, Replace, WriteStatus
+from mpijob_elastic.workers import worker_index
+from tests.unit.simulation import Cluster, discovered, exec_names, make_job, running_status
 
 ELASTIC = {names.ANN_MIN_REPLICAS: "1", names.ANN_MAX_REPLICAS: "5"}
 
@@ -300,9 +294,13 @@ def test_a_failed_worker_is_reported_once() -> None:
     assert [e.reason for e in c.events].count("WorkerFailed") == 1
 
 
-def test_min_zero_starts_the_launcher_without_workers() -> None:
+def test_min_zero_starts_the_launcher_once_the_workers_exist() -> None:
     c = Cluster(make_job(2, annotations={names.ANN_MIN_REPLICAS: "0"}))
     c.apply(c.plan())
+    # The worker creates come first; a launcher never starts beside a create that may fail.
+    assert c.get("Pod", "job-launcher") is None
+    c.apply(c.plan())
+    assert all(p["status"]["phase"] == "Pending" for p in c.pods)
     assert c.get("Pod", "job-launcher") is not None
 
 
@@ -359,7 +357,7 @@ def test_non_elastic_launcher_waits_for_every_worker() -> None:
     c = Cluster(make_job(3))
     c.apply(c.plan())
     pods = c.pods
-    pods[0]["status"]["phase"] = "Running"
+    pods[0]["status"] = running_status(pods[0])
     c.apply(c.plan())
     assert c.get("Pod", "job-launcher") is None
     c.run_pods()
@@ -370,7 +368,7 @@ def test_non_elastic_launcher_waits_for_every_worker() -> None:
 def test_elastic_launcher_waits_only_for_min() -> None:
     c = Cluster(make_job(3, annotations={names.ANN_MIN_REPLICAS: "1"}))
     c.apply(c.plan())
-    c.pods[0]["status"]["phase"] = "Running"
+    c.pods[0]["status"] = running_status(c.pods[0])
     c.apply(c.plan())
     assert c.get("Pod", "job-launcher") is not None
 

@@ -1,13 +1,11 @@
-"""The shell's own logic: batching keeps the plan's order; issued deletes stay per job."""
+"""The shell's own logic: batching keeps the plan's order; memory is per job and confirmed."""
 
 import time
-from unittest.mock import ANY
 
-from kubernetes_asyncio.client import ApiClient
-
-from mpijob_elastic.plan import Action, AnnotatePod, Create, DeletePod, Emit, Replace
-from mpijob_elastic.reconciler import Controller, _batches
-from mpijob_elastic.settings import Settings
+from mpijob_elastic.actions import Action, AnnotatePod, Create, DeletePod, Emit, Replace
+from mpijob_elastic.kube import ApiError
+from mpijob_elastic.reconciler import _job_signature
+from mpijob_elastic.writer import DELETE_MEMORY_SECONDS, JobMemory, batches, refusal
 
 
 def pod(name: str) -> Create:
@@ -28,8 +26,8 @@ def test_runs_of_one_pod_write_kind_are_batched_in_order() -> None:
         pod("w2"),
         Emit("Normal", "ScaledUp", "x"),
     ]
-    batches = _batches(actions)
-    assert batches == [
+    out = batches(actions)
+    assert out == [
         [role],
         [cm],
         [AnnotatePod("l", {})],
@@ -37,20 +35,60 @@ def test_runs_of_one_pod_write_kind_are_batched_in_order() -> None:
         [pod("w0"), pod("w1"), pod("w2")],
         [Emit("Normal", "ScaledUp", "x")],
     ]
-    assert [a for b in batches for a in b] == actions
+    assert [a for b in out for a in b] == actions
 
 
 def test_non_pod_creates_are_never_batched() -> None:
     sa = Create({"kind": "ServiceAccount", "metadata": {"name": "s"}})
     role = Create({"kind": "Role", "metadata": {"name": "r"}})
-    assert _batches([sa, role]) == [[sa], [role]]
+    assert batches([sa, role]) == [[sa], [role]]
 
 
-async def test_one_jobs_reconcile_keeps_another_jobs_issued_deletes() -> None:
-    api = ApiClient()
-    controller = Controller(api, Settings())
-    controller.deleting[("ns", "b")] = {"uid-of-b-worker": time.monotonic()}
-    job_a = {"metadata": {"namespace": "ns", "name": "a", "uid": "a-uid"}}
-    assert controller.observe(job_a).deleting == frozenset()
-    assert controller.deleting[("ns", "b")] == {"uid-of-b-worker": ANY}
-    await api.close()
+def _pod(uid: str, terminating: bool = False) -> dict[str, object]:
+    meta: dict[str, object] = {"uid": uid}
+    if terminating:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta}
+
+
+def test_an_accepted_delete_is_remembered_until_the_cache_shows_it() -> None:
+    memory = JobMemory()
+    memory.deletes["a"] = 100.0
+    assert memory.deleting([_pod("a")], 101.0) == {"a"}
+    # Terminating or gone in the cache: the cache speaks for itself now.
+    assert memory.deleting([_pod("a", terminating=True)], 101.0) == frozenset()
+    memory.deletes["b"] = 100.0
+    assert memory.deleting([], 101.0) == frozenset()
+    # A pod that never shows the delete is planned again after a while.
+    memory.deletes["c"] = 100.0
+    assert memory.deleting([_pod("c")], 100.0 + DELETE_MEMORY_SECONDS + 1) == frozenset()
+
+
+def test_a_taken_name_is_retried_after_a_while() -> None:
+    now = time.monotonic()
+    memory = JobMemory()
+    memory.conflicts[("Pod", "job-worker-0")] = ("Pod job-worker-0 already exists", now + 5)
+    assert memory.taken(now) == {("Pod", "job-worker-0"): "Pod job-worker-0 already exists"}
+    assert memory.next_retry(now) == 5
+    assert memory.taken(now + 5) == {}
+    assert memory.next_retry(now + 5) is None
+
+
+def test_which_failures_need_the_user() -> None:
+    assert refusal(ApiError(403, "Forbidden", "exceeded quota")) is not None
+    assert refusal(ApiError(400, "BadRequest", "quantities")) is not None
+    assert refusal(ApiError(413, "RequestEntityTooLarge", "too large")) is not None
+    assert refusal(ApiError(409, "AlreadyExists", "taken")) is not None
+    assert refusal(ApiError(409, "Conflict", "the object has been modified")) is None
+    assert refusal(ApiError(429, "TooManyRequests", "slow down")) is None
+    assert refusal(ApiError(503, "ServiceUnavailable", "")) is None
+    assert refusal(TimeoutError()) is None
+
+
+def test_a_status_write_does_not_trigger_a_reconcile_but_an_edit_does() -> None:
+    job = {"metadata": {"uid": "u", "generation": 1, "annotations": {"a": "1"}}}
+    with_status = {**job, "status": {"conditions": []}}
+    assert _job_signature(job) == _job_signature(with_status)
+    assert _job_signature(job) != _job_signature({"metadata": {**job["metadata"], "generation": 2}})
+    edited = {"metadata": {**job["metadata"], "annotations": {"a": "2"}}}
+    assert _job_signature(job) != _job_signature(edited)

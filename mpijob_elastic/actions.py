@@ -1,0 +1,85 @@
+"""The vocabulary between the pure core and the shell: what is observed, what to write."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Create:
+    obj: Obj
+
+
+@dataclass(frozen=True)
+class Replace:
+    """A full update of an object we own, made conditional on the observed resourceVersion."""
+
+    obj: Obj
+
+
+@dataclass(frozen=True)
+class AnnotatePod:
+    """Merge-patch pod annotations; a value of None removes the annotation."""
+
+    name: str
+    annotations: Mapping[str, str | None]
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    """Delete with a UID precondition, so a same-named successor is never hit."""
+
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class Emit:
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class WriteStatus:
+    status: Obj
+    resource_version: str
+
+
+Action = Create | Replace | AnnotatePod | DeletePod | Emit | WriteStatus
+
+
+def is_child_write(action: Action) -> bool:
+    return not isinstance(action, Emit | WriteStatus)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the caches hold for one job: only children it controls, in its namespace."""
+
+    job: Mapping[str, Any]
+    pods: Sequence[Mapping[str, Any]] = ()
+    config_map: Mapping[str, Any] | None = None
+    service_account: Mapping[str, Any] | None = None
+    role: Mapping[str, Any] | None = None
+    role_binding: Mapping[str, Any] | None = None
+    # UIDs of pods whose delete the server accepted while the cache still shows them
+    # without a deletionTimestamp (a pod removed at once answers with a Status, not the pod).
+    deleting: frozenset[str] = frozenset()
+    # (kind, name) of children whose name an object this job does not control already
+    # holds, with a description of that object for the user.
+    conflicts: Mapping[tuple[str, str], str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Plan:
+    actions: tuple[Action, ...]
+    # Reconcile again after this many seconds even if nothing changes (a drain deadline).
+    requeue_after: float | None = None
+
+    def of_type(self, kind: type[Any]) -> list[Any]:
+        return [a for a in self.actions if isinstance(a, kind)]

@@ -1,0 +1,131 @@
+"""The ordered writes that move the observed children to the desired ones.
+
+The order is the safety argument, stated once, here. The shell executes the writes in
+this order and stops at the first one refused, so every write may rely on the ones above
+it having landed:
+
+1. ServiceAccount, Role, RoleBinding: exec rights for a new worker before its pod exists.
+2. The ConfigMap: victims leave the host lists before anything happens to them.
+3. The launcher's config-hash annotation: its kubelet refreshes the mounted files now.
+4. Drain marks cleared on workers the job keeps; then marks on victims whose drain starts
+   (after the host-list write, so a mark never predates the list that dropped them),
+   and deletes of victims whose drain is over.
+5. Deletes of failed workers to replace (or of a finished job's pods), then creates of
+   missing workers.
+6. The launcher, after its workers exist.
+7. The status, then Events.
+
+Only drift is written: a settled job yields no writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from mpijob_elastic import names
+from mpijob_elastic.actions import (
+    Action,
+    AnnotatePod,
+    Create,
+    DeletePod,
+    Observed,
+    Plan,
+    Replace,
+    WriteStatus,
+)
+from mpijob_elastic.desired import Desired
+from mpijob_elastic.status import REFUSED, StatusBuilder
+from mpijob_elastic.times import format_precise_time
+
+Obj = dict[str, Any]
+
+# The keys of each kind that are ours to keep in step; anything else on the object
+# (another controller's labels, the server's fields) is left alone.
+_OWNED_KEYS = {
+    "ServiceAccount": (),
+    "Role": ("rules",),
+    "RoleBinding": ("subjects", "roleRef"),
+    "ConfigMap": ("data",),
+}
+
+
+def _ensure(desired: Obj, observed: Mapping[str, Any] | None, keys: Sequence[str]) -> Action | None:
+    """Create the object, or replace it if any of ``keys`` or our labels drifted."""
+    if observed is None:
+        return Create(desired)
+    meta = observed["metadata"]
+    labels = meta.get("labels") or {}
+    drifted = any(observed.get(k) != desired.get(k) for k in keys) or any(
+        labels.get(k) != v for k, v in desired["metadata"]["labels"].items()
+    )
+    if not drifted:
+        return None
+    updated = {**observed, **{k: desired[k] for k in keys}}
+    updated["metadata"] = {**meta, "labels": {**labels, **desired["metadata"]["labels"]}}
+    return Replace(updated)
+
+
+def _observed_object(observed: Observed, kind: str) -> Mapping[str, Any] | None:
+    return {
+        "ServiceAccount": observed.service_account,
+        "Role": observed.role,
+        "RoleBinding": observed.role_binding,
+        "ConfigMap": observed.config_map,
+    }[kind]
+
+
+def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
+    writes: list[Action] = []
+    for kind, keys in _OWNED_KEYS.items():
+        if kind in want.objects and (kind, want.objects[kind]["metadata"]["name"]) not in (
+            observed.conflicts
+        ):
+            action = _ensure(want.objects[kind], _observed_object(observed, kind), keys)
+            if action is not None:
+                writes.append(action)
+
+    job_name = str(observed.job["metadata"]["name"])
+    launcher = next(
+        (
+            p
+            for p in observed.pods
+            if p["metadata"]["name"] == names.launcher_name(job_name)
+            and not p["metadata"].get("deletionTimestamp")
+        ),
+        None,
+    )
+    if launcher is not None and want.config_hash is not None:
+        current = (launcher["metadata"].get("annotations") or {}).get(names.ANN_CONFIG_HASH)
+        if current != want.config_hash:
+            writes.append(
+                AnnotatePod(launcher["metadata"]["name"], {names.ANN_CONFIG_HASH: want.config_hash})
+            )
+
+    for w in want.workers:
+        if w.marked and not w.terminating:
+            writes.append(AnnotatePod(w.name, {names.ANN_DRAINING_SINCE: None}))
+    mark = format_precise_time(now)
+    for v in want.victims:
+        if v.deadline is None:
+            writes.append(AnnotatePod(v.worker.name, {names.ANN_DRAINING_SINCE: mark}))
+    for v in want.victims:
+        if v.deadline is not None and v.deadline <= now and v.worker.uid not in observed.deleting:
+            writes.append(DeletePod(v.worker.name, v.worker.uid))
+
+    writes += [DeletePod(w.name, w.uid) for w in want.deletes]
+    writes += [Create(pod) for pod in want.new_pods]
+    if want.launcher is not None:
+        writes.append(Create(want.launcher))
+
+    status = want.status
+    if not writes and not observed.conflicts:
+        # Nothing left to write means every earlier refusal is behind us.
+        builder = StatusBuilder({"status": status}, now)
+        if builder.clear(REFUSED, "WritesAccepted", "every write of the last sync went through"):
+            status = builder.build()
+    if status != (observed.job.get("status") or {}):
+        rv = str(observed.job["metadata"].get("resourceVersion", ""))
+        writes.append(WriteStatus(status, rv))
+    return Plan((*writes, *want.events), want.requeue_after)

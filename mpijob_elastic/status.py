@@ -1,0 +1,132 @@
+"""The MPIJob's status: conditions that change only when what a reader sees changes.
+
+A condition whose status, reason and message are unchanged is never rewritten: a status
+write is a watch event for every client of the job, and a controller that rewrites an
+unchanged condition on every retry hammers the API server (one job wrote its status 13
+times a second that way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from mpijob_elastic import names
+from mpijob_elastic.times import format_time
+from mpijob_elastic.workers import split_pods
+
+Obj = dict[str, Any]
+
+# Condition types: the v1 ones, plus Scaling, InvalidSpec and WriteRefused. Kept in this
+# order so that the last condition, which `kubectl get mpijob` shows as the job's state, is
+# its lifecycle.
+CREATED = "Created"
+INVALID = "InvalidSpec"
+REFUSED = "WriteRefused"
+SCALING = "Scaling"
+RUNNING = "Running"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+POD_REJECTED = "PodTemplateRejected"
+CONDITION_ORDER = (CREATED, INVALID, REFUSED, SCALING, RUNNING, "Restarting", SUCCEEDED, FAILED)
+
+
+def _counts(pods: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    phases = [
+        ((p.get("status") or {}).get("phase"), p["metadata"].get("deletionTimestamp")) for p in pods
+    ]
+    return {
+        "active": sum(1 for phase, deleting in phases if phase == "Running" and not deleting),
+        "succeeded": sum(1 for phase, _ in phases if phase == "Succeeded"),
+        "failed": sum(1 for phase, _ in phases if phase == "Failed"),
+    }
+
+
+def replica_statuses(job_name: str, pods: Sequence[Mapping[str, Any]]) -> Obj:
+    workers, launcher = split_pods(job_name, pods)
+    return {
+        "Launcher": _counts([launcher] if launcher else []),
+        "Worker": {
+            **_counts([w.pod for w in workers]),
+            "selector": names.selector(job_name, names.ROLE_WORKER),
+        },
+    }
+
+
+class StatusBuilder:
+    """Builds the next status from the observed one, touching timestamps only on change."""
+
+    def __init__(self, job: Mapping[str, Any], now: datetime) -> None:
+        self.observed: Obj = dict(job.get("status") or {})
+        self.now = format_time(now)
+        self.conditions: dict[str, Obj] = {
+            c["type"]: dict(c)
+            for c in self.observed.get("conditions") or []
+            if isinstance(c, Mapping) and "type" in c
+        }
+        self.fields: Obj = {}
+
+    def get(self, type_: str) -> Obj | None:
+        return self.conditions.get(type_)
+
+    def is_true(self, type_: str) -> bool:
+        c = self.conditions.get(type_)
+        return c is not None and c.get("status") == "True"
+
+    def set(self, type_: str, status: bool, reason: str, message: str) -> bool:
+        """Set a condition; return whether anything a reader sees changed."""
+        value = "True" if status else "False"
+        old = self.conditions.get(type_)
+        if old and (old.get("status"), old.get("reason"), old.get("message")) == (
+            value,
+            reason,
+            message,
+        ):
+            return False
+        transition = (
+            self.now
+            if not old or old.get("status") != value
+            else old.get("lastTransitionTime", self.now)
+        )
+        self.conditions[type_] = {
+            "type": type_,
+            "status": value,
+            "reason": reason,
+            "message": message,
+            "lastUpdateTime": self.now,
+            "lastTransitionTime": transition,
+        }
+        return True
+
+    def clear(self, type_: str, reason: str, message: str) -> bool:
+        """Turn a problem condition False, if it was ever set; never add it just to say no."""
+        return self.is_true(type_) and self.set(type_, False, reason, message)
+
+    def build(self) -> Obj:
+        status = {**self.observed, **self.fields}
+        order = {t: i for i, t in enumerate(CONDITION_ORDER)}
+        status["conditions"] = sorted(
+            self.conditions.values(), key=lambda c: order.get(c["type"], len(order))
+        )
+        return status
+
+
+def with_condition(
+    job: Mapping[str, Any],
+    status: Mapping[str, Any] | None,
+    type_: str,
+    reason: str,
+    message: str,
+    now: datetime | None = None,
+) -> Obj | None:
+    """``status`` (or the job's own, if None) with one more condition set True.
+
+    For a write the API server refused: the shell reports it on top of whatever status the
+    plan computed. None when the job's stored status already says exactly this.
+    """
+    base = {**job, "status": status} if status is not None else job
+    builder = StatusBuilder(base, now or datetime.now(UTC))
+    builder.set(type_, True, reason, message)
+    built = builder.build()
+    return None if built == (job.get("status") or {}) else built

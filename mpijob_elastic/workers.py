@@ -1,0 +1,135 @@
+"""How the controller reads the pods it owns: which is a worker, and which can take ranks."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from mpijob_elastic import names
+from mpijob_elastic.times import parse_time
+
+
+@dataclass(frozen=True)
+class Worker:
+    index: int
+    pod: Mapping[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.pod["metadata"]["name"])
+
+    @property
+    def uid(self) -> str:
+        return str(self.pod["metadata"].get("uid", ""))
+
+    @property
+    def phase(self) -> str:
+        return str((self.pod.get("status") or {}).get("phase", "Pending"))
+
+    @property
+    def terminating(self) -> bool:
+        return bool(self.pod["metadata"].get("deletionTimestamp"))
+
+    @property
+    def draining_since(self) -> datetime | None:
+        """When the drain mark says the drain began; None if unmarked or unreadable."""
+        annotations = self.pod["metadata"].get("annotations") or {}
+        return parse_time(annotations.get(names.ANN_DRAINING_SINCE))
+
+    @property
+    def marked(self) -> bool:
+        return names.ANN_DRAINING_SINCE in (self.pod["metadata"].get("annotations") or {})
+
+    @property
+    def reason(self) -> str:
+        return str((self.pod.get("status") or {}).get("reason", ""))
+
+    def main_container(self, main: str | None) -> str | None:
+        """The name of the container the ranks run in: mainContainer, else the first."""
+        if main is not None:
+            return main
+        containers = (self.pod.get("spec") or {}).get("containers") or []
+        first = containers[0] if containers and isinstance(containers[0], Mapping) else {}
+        name = first.get("name")
+        return name if isinstance(name, str) else None
+
+    def _main_status(self, main: str | None) -> Mapping[str, Any] | None:
+        wanted = self.main_container(main)
+        for status in (self.pod.get("status") or {}).get("containerStatuses") or []:
+            if status.get("name") == wanted:
+                return status  # type: ignore[no-any-return]
+        return None
+
+    def exit_code(self, main: str | None) -> int | None:
+        terminated = ((self._main_status(main) or {}).get("state") or {}).get("terminated") or {}
+        code = terminated.get("exitCode")
+        return code if isinstance(code, int) else None
+
+    def can_take_ranks(self, main: str | None) -> bool:
+        """Whether Horovod may exec ranks into this worker now.
+
+        Phase Running only says *some* container runs: a crash-looping main container, or a
+        sidecar that is up first, would be listed, Horovod's exec would fail, and the name
+        would be blacklisted for good. So the main container itself must be running, and
+        Ready too when it has a readiness probe (the user's own "can take work" signal).
+        """
+        if self.phase != "Running" or self.terminating:
+            return False
+        status = self._main_status(main)
+        if status is None or "running" not in (status.get("state") or {}):
+            return False
+        wanted = self.main_container(main)
+        for container in (self.pod.get("spec") or {}).get("containers") or []:
+            if container.get("name") == wanted and container.get("readinessProbe"):
+                return bool(status.get("ready"))
+        return True
+
+
+def worker_index(job_name: str, pod_name: str) -> int | None:
+    """The index a worker pod's name encodes, matched exactly.
+
+    The name, not the index label, is the worker's identity: it is the MPI hostname and the
+    Role's resourceName. Upstream trimmed a cutset off the name and deleted wrong pods
+    (#352); a pod missing the label made it think the job had no workers.
+    """
+    match = re.fullmatch(re.escape(job_name) + r"-worker-(0|[1-9][0-9]*)", pod_name)
+    return int(match.group(1)) if match else None
+
+
+def split_pods(
+    job_name: str, pods: Sequence[Mapping[str, Any]]
+) -> tuple[list[Worker], Mapping[str, Any] | None]:
+    """The job's workers in index order, and its launcher."""
+    workers: list[Worker] = []
+    launcher = None
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        role = (pod["metadata"].get("labels") or {}).get(names.LABEL_ROLE)
+        if role == names.ROLE_LAUNCHER and name == names.launcher_name(job_name):
+            launcher = pod
+        elif role == names.ROLE_WORKER:
+            index = worker_index(job_name, name)
+            if index is not None:
+                workers.append(Worker(index, pod))
+    workers.sort(key=lambda w: w.index)
+    return workers, launcher
+
+
+def listed_hosts(config_data: Mapping[str, Any] | None) -> set[str]:
+    """Every host the launcher can see in the files we wrote: hostfile and discovery.
+
+    A worker named here has not begun to drain, whatever its pod's mark says.
+    """
+    data = config_data or {}
+    hosts: set[str] = set()
+    for line in str(data.get(names.HOSTFILE) or "").splitlines():
+        if line.strip():
+            hosts.add(line.split()[0])
+    for line in str(data.get(names.DISCOVER_HOSTS) or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "echo":
+            hosts.add(parts[1].rsplit(":", 1)[0])
+    return hosts

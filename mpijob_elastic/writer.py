@@ -1,0 +1,319 @@
+"""Executing one job's plan: writes in the plan's order, refusals reported on the job.
+
+The plan's order is its safety argument (see diff.py), so the first write that fails ends
+the turn: nothing after it may run on an assumption that did not hold. What happens next
+depends on why it failed:
+
+* The server refused the write (400, 403, 413, 422, a name held by someone else's object):
+  the user has to act, so the job gets a ``WriteRefused`` condition (``InvalidSpec``
+  for a pod template the server rejects) and one Warning Event, quoting the server. The
+  status is written even though an earlier write of the turn failed.
+* A conflict (the cache was behind), a 5xx, a timeout or a dropped connection: routine;
+  the turn is retried with backoff.
+
+Either way the reconcile raises, so the work queue looks at the job again with backoff
+until the world matches. A write is remembered as done only once the server confirmed
+it: a delete lost on the network is planned again, never taken for issued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from mpijob_elastic import names
+from mpijob_elastic.actions import (
+    Action,
+    AnnotatePod,
+    Create,
+    DeletePod,
+    Emit,
+    Plan,
+    Replace,
+    WriteStatus,
+)
+from mpijob_elastic.kube import ApiError, Kube
+from mpijob_elastic.status import INVALID, POD_REJECTED, REFUSED, with_condition
+from mpijob_elastic.times import format_time
+
+log = logging.getLogger("mpijob_elastic.writer")
+
+Obj = dict[str, Any]
+Key = tuple[str, str]
+
+# Pod writes of one kind that the plan puts side by side are independent of each other
+# (the Role they depend on was written before them), so they go out together: a scale-up
+# of 50 workers must not wait for 50 round trips before the next host list is written.
+WRITE_CONCURRENCY = 16
+_BATCHABLE = (AnnotatePod, DeletePod)
+# How long an accepted delete is remembered if its pod never shows up as terminating.
+DELETE_MEMORY_SECONDS = 60.0
+# How long a name held by someone else's object is left alone before we try it again.
+CONFLICT_RETRY_SECONDS = 30.0
+
+
+def _batchable(action: Action) -> str | None:
+    if isinstance(action, Create) and action.obj["kind"] == "Pod":
+        return "create-pod"
+    return type(action).__name__ if isinstance(action, _BATCHABLE) else None
+
+
+def batches(actions: Sequence[Action]) -> list[list[Action]]:
+    """Split the plan into runs that keep its order; a run of one batchable kind is one."""
+    out: list[list[Action]] = []
+    for action in actions:
+        kind = _batchable(action)
+        if out and kind is not None and _batchable(out[-1][0]) == kind:
+            out[-1].append(action)
+        else:
+            out.append([action])
+    return out
+
+
+def describe(action: Action) -> tuple[str, str, str]:
+    """(verb, kind, name) of a child write, for messages."""
+    if isinstance(action, Create | Replace):
+        verb = "create" if isinstance(action, Create) else "update"
+        return verb, action.obj["kind"], action.obj["metadata"]["name"]
+    if isinstance(action, AnnotatePod):
+        return "annotate", "Pod", action.name
+    if isinstance(action, DeletePod):
+        return "delete", "Pod", action.name
+    return "write", names.KIND, "status"
+
+
+def refusal(err: BaseException) -> ApiError | None:
+    """The server's refusal that needs the user, or None for a failure worth retrying."""
+    if not isinstance(err, ApiError):
+        return None
+    if err.status in (409, 429) and err.reason != "AlreadyExists":
+        return None  # a stale view or throttling: routine
+    return err if 400 <= err.status < 500 else None
+
+
+def owner_description(obj: Mapping[str, Any]) -> str:
+    for ref in obj.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return f"is controlled by {ref.get('kind')} {ref.get('name')}"
+    return "has no controller"
+
+
+@dataclass
+class JobMemory:
+    """What one job's earlier turns learned that the caches cannot show yet."""
+
+    # UID -> when the server accepted its delete (monotonic seconds).
+    deletes: dict[str, float] = field(default_factory=dict)
+    # (kind, name) -> (what holds the name, when to try it again).
+    conflicts: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)
+
+    def deleting(self, pods: Sequence[Mapping[str, Any]], now: float) -> frozenset[str]:
+        """Accepted deletes whose pods the cache still shows alive."""
+        alive = {
+            p["metadata"].get("uid") for p in pods if not p["metadata"].get("deletionTimestamp")
+        }
+        for uid, at in list(self.deletes.items()):
+            if uid not in alive or at < now - DELETE_MEMORY_SECONDS:
+                del self.deletes[uid]
+        return frozenset(self.deletes)
+
+    def taken(self, now: float) -> dict[tuple[str, str], str]:
+        for key, (_, until) in list(self.conflicts.items()):
+            if until <= now:
+                del self.conflicts[key]
+        return {key: what for key, (what, _) in self.conflicts.items()}
+
+    def next_retry(self, now: float) -> float | None:
+        """Seconds until the earliest remembered conflict is worth another try."""
+        if not self.conflicts:
+            return None
+        return max(0.0, min(until for _, until in self.conflicts.values()) - now)
+
+
+class Writer:
+    """Runs plans against the API server and keeps each job's memory of what landed."""
+
+    def __init__(self, kube: Kube, cache: Callable[[Obj], None]) -> None:
+        self.kube = kube
+        self._cache = cache
+        self.memory: dict[Key, JobMemory] = {}
+        self._slots = asyncio.Semaphore(WRITE_CONCURRENCY)
+
+    def of(self, key: Key) -> JobMemory:
+        return self.memory.setdefault(key, JobMemory())
+
+    def forget(self, key: Key) -> None:
+        self.memory.pop(key, None)
+
+    async def run(self, job: Obj, plan: Plan) -> None:
+        """Execute the plan; raise the first failure, after reporting it if it needs the user."""
+        meta = job["metadata"]
+        key = (meta["namespace"], meta["name"])
+        children = [a for a in plan.actions if not isinstance(a, WriteStatus | Emit)]
+        for batch in batches(children):
+            results = await asyncio.gather(
+                *(self._bounded(self._write(key, job, a)) for a in batch), return_exceptions=True
+            )
+            # The first failure in the plan's order, so that a retry meets the same one and
+            # the condition it sets does not flip between two messages.
+            failed = next(
+                (
+                    (a, r)
+                    for a, r in zip(batch, results, strict=True)
+                    if isinstance(r, BaseException)
+                ),
+                None,
+            )
+            if failed is not None:
+                action, err = failed
+                statuses = plan.of_type(WriteStatus)
+                await self._report(job, action, err, statuses[0].status if statuses else None)
+                raise err
+        for action in plan.actions:
+            if isinstance(action, WriteStatus):
+                await self._write_status(job, action.status, action.resource_version)
+            elif isinstance(action, Emit):
+                await self.emit(job, action)
+
+    async def _bounded(self, write: Awaitable[None]) -> None:
+        async with self._slots:
+            await write
+
+    async def _write(self, key: Key, job: Obj, action: Action) -> None:
+        ns = job["metadata"]["namespace"]
+        if isinstance(action, Create):
+            try:
+                created = await self.kube.create(action.obj)
+            except ApiError as err:
+                if err.reason == "AlreadyExists":
+                    await self._conflict(key, job, action, err)
+                raise
+            self._cache(created)
+            log.info(
+                "created",
+                extra={
+                    "job": "/".join(key),
+                    "kind": action.obj["kind"],
+                    "object": action.obj["metadata"]["name"],
+                },
+            )
+        elif isinstance(action, Replace):
+            self._cache(await self.kube.replace(action.obj))
+        elif isinstance(action, AnnotatePod):
+            patch = {"metadata": {"annotations": dict(action.annotations)}}
+            try:
+                self._cache(await self.kube.patch("Pod", ns, action.name, patch))
+            except ApiError as err:
+                if not err.not_found:
+                    raise
+        elif isinstance(action, DeletePod):
+            try:
+                result = await self.kube.delete("Pod", ns, action.name, action.uid)
+            except ApiError as err:
+                # Gone already, or a successor with another UID: nothing of ours to delete.
+                if not (err.not_found or err.conflict):
+                    raise
+            else:
+                if result.get("kind") == "Pod":
+                    self._cache(result)
+                self.of(key).deletes[action.uid] = time.monotonic()
+            log.info("deleted pod", extra={"job": "/".join(key), "pod": action.name})
+
+    async def _conflict(self, key: Key, job: Obj, action: Create, err: ApiError) -> None:
+        """Learn who holds a name we wanted, unless it is our own object the cache missed."""
+        meta = action.obj["metadata"]
+        try:
+            holder = await self.kube.get(action.obj["kind"], meta["namespace"], meta["name"])
+        except ApiError:
+            return  # gone meanwhile: the retry will simply create it
+        refs = holder["metadata"].get("ownerReferences") or []
+        if any(r.get("controller") and r.get("uid") == job["metadata"]["uid"] for r in refs):
+            return
+        what = f"{action.obj['kind']} {meta['name']} already exists and {owner_description(holder)}"
+        until = time.monotonic() + CONFLICT_RETRY_SECONDS
+        self.of(key).conflicts[(action.obj["kind"], meta["name"])] = (what, until)
+
+    async def _report(
+        self, job: Obj, action: Action, err: BaseException, planned: Obj | None
+    ) -> None:
+        refused = refusal(err)
+        verb, kind, name = describe(action)
+        if refused is None:
+            log.log(
+                logging.INFO if isinstance(err, ApiError) else logging.WARNING,
+                "write failed, retrying with backoff",
+                extra={
+                    "job": job["metadata"]["name"],
+                    "write": f"{verb} {kind} {name}",
+                    "error": str(err),
+                },
+            )
+            return
+        if refused.reason == "AlreadyExists":
+            return  # the next plan knows the name is taken and reports it
+        if refused.invalid and kind == "Pod" and verb == "create":
+            # The server's message names the template field the user must fix.
+            type_, reason, message = INVALID, POD_REJECTED, refused.message
+        else:
+            type_, reason = REFUSED, refused.reason or str(refused.status)
+            message = f"{verb} {kind} {name}: {refused.message}"
+        status = with_condition(job, planned, type_, reason, message)
+        log.warning(
+            "write refused",
+            extra={"job": job["metadata"]["name"], "reason": reason, "error": message},
+        )
+        if status is None:
+            return  # already reported
+        try:
+            await self._write_status(job, status, str(job["metadata"].get("resourceVersion", "")))
+        except Exception as write_err:
+            log.info("could not report a refused write", extra={"error": str(write_err)})
+            return
+        await self.emit(job, Emit("Warning", reason if type_ == INVALID else REFUSED, message))
+
+    async def _write_status(self, job: Obj, status: Obj, resource_version: str) -> None:
+        meta = job["metadata"]
+        # The resourceVersion makes the merge patch conditional: a status computed from a
+        # stale job is refused (409) and recomputed, never written over a newer one.
+        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        updated = await self.kube.patch(names.KIND, meta["namespace"], meta["name"], body, "status")
+        self._cache({**updated, "kind": names.KIND})
+
+    async def emit(self, job: Obj, event: Emit) -> None:
+        meta = job["metadata"]
+        now = format_time(datetime.now(UTC))
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{meta['name']}.{uuid.uuid4().hex[:12]}",
+                "namespace": meta["namespace"],
+            },
+            "involvedObject": {
+                "apiVersion": names.API_VERSION,
+                "kind": names.KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+                "resourceVersion": meta.get("resourceVersion", ""),
+            },
+            "reason": event.reason,
+            "message": event.message,
+            "type": event.type,
+            "count": 1,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "source": {"component": "mpijob-elastic"},
+            "reportingComponent": "mpijob-elastic",
+        }
+        try:
+            await self.kube.create(body)
+        except ApiError as err:
+            # An Event is a courtesy; losing one must not fail the reconcile that made it.
+            log.warning("could not record event", extra={"reason": event.reason, "error": str(err)})
