@@ -21,7 +21,36 @@ GPU_RESOURCE = "nvidia.com/gpu"
 CONFIG_VOLUME = "mpi-job-config"
 KUBECTL_VOLUME = "mpi-job-kubectl"
 KUBECTL_DIR = "/opt/kube"
-WORKER_SLEEP = ["sleep"], ["365d"]
+# PID 1 of a worker container whose template has no command (v1 gave it `sleep 365d`).
+# The ranks are not its children: `kubectl exec` starts them beside it in the container.
+# On SIGTERM (pod deleted, evicted, preempted) a `sleep` ignores the signal and the ranks
+# die with exit 137 at the end of the grace period, which Horovod counts as a failure and
+# blacklists the host. This script instead keeps the container alive while any other
+# process runs in it, so the controller's removal of the terminating pod from
+# discover_hosts.sh reaches Horovod and the ranks leave gracefully at their next commit;
+# then it exits 0. It never signals the ranks: the kubelet's SIGKILL at the end of the
+# grace period is the only bound. Written for any POSIX sh (dash, busybox ash) using only
+# builtins besides `sleep`; /proc/<pid>/stat gives each process's state, so zombies (ended,
+# not yet reaped) do not count. Without a readable
+# /proc it cannot tell, so it waits for the SIGKILL like the `sleep` it replaces.
+# The idle sleep is short enough that a SIGTERM landing between `sleep &` and `wait` (the
+# trap then runs before `wait` starts) delays the drain by at most a minute.
+WORKER_IDLE_SCRIPT = """\
+trap 'stop=1' TERM
+stop= pid=
+busy() {
+  [ -r /proc/$$/stat ] || return 0
+  for d in /proc/[0-9]*; do
+    case ${d#/proc/} in "$$"|"$pid") continue;; esac
+    s=; { read -r s < "$d/stat"; } 2>/dev/null
+    case ${s##*") "} in ''|Z*|X*) ;; *) return 0;; esac
+  done
+  return 1
+}
+while [ -z "$stop" ]; do sleep 60 & pid=$!; [ -n "$stop" ] || wait $pid; kill $pid 2>/dev/null; done
+while busy; do sleep 1 & pid=$!; wait $pid; done
+"""
+WORKER_COMMAND = ["/bin/sh", "-c", WORKER_IDLE_SCRIPT]
 
 Obj = dict[str, Any]
 
@@ -201,7 +230,10 @@ def worker_pod(spec: JobSpec, index: int) -> Obj:
     main = containers[main_container_index(spec, containers)]
     _mount(main, CONFIG_VOLUME, names.CONFIG_MOUNT)
     if not main.get("command"):
-        main["command"], main["args"] = WORKER_SLEEP
+        main["command"] = list(WORKER_COMMAND)
+        # Arguments meant for the image's entrypoint would become the script's $0, $1...;
+        # v1 replaced them with its sleep's argument as well.
+        main.pop("args", None)
     return pod
 
 
@@ -225,6 +257,31 @@ KUBECTL_DELIVERY_SCRIPT = (
     "do sleep 1; done; "
     'cp "$(command -v kubectl)" /opt/kube/kubectl'
 )
+
+
+# The init container only runs a shell loop and copies one file, so it can meet the
+# "restricted" Pod Security level whatever the launcher itself needs: a namespace that
+# enforces it would otherwise refuse the whole launcher pod. A numeric non-root user,
+# because the kubelet refuses runAsNonRoot for an image whose user is root (the default) or
+# a name it cannot check.
+# The copy target is the emptyDir (world-writable), /etc/mpi is world-readable, and the
+# root filesystem is never written. Requests and limits for both cpu and memory, because a
+# ResourceQuota on limits refuses pods with any container lacking them; the copy of a
+# ~60 MB binary needs little more than its page cache, which is reclaimable, so 128 Mi
+# leaves room; the loop needs little CPU.
+KUBECTL_DELIVERY_SECURITY_CONTEXT: Obj = {
+    "runAsNonRoot": True,
+    "runAsUser": 65532,
+    "runAsGroup": 65532,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+KUBECTL_DELIVERY_RESOURCES: Obj = {
+    "requests": {"cpu": "10m", "memory": "32Mi"},
+    "limits": {"cpu": "200m", "memory": "128Mi"},
+}
 
 
 def launcher_pod(spec: JobSpec, settings: Settings, hash_: str, min_workers: int) -> Obj:
@@ -255,6 +312,8 @@ def launcher_pod(spec: JobSpec, settings: Settings, hash_: str, min_workers: int
             "image": settings.kubectl_image,
             "command": ["/bin/sh", "-c", KUBECTL_DELIVERY_SCRIPT],
             "env": [{"name": "MIN_WORKERS", "value": str(min_workers)}],
+            "securityContext": copy.deepcopy(KUBECTL_DELIVERY_SECURITY_CONTEXT),
+            "resources": copy.deepcopy(KUBECTL_DELIVERY_RESOURCES),
         }
         _mount(init, KUBECTL_VOLUME, KUBECTL_DIR)
         _mount(init, CONFIG_VOLUME, names.CONFIG_MOUNT)

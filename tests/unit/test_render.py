@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
 from mpijob_elastic import names, render
 from mpijob_elastic.settings import KubectlDelivery, Settings
 from mpijob_elastic.spec import JobSpec, parse
+from tests.controller import wait_for
 from tests.unit.simulation import make_job
 
 INIT = Settings(kubectl_delivery=KubectlDelivery.INIT_CONTAINER, kubectl_image="kubectl:1")
@@ -75,15 +87,135 @@ def test_children_are_owned_and_labelled() -> None:
     assert names.LABEL_ROLE not in render.config_map(spec, {})["metadata"]["labels"]
 
 
-def test_worker_pod_mounts_kubexec_and_sleeps() -> None:
+def test_worker_pod_mounts_kubexec_and_idles_in_the_default_command() -> None:
     pod = render.worker_pod(spec_of(), 0)
     container = pod["spec"]["containers"][0]
-    assert (container["command"], container["args"]) == (["sleep"], ["365d"])
+    assert container["command"] == ["/bin/sh", "-c", render.WORKER_IDLE_SCRIPT]
+    assert "args" not in container
     assert container["volumeMounts"] == [{"name": "mpi-job-config", "mountPath": "/etc/mpi"}]
     (volume,) = pod["spec"]["volumes"]
     assert volume["configMap"]["items"] == [
         {"key": "kubexec.sh", "path": "kubexec.sh", "mode": 0o555}
     ]
+
+
+def test_worker_with_its_own_command_keeps_it() -> None:
+    job = make_job(1)
+    worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    worker["command"], worker["args"] = ["/usr/sbin/sshd"], ["-D"]
+    container = render.worker_pod(parse(job, 30), 0)["spec"]["containers"][0]
+    assert (container["command"], container["args"]) == (["/usr/sbin/sshd"], ["-D"])
+
+
+# The default command is run for real: as PID 1 of a fresh PID namespace with its own
+# /proc, which is what a container is to it, with "ranks" entered into that namespace by
+# nsenter the way `kubectl exec` enters a container. Debian's /bin/sh is dash; busybox's
+# ash is what minimal images have, and is checked where it is installed.
+SHELLS = [["/bin/sh"], *([["busybox", "sh"]] if shutil.which("busybox") else [])]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except FileNotFoundError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+class Worker:
+    """The default worker command as a container's PID 1, and ranks exec'd beside it."""
+
+    def __init__(self, shell: list[str], with_proc: bool = True) -> None:
+        script = [*shell, "-c", render.WORKER_IDLE_SCRIPT]
+        if with_proc:
+            cmd = ["unshare", "--pid", "--fork", "--mount-proc", *script]
+        else:
+            # An empty /proc in a private mount namespace: the script cannot see processes.
+            mount_empty = 'mount -t tmpfs none /proc && exec "$@"'
+            cmd = ["unshare", "--pid", "--fork", "--mount", "/bin/sh", "-c", mount_empty, "-"]
+            cmd += script
+        self.unshare = subprocess.Popen(cmd)
+        self.ranks: list[subprocess.Popen[bytes]] = []
+        self.init = wait_for(lambda: _children(self.unshare.pid), 30, "the worker's PID 1")[0]
+        # Its idle `sleep` running means the TERM trap is set.
+        wait_for(
+            lambda: any(_comm(c) == "sleep" for c in _children(self.init)), 30, "the idle sleep"
+        )
+
+    def start_rank(self) -> subprocess.Popen[bytes]:
+        """A rank that runs until a line arrives on its stdin, entered like kubectl exec."""
+        enter = ["nsenter", "--target", str(self.init), "--pid", "--mount", "--"]
+        rank = subprocess.Popen([*enter, "/bin/sh", "-c", "read line"], stdin=subprocess.PIPE)
+        self.ranks.append(rank)
+        wait_for(lambda: _children(rank.pid), 30, "the rank inside the namespace")
+        return rank
+
+    def terminate(self) -> float:
+        os.kill(self.init, signal.SIGTERM)
+        return time.monotonic()
+
+    def close(self) -> None:
+        # PID 1's death ends everything in its namespace.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.init, signal.SIGKILL)
+        self.unshare.wait(30)
+        for rank in self.ranks:
+            rank.wait(30)
+
+
+@pytest.fixture
+def workers() -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    yield started
+    for worker in started:
+        worker.close()
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_default_command_waits_for_running_ranks_then_exits_0(
+    shell: list[str], workers: list[Worker]
+) -> None:
+    worker = Worker(shell)
+    workers.append(worker)
+    rank = worker.start_rank()
+    worker.terminate()
+    # Neither it nor the rank goes while the rank runs: the kubelet's SIGKILL is the bound.
+    with pytest.raises(subprocess.TimeoutExpired):
+        worker.unshare.wait(timeout=3)
+    assert rank.poll() is None
+    assert rank.stdin is not None
+    rank.stdin.write(b"done\n")
+    rank.stdin.close()
+    assert rank.wait(30) == 0  # it left on its own, not by a signal
+    assert worker.unshare.wait(30) == 0
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_default_command_without_ranks_exits_0_at_once(
+    shell: list[str], workers: list[Worker]
+) -> None:
+    worker = Worker(shell)
+    workers.append(worker)
+    sent = worker.terminate()
+    assert worker.unshare.wait(30) == 0
+    # A drained worker's pod goes away without waiting out its grace period.
+    assert time.monotonic() - sent < 5
+
+
+def test_default_command_without_proc_waits_like_sleep(workers: list[Worker]) -> None:
+    worker = Worker(["/bin/sh"], with_proc=False)
+    workers.append(worker)
+    worker.terminate()
+    # It cannot tell whether ranks run, so it leaves the end to the grace period's SIGKILL.
+    with pytest.raises(subprocess.TimeoutExpired):
+        worker.unshare.wait(timeout=3)
 
 
 def test_launcher_pod_mount_modes_env_and_init_container() -> None:
@@ -104,6 +236,8 @@ def test_launcher_pod_mount_modes_env_and_init_container() -> None:
     assert env["NVIDIA_VISIBLE_DEVICES"] == ""
     (init,) = spec["initContainers"]
     assert init["image"] == "kubectl:1"
+    assert init["securityContext"] == render.KUBECTL_DELIVERY_SECURITY_CONTEXT
+    assert set(init["resources"]["limits"]) == {"cpu", "memory"}
     assert {"name": "MIN_WORKERS", "value": "2"} in init["env"]
     assert "/opt/kube" in {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
     assert "initContainers" not in render.launcher_pod(spec_of(), NONE, "abc", 2)["spec"]
