@@ -412,7 +412,12 @@ def test_invalid_spec_names_the_field_and_keeps_workers(
         "InvalidSpec condition",
     )
     assert field in cond["message"]
-    assert any(r == "InvalidSpec" and field in m for _, r, m in job.events())
+    # The Event follows the status write that set the condition.
+    wait_for(
+        lambda: any(r == "InvalidSpec" and field in m for _, r, m in job.events()),
+        10,
+        "InvalidSpec Event",
+    )
     assert job.uids() == uids
     assert "rm -rf" not in job.config()[names.KUBEXEC]
 
