@@ -1,22 +1,33 @@
 """A list+watch cache of one resource kind, holding objects as the API server's JSON dicts.
 
-This is client-go's reflector + indexer, shaped for asyncio and for a controller whose pure
-logic works on plain dicts. The parts that matter on real clusters:
+This is client-go's reflector over a store (``store.py`` holds the objects and every rule
+about what an input does to them; this module is the I/O), shaped for asyncio and for a
+controller whose pure logic works on plain dicts. The parts that matter on real clusters:
 
 * The first list sets ``synced``; a controller must not act on an empty cache it has not
   filled yet, or it would recreate everything that already exists.
-* The watch resumes from the last resourceVersion it saw (including bookmarks, which the
-  server sends so that a quiet watch still has a recent resourceVersion to resume from).
-  A normal end of a watch (the server's timeoutSeconds) costs only a new watch, never a
-  relist.
+* The watch resumes from the last resourceVersion it saw (including bookmarks). A normal
+  end of a watch (the server's timeoutSeconds) costs only a new watch, never a relist.
 * When the server no longer has the history we ask for, it says 410 Gone, either as the
-  HTTP status or as an ERROR event. Only then do we relist, and we diff the list against
-  the cache so the handler learns about objects changed or deleted while we were blind.
+  HTTP status or as an ERROR event. Only then do we relist, and the store diffs the list
+  against what it holds so the handler learns about objects changed or deleted while we
+  were blind.
 * Every other failure (network, apiserver restart, 5xx, 403 while RBAC catches up) is
   retried with capped exponential backoff: the informer never dies while it runs.
-* A watch connection whose peer vanished without a FIN (a node or load balancer gone)
-  would otherwise hang forever; the client-side read timeout, just longer than the
-  server's own timeout, cuts it.
+
+A dead watch is noticed by its silence. The apiserver's watch cache sends every watch that
+allows bookmarks a BOOKMARK about once a minute (and one just before its timeoutSeconds),
+however quiet the resource, so a healthy watch never goes longer than that without data,
+and a read timeout a little longer than the bookmark period cuts a dead one: within
+about ``WATCH_IDLE_SECONDS`` of the last byte, instead of after the server's whole
+timeoutSeconds plus a margin (5.5 minutes before). The alternatives do less: TCP
+keepalive only proves that the next hop's kernel is alive, so it misses a proxy or load
+balancer that keeps the connection but stopped relaying, and a hung apiserver; a short
+server timeoutSeconds would reconnect every quiet watch every few tens of seconds (six
+per watched namespace) to get the same bound. The price here is one extra watch request
+when a bookmark comes late, resumed from the last resourceVersion, never a relist; a
+server without a watch cache sends no bookmarks, and its quiet watches are reconnected
+once per ``WATCH_IDLE_SECONDS`` with a warning that says why.
 
 The HTTP is done through the ApiClient (so its authentication, including refreshed tokens,
 applies) with ``_preload_content=False``, and the JSON is parsed here: kubernetes_asyncio's
@@ -30,7 +41,7 @@ import builtins
 import json
 import logging
 import random
-from collections import OrderedDict
+import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any, cast
@@ -38,27 +49,35 @@ from typing import Any, cast
 import aiohttp
 from kubernetes_asyncio.client import ApiClient
 
+from mpijob_elastic.store import (
+    ADDED,
+    DELETED,
+    MODIFIED,
+    Obj,
+    Store,
+    Transform,
+    object_key,
+    slim,
+)
+
+__all__ = ["ADDED", "DELETED", "MODIFIED", "EventHandler", "Informer", "Obj", "StatusError"]
+
 logger = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
-Key = tuple[str, str]
 Query = list[tuple[str, str | int]]
 EventHandler = Callable[[str, Obj], None]
-
-ADDED = "ADDED"
-MODIFIED = "MODIFIED"
-DELETED = "DELETED"
 
 LIST_PAGE_SIZE = 500
 CONNECT_TIMEOUT_SECONDS = 30.0
 # The apiserver itself gives up on a list after a minute (its --request-timeout).
 LIST_READ_TIMEOUT_SECONDS = 60.0
+# The watch cache's bookmark period is a minute (k8s.io/apiserver's cacher); the margin
+# covers its one-second dispatch tick and a loaded apiserver.
+WATCH_IDLE_SECONDS = 65.0
+# A view older than this is not trusted: two missed heartbeats in a row.
+STALE_AFTER_SECONDS = 2 * WATCH_IDLE_SECONDS
 BACKOFF_INITIAL_SECONDS = 0.5
 BACKOFF_MAX_SECONDS = 30.0
-# UIDs of recently deleted objects, so a write result that arrives after the DELETED event
-# cannot resurrect its object in the cache; the race lasts one request, a few thousand
-# deletions are plenty.
-DELETED_UIDS_KEPT = 4096
 
 
 class StatusError(Exception):
@@ -78,33 +97,6 @@ class StatusError(Exception):
             str(status.get("reason", "")),
             str(status.get("message", "")),
         )
-
-
-def object_key(obj: Obj) -> Key:
-    """(namespace, name); the namespace is "" for cluster-scoped objects."""
-    meta = obj["metadata"]
-    return meta.get("namespace", ""), meta["name"]
-
-
-def controller_uid(obj: Obj) -> str | None:
-    """The UID in the ownerReference marked ``controller: true``, if any."""
-    for ref in obj["metadata"].get("ownerReferences", ()):
-        if ref.get("controller"):
-            return cast(str, ref["uid"])
-    return None
-
-
-def is_older(obj: Obj, than: Obj) -> bool:
-    """Whether ``obj`` is an older version than ``than``.
-
-    resourceVersions are opaque by contract, but every apiserver backed by etcd serves
-    integers; when either one is not, we cannot tell and say "not older", so newer data is
-    never refused.
-    """
-    try:
-        return int(obj["metadata"]["resourceVersion"]) < int(than["metadata"]["resourceVersion"])
-    except (KeyError, TypeError, ValueError):
-        return False
 
 
 class Informer:
@@ -128,12 +120,16 @@ class Informer:
         namespace: str | None = None,
         label_selector: str | None = None,
         watch_timeout_seconds: float = 300.0,
+        transform: Transform | None = slim,
     ) -> None:
         """Watch ``{api_path}/[namespaces/{namespace}/]{plural}``, e.g. "/api/v1", "pods".
 
         ``namespace=None`` watches all namespaces. ``watch_timeout_seconds`` is the server
         side timeout of one watch request, jittered by ±10% so that many informers started
-        together do not all reconnect at the same moment.
+        together do not all reconnect at the same moment. ``transform`` is applied to
+        every object before it is cached and handed out, upserts included; the default
+        drops managedFields and kubectl's last-applied annotation, None keeps objects
+        whole.
         """
         self._api = api
         ns = f"/namespaces/{namespace}" if namespace else ""
@@ -143,13 +139,13 @@ class Informer:
         )
         self._on_event = on_event
         self._watch_timeout = watch_timeout_seconds
-        self._objects: dict[Key, Obj] = {}
-        self._owned: dict[str, set[Key]] = {}
-        self._deleted_uids: OrderedDict[str, None] = OrderedDict()
+        self._store = Store(transform)
         self._resource_version: str | None = None
         # Whether the current watch has delivered anything: if it did, the connection was
         # healthy, and whatever ended it is not a repeat of an earlier failure.
         self._watch_progressed = False
+        self._watching = False
+        self._last_contact: float | None = None
         self._task: asyncio.Task[None] | None = None
         self.synced = asyncio.Event()
 
@@ -160,19 +156,15 @@ class Informer:
     # -- reading the cache ----------------------------------------------------------------
 
     def get(self, namespace: str, name: str) -> Obj | None:
-        return self._objects.get((namespace, name))
+        return self._store.get(namespace, name)
 
     def list(self, namespace: str | None = None) -> builtins.list[Obj]:
         """All cached objects, or those in ``namespace``, ordered by (namespace, name)."""
-        return [
-            obj
-            for key, obj in sorted(self._objects.items())
-            if namespace is None or key[0] == namespace
-        ]
+        return self._store.list(namespace)
 
     def by_owner(self, uid: str) -> builtins.list[Obj]:
         """The objects whose controller ownerReference names ``uid``, ordered by key."""
-        return [self._objects[key] for key in sorted(self._owned.get(uid, ()))]
+        return self._store.by_owner(uid)
 
     def upsert(self, obj: Obj) -> None:
         """Put the result of the controller's own successful write into the cache.
@@ -182,12 +174,34 @@ class Informer:
         older version than the cached one is ignored, as is an object whose deletion was
         already seen. No event is reported: the watch will report the change itself.
         """
-        if _uid(obj) in self._deleted_uids:
-            return
-        key = object_key(obj)
-        current = self._objects.get(key)
-        if current is None or not is_older(obj, current):
-            self._store(key, obj)
+        self._store.upsert(obj)
+
+    # -- health -----------------------------------------------------------------------------
+
+    @property
+    def watching(self) -> bool:
+        """Whether a watch stream is open right now (false while listing or backing off)."""
+        return self._watching
+
+    @property
+    def last_contact(self) -> float | None:
+        """``time.monotonic()`` when the server last answered: a list, a watch's start, an
+        event or a bookmark. None before the first answer."""
+        return self._last_contact
+
+    @property
+    def healthy(self) -> bool:
+        """Synced, and heard from the server within two bookmark periods.
+
+        A healthy quiet watch hears a bookmark every minute, and a dead one is cut and
+        replaced within ``WATCH_IDLE_SECONDS``, so only an informer that cannot get a
+        working watch back goes stale. Cheap enough for every readiness probe.
+        """
+        return (
+            self.synced.is_set()
+            and self._last_contact is not None
+            and time.monotonic() - self._last_contact < STALE_AFTER_SECONDS
+        )
 
     # -- running ----------------------------------------------------------------------------
 
@@ -280,6 +294,7 @@ class Informer:
             except ValueError:
                 status = body.decode(errors="replace")
             raise StatusError.from_status(status, response.status)
+        self._last_contact = time.monotonic()
         return response
 
     async def _relist(self) -> str:
@@ -306,37 +321,12 @@ class Informer:
             if not token:
                 break
             query = [("limit", LIST_PAGE_SIZE), ("continue", token)]
-        self._replace(items, resource_version)
+        for event_type, obj in self._store.replace(items, resource_version):
+            self._notify(event_type, obj)
         self._resource_version = resource_version
         logger.info("%r: listed %d at resourceVersion %s", self, len(items), resource_version)
         self.synced.set()
         return resource_version
-
-    def _replace(self, items: builtins.list[Obj], resource_version: str) -> None:
-        """Make the cache equal a fresh list, then report the differences."""
-        listed = {object_key(obj): obj for obj in items}
-        snapshot = {"metadata": {"resourceVersion": resource_version}}
-        events: builtins.list[tuple[str, Obj]] = []
-        for key, obj in listed.items():
-            current = self._objects.get(key)
-            if current is None:
-                events.append((ADDED, obj))
-            elif current["metadata"].get("resourceVersion") == obj["metadata"].get(
-                "resourceVersion"
-            ) or is_older(obj, current):
-                # Unchanged, or the controller upserted a newer write meanwhile.
-                continue
-            else:
-                events.append((MODIFIED, obj))
-            self._store(key, obj)
-        for key, current in list(self._objects.items()):
-            # An object missing from the list is gone, unless the controller upserted it
-            # after the snapshot was taken (it is then newer than the snapshot).
-            if key not in listed and not is_older(snapshot, current):
-                self._delete(key, current)
-                events.append((DELETED, current))
-        for event_type, obj in events:
-            self._notify(event_type, obj)
 
     async def _watch(self, resource_version: str) -> None:
         server_timeout = max(1, round(self._watch_timeout * random.uniform(0.9, 1.1)))
@@ -346,25 +336,30 @@ class Informer:
             ("resourceVersion", resource_version),
             ("timeoutSeconds", server_timeout),
         ]
-        # The server ends the watch at server_timeout even when it has sent nothing; a
-        # tenth more and a second is ample for that end to reach us, and past it the
-        # connection is dead.
         timeout = aiohttp.ClientTimeout(
-            sock_connect=CONNECT_TIMEOUT_SECONDS, sock_read=server_timeout * 1.1 + 1
+            sock_connect=CONNECT_TIMEOUT_SECONDS, sock_read=WATCH_IDLE_SECONDS
         )
         logger.debug("%r: watching from resourceVersion %s", self, resource_version)
-        started = asyncio.get_running_loop().time()
+        started = time.monotonic()
         response = await self._request(query, timeout)
+        self._watching = True
         try:
             async with aclosing(_lines(response.content)) as lines:
                 async for line in lines:
+                    self._last_contact = time.monotonic()
                     self._handle_watch_event(json.loads(line))
                     self._watch_progressed = True
+        except TimeoutError as err:
+            raise ConnectionError(
+                f"watch silent for {WATCH_IDLE_SECONDS:.0f}s, not even a bookmark: "
+                "taking the connection for dead"
+            ) from err
         finally:
+            self._watching = False
             # Never reuse a watch connection: closing is the only way to end a stream
             # midway, and one new connection per watch is cheap.
             response.close()
-        lasted = asyncio.get_running_loop().time() - started
+        lasted = time.monotonic() - started
         if not self._watch_progressed and lasted < server_timeout / 2:
             # Something between us and the server cuts watches short; reconnecting at once
             # would hammer it in a tight loop, so make this a failure that backs off.
@@ -376,71 +371,19 @@ class Informer:
         obj = event["object"]
         if event_type == "ERROR":
             raise StatusError.from_status(obj, 200)
-        if event_type in (ADDED, MODIFIED):
-            key = object_key(obj)
-            current = self._objects.get(key)
-            # Skip a version older than one the controller upserted; the watch will
-            # deliver that newer version shortly.
-            if current is None or not is_older(obj, current):
-                self._store(key, obj)
-                self._notify(event_type, obj)
-        elif event_type == DELETED:
-            key = object_key(obj)
-            current = self._objects.get(key)
-            # The cache may already hold a successor of the same name that the controller
-            # created and upserted; only the deleted incarnation goes.
-            if current is not None and _uid(current) == _uid(obj):
-                self._delete(key, current)
-            self._remember_deleted(obj)
-            self._notify(DELETED, obj)
+        if event_type in (ADDED, MODIFIED, DELETED):
+            reported = self._store.apply(event_type, obj)
+            if reported is not None:
+                self._notify(event_type, reported)
         elif event_type != "BOOKMARK":
             logger.warning("%r: ignoring watch event of type %s", self, event_type)
         self._resource_version = obj["metadata"]["resourceVersion"]
-
-    def _store(self, key: Key, obj: Obj) -> None:
-        current = self._objects.get(key)
-        if current is not None:
-            self._unindex(key, current)
-            if _uid(current) != _uid(obj):
-                # Replaced by a new incarnation while we were not watching.
-                self._remember_deleted(current)
-        self._objects[key] = obj
-        owner = controller_uid(obj)
-        if owner is not None:
-            self._owned.setdefault(owner, set()).add(key)
-
-    def _delete(self, key: Key, current: Obj) -> None:
-        del self._objects[key]
-        self._unindex(key, current)
-        self._remember_deleted(current)
-
-    def _unindex(self, key: Key, obj: Obj) -> None:
-        owner = controller_uid(obj)
-        if owner is None:
-            return
-        keys = self._owned[owner]
-        keys.discard(key)
-        if not keys:
-            del self._owned[owner]
-
-    def _remember_deleted(self, obj: Obj) -> None:
-        uid = _uid(obj)
-        if uid is None:
-            return
-        self._deleted_uids[uid] = None
-        self._deleted_uids.move_to_end(uid)
-        if len(self._deleted_uids) > DELETED_UIDS_KEPT:
-            self._deleted_uids.popitem(last=False)
 
     def _notify(self, event_type: str, obj: Obj) -> None:
         try:
             self._on_event(event_type, obj)
         except Exception:
             logger.exception("%r: event handler failed on %s %s", self, event_type, object_key(obj))
-
-
-def _uid(obj: Obj) -> str | None:
-    return cast(str | None, obj["metadata"].get("uid"))
 
 
 async def _lines(stream: aiohttp.StreamReader) -> AsyncGenerator[bytes, None]:
