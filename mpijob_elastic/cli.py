@@ -41,6 +41,13 @@ def _settings_args(parser: argparse.ArgumentParser) -> None:
         default=DEFAULTS.default_drain_seconds,
         help=f"drain period for jobs without the {names.ANN_DRAIN_SECONDS} annotation",
     )
+    parser.add_argument(
+        "--max-workers-per-job",
+        type=int,
+        default=DEFAULTS.max_workers_per_job,
+        help="the most workers one job may ask for (Worker replicas and max-replicas); "
+        "larger jobs get InvalidSpec",
+    )
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -51,6 +58,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         kubectl_delivery=KubectlDelivery(args.kubectl_delivery),
         kubectl_image=args.kubectl_image,
         default_drain_seconds=args.default_drain_seconds,
+        max_workers_per_job=args.max_workers_per_job,
         reconcile_workers=getattr(args, "workers", DEFAULTS.reconcile_workers),
     )
 

@@ -38,7 +38,7 @@ from mpijob_elastic.status import (
     StatusBuilder,
     replica_statuses,
 )
-from mpijob_elastic.workers import Worker, listed_hosts, split_pods, worker_index
+from mpijob_elastic.workers import Worker, listed_hosts, split_pods
 
 Obj = dict[str, Any]
 
@@ -53,6 +53,9 @@ class Victim:
     worker: Worker
     # When the drain ends; None: it has not begun (the worker is still listed, or unmarked).
     deadline: datetime | None
+    # This turn's write for it: "mark" (its drain starts), "delete" (its drain is over), or
+    # None (waiting, or left for a later turn).
+    action: str | None = None
 
 
 @dataclass(frozen=True)
@@ -102,8 +105,8 @@ class _Builder:
         if s.get(CREATED) is None:
             s.set(CREATED, True, "MPIJobCreated", f"MPIJob {self.job_name} is created.")
         s.fields.setdefault("startTime", s.observed.get("startTime") or s.now)
-        s.fields["replicaStatuses"] = replica_statuses(self.job_name, self.observed.pods)
         workers, launcher = split_pods(self.job_name, self.observed.pods)
+        s.fields["replicaStatuses"] = replica_statuses(self.job_name, workers, launcher)
         try:
             spec = parse(
                 self.job,
@@ -165,10 +168,13 @@ class _Builder:
 
         # Exec rights only on pods the job controls or creates in this turn: never on a
         # name that someone else's pod holds.
-        role_names = sorted(
-            {w.name for w in workers} | {names.worker_name(spec.name, i) for i in create_now},
-            key=lambda n: worker_index(spec.name, n) or 0,
-        )
+        role_names = [
+            name
+            for _, name in sorted(
+                [(w.index, w.name) for w in workers]
+                + [(i, names.worker_name(spec.name, i)) for i in create_now]
+            )
+        ]
         hosts = [w.name for w in wanted if w.can_take_ranks(main)]
         data = render.config_data(spec, self.settings, target, hosts)
         hash_ = render.config_hash(data)
@@ -240,17 +246,24 @@ class _Builder:
                 # Unmarked, a mark edited into nonsense, or a mark from a drain that a
                 # scale-up undid: the drain starts with this turn's host-list write.
                 deadline = None
-                marking.append(w.name)
-                self.requeue(spec.drain_seconds)
             else:
                 deadline = since + drain
-            if deadline is not None:
-                remaining = (deadline - self.now).total_seconds()
-                if remaining > 0:
-                    self.requeue(remaining)
-                elif w.uid not in self.observed.deleting:
-                    due.append(w.name)
-            victims.append(Victim(w, deadline))
+            action = None
+            if deadline is None:
+                self.requeue(0 if len(marking) >= POD_WRITES_PER_TURN else spec.drain_seconds)
+                if len(marking) < POD_WRITES_PER_TURN:
+                    marking.append(w.name)
+                    action = "mark"
+            elif (remaining := (deadline - self.now).total_seconds()) > 0:
+                self.requeue(remaining)
+            elif w.uid in self.observed.deleting:
+                pass  # accepted already; the cache has yet to show it
+            elif len(due) < POD_WRITES_PER_TURN:
+                due.append(w.name)
+                action = "delete"
+            else:
+                self.requeue(0)
+            victims.append(Victim(w, deadline, action))
         if marking:
             self.event(
                 "Normal",

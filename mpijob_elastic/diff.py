@@ -108,11 +108,9 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
             writes.append(AnnotatePod(w.name, {names.ANN_DRAINING_SINCE: None}))
     mark = format_precise_time(now)
     for v in want.victims:
-        if v.deadline is None:
+        if v.action == "mark":
             writes.append(AnnotatePod(v.worker.name, {names.ANN_DRAINING_SINCE: mark}))
-    for v in want.victims:
-        if v.deadline is not None and v.deadline <= now and v.worker.uid not in observed.deleting:
-            writes.append(DeletePod(v.worker.name, v.worker.uid))
+    writes += [DeletePod(v.worker.name, v.worker.uid) for v in want.victims if v.action == "delete"]
 
     writes += [DeletePod(w.name, w.uid) for w in want.deletes]
     writes += [Create(pod) for pod in want.new_pods]

@@ -14,7 +14,7 @@ from typing import Any
 
 from mpijob_elastic import names
 from mpijob_elastic.times import format_time
-from mpijob_elastic.workers import split_pods
+from mpijob_elastic.workers import Worker
 
 Obj = dict[str, Any]
 
@@ -43,8 +43,9 @@ def _counts(pods: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     }
 
 
-def replica_statuses(job_name: str, pods: Sequence[Mapping[str, Any]]) -> Obj:
-    workers, launcher = split_pods(job_name, pods)
+def replica_statuses(
+    job_name: str, workers: Sequence[Worker], launcher: Mapping[str, Any] | None
+) -> Obj:
     return {
         "Launcher": _counts([launcher] if launcher else []),
         "Worker": {

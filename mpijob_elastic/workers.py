@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -95,8 +94,14 @@ def worker_index(job_name: str, pod_name: str) -> int | None:
     Role's resourceName. Upstream trimmed a cutset off the name and deleted wrong pods
     (#352); a pod missing the label made it think the job had no workers.
     """
-    match = re.fullmatch(re.escape(job_name) + r"-worker-(0|[1-9][0-9]*)", pod_name)
-    return int(match.group(1)) if match else None
+    prefix = f"{job_name}-worker-"
+    if not pod_name.startswith(prefix):
+        return None
+    digits = pod_name[len(prefix) :]
+    # ASCII digits without a leading zero: "01" or "\u0661" name no worker of ours.
+    if not digits.isascii() or not digits.isdigit() or (digits[0] == "0" and digits != "0"):
+        return None
+    return int(digits)
 
 
 def split_pods(
