@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: test unit integration e2e e2e-kind lint demo bench binaries cluster-up cluster-down venv clean
+.PHONY: test unit integration e2e e2e-kind lint demo bench bench-planning binaries cluster-up cluster-down venv clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -24,6 +24,18 @@ cluster-up: binaries
 
 cluster-down:
 	@hack/cluster-down.sh
+
+# A real kind cluster, also on machines without a registry (docs/kind.md). kind-up prints
+# the kubeconfig path; images builds the project's images and loads them into it.
+.PHONY: kind-up kind-down images
+kind-up:
+	@hack/kind-up.sh
+
+kind-down:
+	@hack/kind-down.sh
+
+images:
+	@hack/images.sh
 
 lint: venv
 	$(VENV)/bin/ruff check .
@@ -60,6 +72,10 @@ demo: venv binaries
 # Worker Running -> discover_hosts.sh delay on the local cluster (see docs/benchmarks.md).
 bench: venv binaries
 	@$(PY) -m bench.propagation
+
+# How long one plan holds the event loop, for jobs up to the worker cap (no cluster).
+bench-planning: venv
+	@$(PY) -m bench.planning
 
 clean: cluster-down
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
