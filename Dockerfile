@@ -1,5 +1,8 @@
 # The controller image: `docker build -t mpijob-elastic:latest .`
-FROM python:3.11-slim
+# BASE_IMAGE is any Debian-like Python 3.11 image with pip; the official one by default.
+# Machines without a registry pass a locally made one (hack/images.sh, docs/kind.md).
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Deletes the kind cluster hack/kind-up.sh started and, when kind-up.sh started its own
+# dockerd, stops it (and the containerd it runs) and removes what they leave on the host:
+# processes, containers, docker networks, iptables rules and chains, bridges, mounts, and
+# the sysctls the node's kubelet changed. Keeps the caches: the images stay in Docker's
+# data-root for the next `up`. Safe to run when nothing is up. See docs/kind.md.
+set -euo pipefail
+log_name=kind-down
+# shellcheck source=kind/lib.sh
+. "$(dirname "$0")/kind/lib.sh"
+
+if pid=$(dockerd_pid); then
+  mode=private
+elif [ -z "${DOCKER_HOST:-}" ] && [ ! -S /var/run/docker.sock ]; then
+  mode=none # nothing of ours runs: only the host clean-up below
+else
+  mode=$(docker_mode)
+  [ "$mode" = private ] && mode=none
+fi
+[ "$mode" = none ] || use_docker
+export PATH="$tools_bin:$PATH"
+
+if [ "$mode" != none ] && command -v kind >/dev/null && kind get clusters 2>/dev/null | grep -qx "$cluster_name"; then
+  log "deleting cluster $cluster_name"
+  kind delete cluster --name "$cluster_name" --kubeconfig "$kubeconfig_path" >&2
+fi
+rm -f "$kubeconfig_path" "$kubeconfig_path.tmp"
+
+if [ "$mode" != private ]; then
+  [ "$mode" = none ] || log "the Docker engine is not ours ($mode): left running"
+else
+  # Our engine: nothing in it outlives `down` (containers and networks hold iptables rules,
+  # bridges and mounts); images stay.
+  ids=$(docker ps -aq)
+  [ -z "$ids" ] || { log "removing containers"; docker rm -f -v $ids >/dev/null; }
+  for net in $(docker network ls --format '{{.Name}}'); do
+    case $net in bridge | host | none) ;; *) docker network rm "$net" >/dev/null && log "removed docker network $net" ;; esac
+  done
+  log "stopping dockerd (pid $pid)"
+  kill -TERM "$pid"
+  for _ in $(seq 1 30); do [ -d "/proc/$pid" ] || break; sleep 1; done
+  if [ -d "/proc/$pid" ]; then
+    log "dockerd still running after 30s: killing it"
+    kill -KILL "$pid" || true
+  fi
+fi
+
+# What may be left of a private engine, even after a crash: processes started from our
+# paths (containerd, shims, docker-proxy), mounts under our paths.
+ours() { grep -lsF -e "$run_dir" -e "$docker_root" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3; }
+for sig in TERM KILL; do
+  pids=$(ours | grep -vx "$$" || true)
+  [ -n "$pids" ] || break
+  log "stopping leftover processes ($sig): $(echo $pids)"
+  kill "-$sig" $pids 2>/dev/null || true
+  sleep 2
+done
+for m in $(awk -v a="$run_dir" -v b="$docker_root" \
+  'index($2, a) == 1 || index($2, b) == 1 {print $2}' /proc/self/mounts | sort -r); do
+  umount "$m" 2>/dev/null || umount -l "$m" || true
+done
+
+# Docker's iptables rules and chains (dockerd leaves them when it stops), in every table
+# for IPv4 and IPv6. Only when the engine was ours: a system engine keeps its own.
+clean_iptables() {
+  local cmd=$1 links=$2 t line chains c
+  command -v "$cmd" >/dev/null || return 0
+  for t in filter nat mangle raw; do
+    "$cmd" -t "$t" -S >/dev/null 2>&1 || continue
+    "$cmd" -t "$t" -S | grep -E '^-A ' | grep -vE '^-A DOCKER' |
+      grep -E -- "-[jg] DOCKER|[io] ($links)( |\$)" | while read -r line; do
+        eval "$cmd -t $t -D ${line#-A }" || true
+      done
+    chains=$("$cmd" -t "$t" -S | awk '$1 == "-N" && $2 ~ /^DOCKER/ {print $2}')
+    for c in $chains; do "$cmd" -t "$t" -F "$c" || true; done
+    for c in $chains; do "$cmd" -t "$t" -X "$c" || true; done
+  done
+}
+
+state="$kind_cache/host-state"
+if [ -e "$state" ] && [ "$mode" != system ]; then
+  if [ "$mode" = private ] || [ -e "$docker_sock" ] || [ -d "$run_dir" ]; then
+    # The bridges our engine made (docker0 if it was not there before, the kind network's).
+    links=$(sed -n 's/^created-link //p' "$state" | paste -sd'|')
+    clean_iptables iptables "${links:-docker0}"
+    clean_iptables ip6tables "${links:-docker0}"
+  fi
+  for link in $(sed -n 's/^created-link //p' "$state"); do
+    if ip link show "$link" >/dev/null 2>&1; then
+      ip link delete "$link" && log "removed bridge $link"
+    fi
+  done
+  # Sysctls back to what they were before the first `up`.
+  sed -n 's/^sysctl //p' "$state" | while IFS= read -r kv; do
+    [ "$(sysctl -n "${kv%%=*}" 2>/dev/null)" = "${kv#*=}" ] || sysctl -q -w "$kv" >/dev/null 2>&1 || true
+  done
+  if grep -qx 'created /lib/modules' "$state" && [ -d /lib/modules ]; then
+    rmdir /lib/modules 2>/dev/null || true
+  fi
+  rm -f "$state"
+fi
+
+rm -rf "$run_dir"
+log "down; caches kept in $kind_cache ($(du -sh "$kind_cache" 2>/dev/null | cut -f1))"
