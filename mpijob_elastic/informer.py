@@ -191,14 +191,16 @@ class Informer:
 
     @property
     def healthy(self) -> bool:
-        """Synced, and heard from the server within two bookmark periods.
+        """Running, synced, and heard from the server within two bookmark periods.
 
         A healthy quiet watch hears a bookmark every minute, and a dead one is cut and
         replaced within ``WATCH_IDLE_SECONDS``, so only an informer that cannot get a
         working watch back goes stale. Cheap enough for every readiness probe.
         """
         return (
-            self.synced.is_set()
+            self._task is not None
+            and not self._task.done()
+            and self.synced.is_set()
             and self._last_contact is not None
             and time.monotonic() - self._last_contact < STALE_AFTER_SECONDS
         )
