@@ -94,13 +94,14 @@ load() {
     */*) [[ ${image%%/*} == *.* ]] && ref=$image || ref="docker.io/$image" ;;
     *) ref="docker.io/library/$image" ;;
   esac
-  if docker exec "$cluster_name-control-plane" ctr -n k8s.io images ls -q 2>/dev/null | grep -qxF "$ref"; then
+  if grep -qxF "$ref" <<<"$node_images"; then
     log "$image already in the node"
     return 0
   fi
   timed "load-${image//[\/:]/_}" kind load docker-image --name "$cluster_name" "$image" || die "kind load docker-image $image"
 }
 if [ "${NO_LOAD:-}" != 1 ]; then
+  node_images=$(docker exec "$cluster_name-control-plane" ctr -n k8s.io images ls -q)
   for image in "$controller" "$launcher" "$worker" ${kubectl_image:+"$kubectl_image"}; do load "$image"; done
 fi
 

@@ -20,7 +20,7 @@ fi
 [ "$mode" = none ] || use_docker
 export PATH="$tools_bin:$PATH"
 
-if [ "$mode" != none ] && command -v kind >/dev/null && kind get clusters 2>/dev/null | grep -qx "$cluster_name"; then
+if [ "$mode" != none ] && command -v kind >/dev/null && kind get clusters 2>/dev/null | grep -x "$cluster_name" >/dev/null; then
   log "deleting cluster $cluster_name"
   kind delete cluster --name "$cluster_name" --kubeconfig "$kubeconfig_path" >&2
 fi
@@ -47,9 +47,20 @@ fi
 
 # What may be left of a private engine, even after a crash: processes started from our
 # paths (containerd, shims, docker-proxy), mounts under our paths.
-ours() { grep -lsF -e "$run_dir" -e "$docker_root" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3; }
+ours() {
+  local f pid
+  for f in /proc/[0-9]*/cmdline; do
+    pid=${f#/proc/}; pid=${pid%/cmdline}
+    case $(cat "/proc/$pid/comm" 2>/dev/null) in
+      dockerd | containerd | containerd-shim* | docker-proxy | runc*) ;;
+      *) continue ;;
+    esac
+    tr '\0' ' ' <"$f" 2>/dev/null | grep -F -e "$run_dir" -e "$docker_root" >/dev/null && echo "$pid"
+  done
+  return 0
+}
 for sig in TERM KILL; do
-  pids=$(ours | grep -vx "$$" || true)
+  pids=$(ours)
   [ -n "$pids" ] || break
   log "stopping leftover processes ($sig): $(echo $pids)"
   kill "-$sig" $pids 2>/dev/null || true
@@ -63,17 +74,18 @@ done
 # Docker's iptables rules and chains (dockerd leaves them when it stops), in every table
 # for IPv4 and IPv6. Only when the engine was ours: a system engine keeps its own.
 clean_iptables() {
-  local cmd=$1 links=$2 t line chains c
+  local cmd=$1 links=$2 t line chains c rules
   command -v "$cmd" >/dev/null || return 0
   for t in filter nat mangle raw; do
     "$cmd" -t "$t" -S >/dev/null 2>&1 || continue
-    "$cmd" -t "$t" -S | grep -E '^-A ' | grep -vE '^-A DOCKER' |
-      grep -E -- "-[jg] DOCKER|[io] ($links)( |\$)" | while read -r line; do
-        eval "$cmd -t $t -D ${line#-A }" || true
-      done
-    chains=$("$cmd" -t "$t" -S | awk '$1 == "-N" && $2 ~ /^DOCKER/ {print $2}')
-    for c in $chains; do "$cmd" -t "$t" -F "$c" || true; done
-    for c in $chains; do "$cmd" -t "$t" -X "$c" || true; done
+    rules=$("$cmd" -t "$t" -S 2>/dev/null | grep -E '^-A ' | grep -vE '^-A DOCKER' |
+      grep -E -- "-[jg] DOCKER|[io] ($links)( |\$)" || true)
+    while read -r line; do
+      [ -z "$line" ] || eval "$cmd -t $t -D ${line#-A }" 2>/dev/null || true
+    done <<<"$rules"
+    chains=$("$cmd" -t "$t" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^DOCKER/ {print $2}')
+    for c in $chains; do "$cmd" -t "$t" -F "$c" 2>/dev/null || true; done
+    for c in $chains; do "$cmd" -t "$t" -X "$c" 2>/dev/null || true; done
   done
 }
 
@@ -84,6 +96,9 @@ if [ -e "$state" ] && [ "$mode" != system ]; then
     links=$(sed -n 's/^created-link //p' "$state" | paste -sd'|')
     clean_iptables iptables "${links:-docker0}"
     clean_iptables ip6tables "${links:-docker0}"
+    sed -n 's/^policy //p' "$state" | while read -r cmd policy; do
+      "$cmd" -P FORWARD "$policy" 2>/dev/null || true
+    done
   fi
   for link in $(sed -n 's/^created-link //p' "$state"); do
     if ip link show "$link" >/dev/null 2>&1; then
@@ -94,9 +109,12 @@ if [ -e "$state" ] && [ "$mode" != system ]; then
   sed -n 's/^sysctl //p' "$state" | while IFS= read -r kv; do
     [ "$(sysctl -n "${kv%%=*}" 2>/dev/null)" = "${kv#*=}" ] || sysctl -q -w "$kv" >/dev/null 2>&1 || true
   done
-  if grep -qx 'created /lib/modules' "$state" && [ -d /lib/modules ]; then
-    rmdir /lib/modules 2>/dev/null || true
-  fi
+  for d in $(sed -n 's/^created //p' "$state"); do
+    # Only directories, and only while they hold nothing but empty directories.
+    if [ -d "$d" ] && [ -z "$(find "$d" ! -type d -print -quit 2>/dev/null)" ]; then
+      find "$d" -depth -type d -empty -delete 2>/dev/null && log "removed $d"
+    fi
+  done
   rm -f "$state"
 fi
 

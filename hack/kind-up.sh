@@ -23,7 +23,7 @@ kind_subnet=${KIND_SUBNET:-172.29.0.0/24}
 pod_subnet=10.244.0.0/16
 total=$SECONDS
 
-pkg_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
+pkg_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep 'install ok installed' >/dev/null; }
 
 # Debian packages: the Docker engine (private mode only), debootstrap and busybox-static
 # (local images only).
@@ -51,7 +51,12 @@ record_host_state() {
     for s in $host_sysctls; do
       v=$(sysctl -n "$s" 2>/dev/null) && echo "sysctl $s=$v"
     done
-    [ -e /lib/modules ] || echo "created /lib/modules"
+    # dockerd turns the FORWARD policy to DROP when it enables forwarding.
+    iptables -S FORWARD 2>/dev/null | awk '$1 == "-P" {print "policy iptables " $3}'
+    ip6tables -S FORWARD 2>/dev/null | awk '$1 == "-P" {print "policy ip6tables " $3}'
+    # Empty directories kind (/lib/modules, a volume source) and our dockerd and its
+    # containerd shims create outside our paths.
+    for d in /lib/modules /run/docker /run/containerd; do [ -e "$d" ] || echo "created $d"; done
     ip link show docker0 >/dev/null 2>&1 || echo "created-link docker0"
   } >"$f.tmp"
   mv "$f.tmp" "$f"
@@ -92,7 +97,7 @@ start_dockerd() {
 
 node_container() { echo "$cluster_name-control-plane"; }
 
-cluster_exists() { kind get clusters 2>/dev/null | grep -qx "$cluster_name"; }
+cluster_exists() { kind get clusters 2>/dev/null | grep -x "$cluster_name" >/dev/null; }
 
 write_kubeconfig() {
   kind get kubeconfig --name "$cluster_name" >"$kubeconfig_path.tmp" && mv "$kubeconfig_path.tmp" "$kubeconfig_path"
