@@ -1,42 +1,62 @@
-"""A tiny in-memory stand-in for the API server, to run plans against in unit tests.
+"""An in-memory API server and controller shell, to run the real planner against in unit tests.
 
-It applies a plan's actions the way the API server would (names unique per kind, deletes
-honour the UID precondition) and records the history the tests check invariants against:
-which Role existed when each pod was created, and when each host left discovery.
+Two ways in:
+
+* ``Cluster``: plan, then apply the whole plan through the real ``Writer`` against a world
+  the planner sees directly. For step-by-step tests of what one plan contains.
+* ``Sim``: the controller as it runs for real, against a world that misbehaves. The view is
+  a watch cache that lags behind the world (except for the controller's own confirmed
+  writes, which it upserts); writes go out one at a time through the real ``Writer`` and
+  may fail (409, 403, 422, 500, a timeout before or after the server applied them); the
+  controller may die between any two writes and restart with an empty memory and a fresh
+  view; failed turns are retried with the work queue's backoff; pods start and terminating
+  pods vanish on their own time.
+
+The ``World`` checks the safety invariants at the very write that could break them and
+records each breach in ``violations``; ``Sim`` raises ``Violation`` at the end of the turn
+in which one happened, and ``Sim.settle`` checks that the world converges.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import heapq
 import itertools
+import random
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from unittest import mock
 
 from mpijob_elastic import names
-from mpijob_elastic.actions import (
-    AnnotatePod,
-    Create,
-    DeletePod,
-    Emit,
-    Observed,
-    Plan,
-    Replace,
-    WriteStatus,
-)
+from mpijob_elastic import writer as writer_module
+from mpijob_elastic.actions import Emit, Observed, Plan
+from mpijob_elastic.kube import ApiError, Kube
 from mpijob_elastic.plan import plan
+from mpijob_elastic.reconciler import _job_signature
 from mpijob_elastic.settings import KubectlDelivery, Settings
+from mpijob_elastic.workers import Worker, worker_index
+from mpijob_elastic.workqueue import ItemBackoff
+from mpijob_elastic.writer import JobMemory, Writer
 
 Obj = dict[str, Any]
+Key = tuple[str, str]
+Planner = Callable[[Observed, Settings, datetime], Plan]
+# Every request passes one: (what it is, the request as it would reach the server) -> its answer.
+Gate = Callable[["Request", Callable[[], Obj]], Obj]
 SETTINGS = Settings(kubectl_delivery=KubectlDelivery.NONE, default_drain_seconds=30)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+NAMESPACE = "ns"
 
 
 def make_job(
     replicas: int = 2,
     *,
     name: str = "job",
-    namespace: str = "ns",
+    namespace: str = NAMESPACE,
     annotations: dict[str, str] | None = None,
     slots: int = 1,
     **spec: Any,
@@ -48,8 +68,9 @@ def make_job(
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "uid": "job-uid",
+            "uid": f"{name}-uid",
             "resourceVersion": "1",
+            "generation": 1,
             "annotations": annotations or {},
         },
         "spec": {
@@ -86,109 +107,444 @@ def discovered(config_map: Obj | None) -> list[str]:
     return [line.split()[1].split(":")[0] for line in text.splitlines() if line.startswith("echo")]
 
 
-@dataclass
-class Cluster:
-    job: Obj
-    now: datetime = T0
-    objects: dict[tuple[str, str], Obj] = field(default_factory=dict)
-    deleting: set[str] = field(default_factory=set)
-    events: list[Emit] = field(default_factory=list)
-    # (pod name, exec names of the Role at the moment the pod was created)
-    creations: list[tuple[str, set[str]]] = field(default_factory=list)
-    # (pod name, when it was deleted, its phase then); when each host last left discovery
-    deletions: list[tuple[str, datetime, str]] = field(default_factory=list)
-    left_discovery: dict[str, datetime] = field(default_factory=dict)
-    _uids: itertools.count[int] = field(default_factory=itertools.count)
+def _controller_uid(obj: Mapping[str, Any]) -> str | None:
+    for ref in obj["metadata"].get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("uid"))
+    return None
 
-    def get(self, kind: str, name: str) -> Obj | None:
+
+def _rv(obj: Mapping[str, Any]) -> int:
+    return int(obj["metadata"].get("resourceVersion") or 0)
+
+
+def observe(
+    objects: Mapping[tuple[str, str], Obj], job: Obj, memory: JobMemory, seconds: float
+) -> Observed:
+    """What the controller's caches hold for one job, as ``Controller.observe`` reads them."""
+    uid, job_name = job["metadata"]["uid"], job["metadata"]["name"]
+    owned = {
+        key: copy.deepcopy(obj)
+        for key, obj in sorted(objects.items())
+        if key[0] != names.KIND and _controller_uid(obj) == uid
+    }
+    pods = [obj for (kind, _), obj in owned.items() if kind == "Pod"]
+    launcher = names.launcher_name(job_name)
+    return Observed(
+        job=copy.deepcopy(job),
+        pods=pods,
+        config_map=owned.get(("ConfigMap", names.config_map_name(job_name))),
+        service_account=owned.get(("ServiceAccount", launcher)),
+        role=owned.get(("Role", launcher)),
+        role_binding=owned.get(("RoleBinding", launcher)),
+        deleting=memory.deleting(pods, seconds),
+        conflicts=memory.taken(seconds),
+    )
+
+
+class Violation(AssertionError):
+    """A safety invariant broke, or the world did not converge."""
+
+
+class Killed(Exception):
+    """The controller process died: this request, and every later one, never reached the server."""
+
+
+@dataclass
+class Acting:
+    """The turn in progress: which job it is for, and the hosts its view allowed to list."""
+
+    job: str
+    uid: str
+    # Workers the controller's view showed able to take ranks and wanted: the most a host
+    # list may name when the controller cannot know better (the world may be ahead).
+    listable: set[str]
+
+
+class World:
+    """The API server of one namespace, and the record the invariants are checked against.
+
+    Names are unique per kind, deletes honour the UID precondition, replaces and status
+    writes the resourceVersion. Every change is appended to ``changes``, the watch stream
+    that views consume at their own pace.
+    """
+
+    def __init__(self, *jobs: Obj) -> None:
+        self.clock = 0.0  # seconds since T0
+        self.objects: dict[tuple[str, str], Obj] = {}
+        # The watch stream: (when, event type, the object then).
+        self.changes: list[tuple[float, str, Obj]] = []
+        self.events: list[Emit] = []
+        self.violations: list[str] = []
+        # (pod name, exec names of the Role at the moment the pod was created)
+        self.creations: list[tuple[str, set[str]]] = []
+        # (pod name, when it was deleted, its phase then)
+        self.deletions: list[tuple[str, datetime, str]] = []
+        self.acting: Acting | None = None
+        # Deletes whose success the controller was told about, by UID.
+        self.confirmed_deletes: set[str] = set()
+        self._rvs = itertools.count(2)
+        self._uids = itertools.count()
+        # Per job: the hosts discover_hosts.sh names now. Per pod UID: whether it was ever
+        # named, and when it stopped being named.
+        self._listed: dict[str, set[str]] = {}
+        self._ever_listed: set[str] = set()
+        self._left_at: dict[str, float] = {}
+        for job in jobs:
+            self.objects[(names.KIND, job["metadata"]["name"])] = job
+
+    @property
+    def now(self) -> datetime:
+        return T0 + timedelta(seconds=self.clock)
+
+    @now.setter
+    def now(self, value: datetime) -> None:
+        self.clock = (value - T0).total_seconds()
+
+    def get_obj(self, kind: str, name: str) -> Obj | None:
         return self.objects.get((kind, name))
+
+    def job(self, name: str = "job") -> Obj:
+        return self.objects[(names.KIND, name)]
 
     @property
     def pods(self) -> list[Obj]:
         return [o for (k, _), o in self.objects.items() if k == "Pod"]
 
+    def workers(self, job: str = "job") -> list[Obj]:
+        found = [p for p in self.pods if worker_index(job, p["metadata"]["name"]) is not None]
+        return sorted(found, key=lambda p: worker_index(job, p["metadata"]["name"]) or 0)
+
+    # -- the API ------------------------------------------------------------------------
+
+    def create(self, obj: Mapping[str, Any]) -> Obj:
+        if obj["kind"] == "Event":
+            self._check_for(obj["involvedObject"]["uid"], "Event", obj["reason"])
+            self.events.append(Emit(obj["type"], obj["reason"], obj["message"]))
+            return dict(obj)
+        new = copy.deepcopy(dict(obj))
+        key = (new["kind"], new["metadata"]["name"])
+        if key in self.objects:
+            raise ApiError(409, "AlreadyExists", f'{key[0]} "{key[1]}" already exists')
+        self._check_for(_controller_uid(new), *key)
+        new["metadata"]["uid"] = f"uid-{next(self._uids)}"
+        new["metadata"]["creationTimestamp"] = self.now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        if new["kind"] == "Pod":
+            new["status"] = {"phase": "Pending"}
+            self._pod_created(new)
+        self._put(new)
+        return copy.deepcopy(new)
+
+    def replace(self, obj: Mapping[str, Any]) -> Obj:
+        key = (obj["kind"], obj["metadata"]["name"])
+        current = self._existing(*key)
+        self._check_for(_controller_uid(current), *key)
+        self._check_version(current, obj["metadata"].get("resourceVersion"))
+        new = copy.deepcopy(dict(obj))
+        new["metadata"]["uid"] = current["metadata"]["uid"]
+        self._put(new)
+        return copy.deepcopy(new)
+
+    def patch(self, kind: str, name: str, body: Mapping[str, Any], subresource: str = "") -> Obj:
+        current = self._existing(kind, name)
+        new = copy.deepcopy(current)
+        if subresource == "status":
+            self._check_for(current["metadata"]["uid"], kind, name)
+            self._check_version(current, body["metadata"].get("resourceVersion"))
+            new["status"] = copy.deepcopy(body["status"])
+        else:
+            self._check_for(_controller_uid(current), kind, name)
+            annotations = new["metadata"].setdefault("annotations", {})
+            for k, v in body["metadata"]["annotations"].items():
+                if v is None:
+                    annotations.pop(k, None)
+                else:
+                    annotations[k] = v
+        self._put(new)
+        return copy.deepcopy(new)
+
+    def delete(self, kind: str, name: str, uid: str) -> Obj:
+        current = self._existing(kind, name)
+        if current["metadata"]["uid"] != uid:
+            raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {uid}")
+        self._check_for(_controller_uid(current), kind, name)
+        self._pod_deleted(current)
+        if not current["metadata"].get("deletionTimestamp"):
+            # A kubelet with grace, like KWOK, marks the pod first and removes it later.
+            new = copy.deepcopy(current)
+            new["metadata"]["deletionTimestamp"] = self.now.strftime("%Y-%m-%dT%H:%M:%SZ")
+            self._put(new)
+        return copy.deepcopy(self.objects[(kind, name)])
+
+    def get(self, kind: str, name: str) -> Obj:
+        return copy.deepcopy(self._existing(kind, name))
+
+    def _existing(self, kind: str, name: str) -> Obj:
+        current = self.objects.get((kind, name))
+        if current is None:
+            raise ApiError(404, "NotFound", f'{kind} "{name}" not found')
+        return current
+
+    @staticmethod
+    def _check_version(current: Obj, version: str | None) -> None:
+        if version and version != current["metadata"]["resourceVersion"]:
+            raise ApiError(409, "Conflict", "the object has been modified")
+
+    def _put(self, obj: Obj) -> None:
+        obj["metadata"]["resourceVersion"] = str(next(self._rvs))
+        key = (obj["kind"], obj["metadata"]["name"])
+        self.objects[key] = obj
+        self.changes.append((self.clock, "MODIFIED", copy.deepcopy(obj)))
+        if obj["kind"] == "ConfigMap":
+            self._config_written(obj)
+        self._check_state()
+
+    def _remove(self, key: tuple[str, str]) -> None:
+        gone = self.objects.pop(key)
+        self.changes.append((self.clock, "DELETED", copy.deepcopy(gone)))
+
+    # -- the world moving on its own ------------------------------------------------------
+
+    def tick(self, seconds: float) -> None:
+        self.clock += seconds
+
+    def set_replicas(self, n: int, job: str = "job") -> None:
+        new = copy.deepcopy(self.job(job))
+        new["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = n
+        new["metadata"]["generation"] += 1
+        self._put(new)
+
+    def start(self, name: str) -> None:
+        """The kubelet reports the pod's containers running."""
+        pod = self.objects.get(("Pod", name))
+        if (
+            pod
+            and pod["status"]["phase"] == "Pending"
+            and not pod["metadata"].get("deletionTimestamp")
+        ):
+            self._put({**copy.deepcopy(pod), "status": running_status(pod)})
+
+    def fail(self, name: str, code: int = 137, reason: str = "") -> None:
+        pod = copy.deepcopy(self.objects[("Pod", name)])
+        pod["status"] = {
+            "phase": "Failed",
+            "reason": reason,
+            "containerStatuses": [{"name": "main", "state": {"terminated": {"exitCode": code}}}],
+        }
+        self._put(pod)
+
+    def vanish(self, name: str) -> None:
+        """A terminating pod's grace period ends and it is gone."""
+        pod = self.objects.get(("Pod", name))
+        if pod and pod["metadata"].get("deletionTimestamp"):
+            self._remove(("Pod", name))
+
+    # -- invariants -------------------------------------------------------------------------
+
+    def _violate(self, message: str) -> None:
+        self.violations.append(f"t={self.clock:.3f}s: {message}")
+
+    def _check_for(self, owner_uid: str | None, kind: str, name: str) -> None:
+        """(f) a turn for one job writes only that job's objects."""
+        if self.acting is not None and owner_uid != self.acting.uid:
+            self._violate(f"(f) a turn of {self.acting.job} wrote {kind} {name} of another owner")
+
+    def _check_state(self) -> None:
+        """(a) the launcher may exec into every host its discover_hosts.sh names."""
+        for job, hosts in self._listed.items():
+            role = self.objects.get(("Role", names.launcher_name(job)))
+            if not hosts <= exec_names(role):
+                self._violate(
+                    f"(a) discover_hosts.sh names {sorted(hosts - exec_names(role))} "
+                    "which the launcher Role does not let it exec into"
+                )
+
+    def _pod_created(self, pod: Obj) -> None:
+        name = pod["metadata"]["name"]
+        job = pod["metadata"]["labels"][names.LABEL_JOB]
+        granted = exec_names(self.objects.get(("Role", names.launcher_name(job))))
+        self.creations.append((name, granted))
+        if name != names.launcher_name(job) and name not in granted:
+            self._violate(f"(a) worker pod {name} created before the Role grants exec on it")
+        if name in self._listed.get(job, set()):
+            self._ever_listed.add(pod["metadata"]["uid"])
+
+    def _config_written(self, config_map: Obj) -> None:
+        job = config_map["metadata"]["labels"][names.LABEL_JOB]
+        hosts = set(discovered(config_map))
+        before = self._listed.get(job, set())
+        self._listed[job] = hosts
+        for name in hosts ^ before:
+            pod = self.objects.get(("Pod", name))
+            if pod is None:
+                continue
+            uid = pod["metadata"]["uid"]
+            if name in hosts:
+                self._ever_listed.add(uid)
+                self._left_at.pop(uid, None)
+            else:
+                self._left_at[uid] = self.clock
+        acting = self.acting
+        if acting is None:
+            return
+        for name in sorted(hosts):
+            pod = self.objects.get(("Pod", name))
+            # (c) a listed host exists, is not being deleted, runs and is wanted.
+            if pod is None or pod["metadata"].get("deletionTimestamp"):
+                self._violate(f"(c) discover_hosts.sh names {name}, which is gone or terminating")
+            elif name not in acting.listable:
+                self._violate(
+                    f"(c) discover_hosts.sh names {name}, which the controller's view did not "
+                    "show running and wanted"
+                )
+
+    def _pod_deleted(self, pod: Obj) -> None:
+        meta = pod["metadata"]
+        name, uid = meta["name"], meta["uid"]
+        if uid in self.confirmed_deletes:
+            self._violate(f"(d) pod {name} deleted again after an accepted delete")
+        self.deletions.append((name, self.now, pod["status"]["phase"]))
+        job = meta["labels"][names.LABEL_JOB]
+        if worker_index(job, name) is None or meta.get("deletionTimestamp"):
+            return
+        drain = self.drain_seconds(job)
+        if name in self._listed.get(job, set()):
+            self._violate(f"(b) worker pod {name} deleted while discover_hosts.sh names it")
+        elif uid in self._ever_listed and pod["status"]["phase"] != "Failed":
+            since = self.clock - self._left_at[uid]
+            if since < drain:
+                self._violate(
+                    f"(b) worker pod {name} deleted {since:.3f}s after discover_hosts.sh "
+                    f"dropped it, with a {drain:g}s drain"
+                )
+
+    def drain_seconds(self, job: str) -> float:
+        annotations = self.job(job)["metadata"].get("annotations") or {}
+        return float(annotations.get(names.ANN_DRAIN_SECONDS, SETTINGS.default_drain_seconds))
+
+
+@dataclass(frozen=True)
+class Request:
+    verb: str
+    kind: str
+    name: str
+
+
+class FakeKube(Kube):
+    """``Kube`` answered by the world; every request passes ``gate``, where faults happen."""
+
+    def __init__(self, world: World, gate: Gate | None = None) -> None:
+        self.world = world
+        self.gate: Gate = gate or (lambda _request, apply: apply())
+
+    async def get(self, kind: str, namespace: str, name: str) -> Obj:
+        return self.gate(Request("get", kind, name), lambda: self.world.get(kind, name))
+
+    async def create(self, obj: Mapping[str, Any]) -> Obj:
+        request = Request("create", obj["kind"], obj["metadata"]["name"])
+        return self.gate(request, lambda: self.world.create(obj))
+
+    async def replace(self, obj: Mapping[str, Any]) -> Obj:
+        request = Request("replace", obj["kind"], obj["metadata"]["name"])
+        return self.gate(request, lambda: self.world.replace(obj))
+
+    async def patch(
+        self, kind: str, namespace: str, name: str, patch: Mapping[str, Any], subresource: str = ""
+    ) -> Obj:
+        request = Request("patch", kind, name)
+        return self.gate(request, lambda: self.world.patch(kind, name, patch, subresource))
+
+    async def delete(self, kind: str, namespace: str, name: str, uid: str) -> Obj:
+        request = Request("delete", kind, name)
+        result = self.gate(request, lambda: self.world.delete(kind, name, uid))
+        # Only now does the controller know the server accepted it.
+        self.world.confirmed_deletes.add(uid)
+        return result
+
+
+class _Clock:
+    """Stands in for the ``time`` module in writer.py, so its memory runs on world time."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def monotonic(self) -> float:
+        return self.world.clock
+
+
+@contextmanager
+def world_time(world: World) -> Iterator[None]:
+    with mock.patch.object(writer_module, "time", _Clock(world)):
+        yield
+
+
+class Cluster:
+    """The planner against a world it sees directly; whole plans applied by the real Writer."""
+
+    def __init__(self, job: Obj) -> None:
+        self.world = World(job)
+        self.name = str(job["metadata"]["name"])
+        self.writer = Writer(FakeKube(self.world), lambda _: None)
+
+    @property
+    def job(self) -> Obj:
+        return self.world.job(self.name)
+
+    @property
+    def now(self) -> datetime:
+        return self.world.now
+
+    @now.setter
+    def now(self, value: datetime) -> None:
+        self.world.now = value
+
+    @property
+    def objects(self) -> dict[tuple[str, str], Obj]:
+        return self.world.objects
+
+    @property
+    def pods(self) -> list[Obj]:
+        return self.world.pods
+
+    @property
+    def events(self) -> list[Emit]:
+        return self.world.events
+
+    @property
+    def creations(self) -> list[tuple[str, set[str]]]:
+        return self.world.creations
+
+    @property
+    def deletions(self) -> list[tuple[str, datetime, str]]:
+        return self.world.deletions
+
+    def get(self, kind: str, name: str) -> Obj | None:
+        return self.world.get_obj(kind, name)
+
     def observed(self) -> Observed:
-        job = self.job["metadata"]["name"]
-        return Observed(
-            job=copy.deepcopy(self.job),
-            pods=copy.deepcopy(self.pods),
-            config_map=self.get("ConfigMap", names.config_map_name(job)),
-            service_account=self.get("ServiceAccount", names.launcher_name(job)),
-            role=self.get("Role", names.launcher_name(job)),
-            role_binding=self.get("RoleBinding", names.launcher_name(job)),
-            deleting=frozenset(self.deleting),
-        )
+        memory = self.writer.of((NAMESPACE, self.name))
+        return observe(self.world.objects, self.job, memory, self.world.clock)
 
     def plan(self, settings: Settings = SETTINGS) -> Plan:
         return plan(self.observed(), settings, self.now)
 
     def apply(self, p: Plan) -> None:
-        before = set(discovered(self.get("ConfigMap", names.config_map_name(self.name))))
-        for action in p.actions:
-            self._apply(action)
-        after = set(discovered(self.get("ConfigMap", names.config_map_name(self.name))))
-        for host in before - after:
-            self.left_discovery[host] = self.now
-
-    @property
-    def name(self) -> str:
-        return str(self.job["metadata"]["name"])
-
-    def _apply(self, action: Any) -> None:
-        if isinstance(action, Create):
-            obj = copy.deepcopy(action.obj)
-            key = (obj["kind"], obj["metadata"]["name"])
-            assert key not in self.objects, f"create of existing {key}"
-            obj["metadata"]["uid"] = f"uid-{next(self._uids)}"
-            if obj["kind"] == "Pod":
-                obj["status"] = {"phase": "Pending"}
-                role = self.get("Role", names.launcher_name(self.name))
-                self.creations.append((obj["metadata"]["name"], exec_names(role)))
-            self.objects[key] = obj
-        elif isinstance(action, Replace):
-            key = (action.obj["kind"], action.obj["metadata"]["name"])
-            assert key in self.objects, f"replace of missing {key}"
-            self.objects[key] = copy.deepcopy(action.obj)
-        elif isinstance(action, AnnotatePod):
-            pod = self.objects[("Pod", action.name)]
-            ann = pod["metadata"].setdefault("annotations", {})
-            for k, v in action.annotations.items():
-                if v is None:
-                    ann.pop(k, None)
-                else:
-                    ann[k] = v
-        elif isinstance(action, DeletePod):
-            victim = self.objects.get(("Pod", action.name))
-            assert victim is not None, f"delete of missing {action.name}"
-            assert victim["metadata"]["uid"] == action.uid, "stale delete"
-            assert action.uid not in self.deleting, f"second delete of {action.name}"
-            self.deleting.add(action.uid)
-            self.deletions.append((action.name, self.now, victim["status"]["phase"]))
-            # KWOK, like a kubelet with grace, sets deletionTimestamp before removal.
-            victim["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-        elif isinstance(action, WriteStatus):
-            self.job["status"] = copy.deepcopy(action.status)
-        elif isinstance(action, Emit):
-            self.events.append(action)
-
-    # -- the world moving ----------------------------------------------------------------
+        with world_time(self.world):
+            asyncio.run(self.writer.run(self.job, p))
 
     def set_replicas(self, n: int) -> None:
         self.job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = n
 
     def run_pods(self) -> None:
         for pod in self.pods:
-            if pod["status"]["phase"] == "Pending" and not pod["metadata"].get("deletionTimestamp"):
-                pod["status"] = running_status(pod)
+            self.world.start(pod["metadata"]["name"])
 
     def finalize_deletions(self) -> None:
-        for key, pod in list(self.objects.items()):
-            if pod["metadata"].get("deletionTimestamp"):
-                del self.objects[key]
-                self.deleting.discard(pod["metadata"]["uid"])
+        for pod in self.pods:
+            self.world.vanish(pod["metadata"]["name"])
 
     def tick(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
+        self.world.tick(seconds)
 
     def converge(self, rounds: int = 20) -> None:
         """Let pods start, deletions finish and time pass until the plan is empty."""
@@ -201,3 +557,328 @@ class Cluster:
             self.apply(p)
             self.tick(p.requeue_after if p.requeue_after else 1)
         raise AssertionError(f"did not converge: {self.plan()}")
+
+
+@dataclass(frozen=True)
+class Faults:
+    """How badly the world behaves. The defaults are a calm cluster with a prompt watch."""
+
+    # The chance that a request fails: an error answer, or a timeout before or after the
+    # server applied it.
+    failure: float = 0.0
+    # The chance that the controller dies just before a request.
+    kill: float = 0.0
+    # How long each request takes, and how far behind the world the watch may run.
+    latency: float = 0.01
+    max_lag: float = 0.0
+    # How long a pod takes to start, and a terminating one to go.
+    pod_start: tuple[float, float] = (0.2, 2.0)
+    grace: tuple[float, float] = (0.2, 2.0)
+
+
+CALM = Faults()
+# A 409 on a create is AlreadyExists and on a delete a failed UID precondition; the world
+# answers those itself, when they are true.
+_ERRORS = {
+    409: "Conflict",
+    403: "Forbidden",
+    422: "Invalid",
+    500: "InternalError",
+}
+# Faults a test can script with ``Sim.inject``, besides an ApiError.
+KILL = "the controller dies before sending it"
+TIMEOUT_BEFORE = "timeout before the server applied it"
+TIMEOUT_AFTER = "timeout after the server applied it"
+Fault = ApiError | str
+
+
+@dataclass(order=True)
+class _Timer:
+    at: float
+    seq: int
+    what: str = field(compare=False)
+    name: str = field(compare=False)
+    uid: str = field(compare=False)
+
+
+class Sim:
+    """The controller's reconcile loop against a ``World`` that lags, fails and kills it.
+
+    Mirrors ``reconciler.Controller``: a watch cache (here ``view``) fed by the world's
+    change stream after a random delay, the controller's own confirmed writes upserted into
+    it, one job reconciled at a time from a queue of due times, a failed turn retried with
+    the work queue's backoff, ``requeue_after`` honoured. The real ``Writer`` executes each
+    plan; ``writer`` and ``planner`` can be swapped for variants under test.
+    """
+
+    def __init__(
+        self,
+        world: World,
+        *,
+        seed: int = 0,
+        faults: Faults = CALM,
+        planner: Planner = plan,
+        writer: type[Writer] = Writer,
+        settings: Settings = SETTINGS,
+    ) -> None:
+        self.world = world
+        self.rng = random.Random(seed)
+        self.faults = faults
+        self.planner = planner
+        self.writer_type = writer
+        self.settings = settings
+        self.jobs = sorted(name for kind, name in world.objects if kind == names.KIND)
+        self.turns = self.restarts = self.failed_turns = 0
+        self._scripted: list[tuple[Request, Fault]] = []
+        self._loop = asyncio.new_event_loop()
+        self._timers: list[_Timer] = []
+        self._seq = itertools.count()
+        self._kubelet_cursor = 0
+        self._delivery: dict[int, float] = {}
+        self.restart(delay=0.0)
+
+    def close(self) -> None:
+        self._loop.close()
+
+    def __enter__(self) -> Sim:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # -- the controller process -------------------------------------------------------------
+
+    def restart(self, delay: float = 1.0) -> None:
+        """A new controller process: empty memory, caches listed afresh, every job queued."""
+        self.dead = False
+        self.writer = self.writer_type(FakeKube(self.world, self._gate), self._upsert)
+        self.view = copy.deepcopy(self.world.objects)
+        self._seen_deleted: set[str] = set()
+        self._cursor = len(self.world.changes)
+        self._signatures = {name: _job_signature(self.world.job(name)) for name in self.jobs}
+        self._backoff: ItemBackoff[str] = ItemBackoff(60.0)
+        self.due = {name: self.world.clock + delay for name in self.jobs}
+
+    def _queue(self, name: str, at: float) -> None:
+        self.due[name] = min(self.due.get(name, at), at)
+
+    def _upsert(self, obj: Obj) -> None:
+        """The Writer's cache callback: read-your-writes, never back in time."""
+        key = (obj["kind"], obj["metadata"]["name"])
+        current = self.view.get(key)
+        if obj["metadata"]["uid"] in self._seen_deleted:
+            return
+        if current is None or _rv(obj) >= _rv(current):
+            self.view[key] = copy.deepcopy(obj)
+
+    def _watch(self, type_: str, obj: Obj) -> None:
+        """One watch event reaches the cache, and queues the job it concerns."""
+        key = (obj["kind"], obj["metadata"]["name"])
+        current = self.view.get(key)
+        uid = obj["metadata"]["uid"]
+        if type_ == "DELETED":
+            self._seen_deleted.add(uid)
+            if current is not None and current["metadata"]["uid"] == uid:
+                del self.view[key]
+        elif current is None or _rv(obj) > _rv(current):
+            self.view[key] = obj
+        if obj["kind"] == names.KIND:
+            signature = _job_signature(obj)
+            if self._signatures.get(key[1]) != signature:
+                self._signatures[key[1]] = signature
+                self._queue(key[1], self.world.clock)
+            return
+        for ref in obj["metadata"].get("ownerReferences") or []:
+            if ref.get("controller") and ref["name"] in self.jobs:
+                self._queue(ref["name"], self.world.clock)
+
+    def inject(self, request: Request, fault: Fault) -> None:
+        """Make the next request that matches ``request`` meet ``fault``."""
+        self._scripted.append((request, fault))
+
+    def _gate(self, request: Request, apply: Callable[[], Obj]) -> Obj:
+        """One request: the process may die first, it takes time, and it may fail."""
+        fault = self._fault(request)
+        if self.dead or fault == KILL:
+            self.dead = True
+            raise Killed(request)
+        self._progress(self.world.clock + self.faults.latency)
+        if isinstance(fault, ApiError):
+            raise fault
+        if fault == TIMEOUT_BEFORE:
+            raise TimeoutError(fault)
+        result = apply()
+        if fault == TIMEOUT_AFTER:
+            raise TimeoutError(fault)
+        return result
+
+    def _fault(self, request: Request) -> Fault | None:
+        for i, (match, fault) in enumerate(self._scripted):
+            if match == request:
+                del self._scripted[i]
+                return fault
+        if self.rng.random() < self.faults.kill:
+            return KILL
+        if self.rng.random() >= self.faults.failure:
+            return None
+        codes = [c for c in _ERRORS if not (c == 409 and request.verb in ("create", "delete"))]
+        pick = self.rng.randrange(len(codes) + 2)
+        if pick == len(codes):
+            return TIMEOUT_BEFORE
+        if pick > len(codes):
+            return TIMEOUT_AFTER
+        code = codes[pick]
+        return ApiError(code, _ERRORS[code], f"injected on {request}")
+
+    def _turn(self, name: str) -> None:
+        """``Controller.reconcile`` and the worker around it, for one job."""
+        del self.due[name]
+        self.turns += 1
+        job = self.view[(names.KIND, name)]
+        memory = self.writer.of((NAMESPACE, name))
+        observed = observe(self.view, job, memory, self.world.clock)
+        self.world.acting = Acting(name, job["metadata"]["uid"], listable(observed))
+        the_plan = self.planner(observed, self.settings, self.world.now)
+        try:
+            with world_time(self.world):
+                self._loop.run_until_complete(self.writer.run(copy.deepcopy(job), the_plan))
+        except (ApiError, TimeoutError, Killed):
+            self.failed_turns += 1
+            if not self.dead:
+                self._queue(name, self.world.clock + self._backoff.next_delay(name))
+        else:
+            self._backoff.forget(name)
+            retry = memory.next_retry(self.world.clock)
+            requeue = [t for t in (the_plan.requeue_after, retry) if t is not None]
+            if requeue:
+                # As the reconciler does: a hair late, so the deadline has passed on arrival.
+                self._queue(name, self.world.clock + min(requeue) + 0.05)
+        finally:
+            self.world.acting = None
+        if self.dead:
+            self.restarts += 1
+            self.restart()
+        if self.world.violations:
+            raise Violation("\n".join(self.world.violations))
+
+    # -- the world's own pace ---------------------------------------------------------------
+
+    def _kubelet(self) -> None:
+        """Schedule starts for new pods and removals for pods being deleted."""
+        changes = self.world.changes
+        for at, type_, obj in changes[self._kubelet_cursor :]:
+            meta = obj["metadata"]
+            if type_ != "MODIFIED" or obj["kind"] != "Pod":
+                continue
+            if meta.get("deletionTimestamp"):
+                self._timer(at + self.rng.uniform(*self.faults.grace), "vanish", obj)
+            elif obj["status"]["phase"] == "Pending":
+                self._timer(at + self.rng.uniform(*self.faults.pod_start), "start", obj)
+        self._kubelet_cursor = len(changes)
+
+    def _timer(self, at: float, what: str, pod: Obj) -> None:
+        meta = pod["metadata"]
+        heapq.heappush(self._timers, _Timer(at, next(self._seq), what, meta["name"], meta["uid"]))
+
+    def _delivered_at(self, index: int) -> float:
+        """When the watch delivers world change ``index``: in order, after a random lag."""
+        if index not in self._delivery:
+            earliest = self._delivery.get(index - 1, 0.0)
+            at = self.world.changes[index][0] + self.rng.uniform(0, self.faults.max_lag)
+            self._delivery[index] = max(earliest, at)
+        return self._delivery[index]
+
+    def _next_event(self) -> float:
+        self._kubelet()
+        times = list(self.due.values())
+        if self._timers:
+            times.append(self._timers[0].at)
+        if self._cursor < len(self.world.changes):
+            times.append(self._delivered_at(self._cursor))
+        return min(times, default=float("inf"))
+
+    def _progress(self, until: float) -> None:
+        """Let the kubelet and the watch catch up with ``until``; no reconcile runs."""
+        while True:
+            self._kubelet()
+            timer = self._timers[0].at if self._timers else float("inf")
+            changes = self.world.changes
+            watch = self._delivered_at(self._cursor) if self._cursor < len(changes) else timer
+            at = min(timer, watch)
+            if at > until:
+                break
+            self.world.clock = max(self.world.clock, at)
+            if watch <= timer and self._cursor < len(changes):
+                _, type_, obj = changes[self._cursor]
+                self._cursor += 1
+                self._watch(type_, copy.deepcopy(obj))
+            else:
+                t = heapq.heappop(self._timers)
+                pod = self.world.get_obj("Pod", t.name)
+                if pod is not None and pod["metadata"]["uid"] == t.uid:
+                    (self.world.start if t.what == "start" else self.world.vanish)(t.name)
+        self.world.clock = max(self.world.clock, until)
+
+    def advance(self, seconds: float, until: Callable[[], bool] | None = None) -> None:
+        """Let ``seconds`` pass, reconciling every job whose turn comes; stop early once
+        ``until`` holds after a turn."""
+        end = self.world.clock + seconds
+        while (at := self._next_event()) <= end:
+            self._progress(at)
+            due = [(t, name) for name, t in self.due.items() if t <= self.world.clock]
+            if due:
+                self._turn(min(due)[1])
+                if until is not None and until():
+                    return
+        self._progress(end)
+
+    def settle(self, seconds: float = 300.0) -> None:
+        """(e) With faults over and time passing, every job reaches its spec, then rests."""
+        self.faults = Faults(max_lag=self.faults.max_lag)
+        self._scripted.clear()
+        self.advance(seconds)
+        problems = [p for name in self.jobs for p in self.unconverged(name)]
+        if problems:
+            raise Violation(f"(e) after {seconds:g}s without faults: " + "; ".join(problems))
+
+    def unconverged(self, name: str) -> list[str]:
+        job = self.world.job(name)
+        want = [names.worker_name(name, i) for i in range(replicas(job))]
+        workers = self.world.workers(name)
+        have = [p["metadata"]["name"] for p in workers]
+        hosts = discovered(self.world.get_obj("ConfigMap", names.config_map_name(name)))
+        role = exec_names(self.world.get_obj("Role", names.launcher_name(name)))
+        problems = []
+        if have != want:
+            problems.append(f"{name} has worker pods {have}, wants {want}")
+        idle = [w for w in have if w not in set(hosts)]
+        if idle:
+            problems.append(f"{name}'s discover_hosts.sh does not name {idle}")
+        if hosts != want or role != set(want):
+            problems.append(f"{name} lists {hosts} and grants exec on {sorted(role)}")
+        if self.world.get_obj("Pod", names.launcher_name(name)) is None:
+            problems.append(f"{name} has no launcher")
+        memory = self.writer.of((NAMESPACE, name))
+        left = self.planner(
+            observe(self.world.objects, job, memory, self.world.clock),
+            self.settings,
+            self.world.now,
+        )
+        if left.actions or left.requeue_after is not None:
+            problems.append(f"{name} still plans {left}")
+        return problems
+
+
+def replicas(job: Mapping[str, Any]) -> int:
+    return int(job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"])
+
+
+def listable(observed: Observed) -> set[str]:
+    """The workers the observed pods and spec allow in discover_hosts.sh."""
+    job = str(observed.job["metadata"]["name"])
+    found = []
+    for pod in observed.pods:
+        index = worker_index(job, pod["metadata"]["name"])
+        if index is not None and index < replicas(observed.job):
+            found.append(Worker(index, pod))
+    return {w.name for w in found if w.can_take_ranks(None)}

@@ -375,8 +375,14 @@ def test_elastic_launcher_waits_only_for_min() -> None:
 
 def test_pods_named_like_workers_of_another_job_are_ignored() -> None:
     c = started(2)
+    owner = {"kind": names.KIND, "name": "job", "uid": c.job["metadata"]["uid"], "controller": True}
     stray = {
-        "metadata": {"name": "job-worker-01", "uid": "x", "labels": names.labels("job", "worker")},
+        "metadata": {
+            "name": "job-worker-01",
+            "uid": "x",
+            "labels": names.labels("job", "worker"),
+            "ownerReferences": [owner],
+        },
         "status": {"phase": "Running"},
     }
     c.objects[("Pod", "job-worker-01")] = stray
@@ -386,6 +392,8 @@ def test_pods_named_like_workers_of_another_job_are_ignored() -> None:
 
 
 # -- property: any order of events keeps the safety invariants --------------------------
+# Here every plan lands whole on a world the planner sees directly; test_simulation.py runs
+# the same invariants against a lagging view, failing writes and restarts.
 
 step = st.one_of(
     st.tuples(st.just("replicas"), st.integers(min_value=-1, max_value=7)),
@@ -415,13 +423,10 @@ def test_invariants_under_any_event_order(steps: list[tuple[str, int]], drain: s
             _fail(c, f"job-worker-{arg}", 137)
         else:
             c.apply(c.plan())
-        role = exec_names(c.get("Role", "job-launcher"))
+        # Exec before create, hosts within exec rights, deletes only after a full drain
+        # out of discovery, no second delete: the world checks each at the write.
+        assert c.world.violations == []
         hosts = discovered(c.get("ConfigMap", "job-config"))
-        # The launcher can exec into every host it is told about.
-        assert set(hosts) <= role
-        # Every worker was exec-able from the moment it was created.
-        for created, granted in c.creations:
-            assert created == "job-launcher" or created in granted
         if kind == "reconcile":
             # Right after a reconcile, hosts are only Running pods not being deleted.
             for host in hosts:
@@ -429,11 +434,6 @@ def test_invariants_under_any_event_order(steps: list[tuple[str, int]], drain: s
                 assert pod is not None
                 assert pod["status"]["phase"] == "Running"
                 assert not pod["metadata"].get("deletionTimestamp")
-    # A healthy worker was only ever deleted after leaving discovery for the drain period.
-    for name, at, phase in c.deletions:
-        left = c.left_discovery.get(name)
-        if left is not None and phase != "Failed":
-            assert (at - left).total_seconds() >= float(drain)
     # Whatever happened, the job converges to its bounded replicas with nothing extra.
     c.converge(rounds=30)
     want = c.job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]

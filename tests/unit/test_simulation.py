@@ -1,0 +1,250 @@
+"""The real planner and Writer under a world that lags, fails writes and kills the controller.
+
+Each run checks the safety invariants after every write (see ``simulation.World``) and
+ends by letting the world settle: every job must converge. The tests after the property
+show that the simulation catches what it must: a planner that deletes before rewriting
+the host lists, a planner that trusts a stale drain mark, and a Writer that remembers a
+delete the server never confirmed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpijob_elastic import names
+from mpijob_elastic.actions import Action, DeletePod, Observed, Plan, Replace
+from mpijob_elastic.desired import desired
+from mpijob_elastic.diff import diff
+from mpijob_elastic.plan import plan
+from mpijob_elastic.settings import Settings
+from mpijob_elastic.writer import Key, Writer
+from tests.unit.simulation import (
+    KILL,
+    TIMEOUT_BEFORE,
+    FakeKube,
+    Faults,
+    Request,
+    Sim,
+    Violation,
+    World,
+    make_job,
+)
+
+JOBS = ("job", "other")
+DRAIN = 3
+
+
+def world(replicas: int = 2, *, drain: float = DRAIN, jobs: tuple[str, ...] = JOBS) -> World:
+    annotations = {
+        names.ANN_MIN_REPLICAS: "1",
+        names.ANN_MAX_REPLICAS: "5",
+        names.ANN_DRAIN_SECONDS: f"{drain:g}",
+    }
+    made = [make_job(replicas, name=j, annotations=dict(annotations)) for j in jobs]
+    for job in made:
+        job["spec"]["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = "OnFailure"
+    return World(*made)
+
+
+def settled(sim: Sim) -> bool:
+    return not any(sim.unconverged(j) for j in sim.jobs)
+
+
+# -- the real controller holds every invariant, whatever happens -----------------------
+
+step = st.one_of(
+    st.tuples(st.just("scale"), st.sampled_from(JOBS), st.integers(min_value=1, max_value=5)),
+    st.tuples(st.just("wait"), st.sampled_from(JOBS), st.sampled_from([0.05, 0.5, 1, 2, 4, 8])),
+    st.tuples(st.just("fail"), st.sampled_from(JOBS), st.integers(min_value=0, max_value=4)),
+    st.tuples(st.just("restart"), st.sampled_from(JOBS), st.just(0)),
+)
+
+
+@settings(max_examples=120, deadline=None, derandomize=True)
+@given(
+    steps=st.lists(step, max_size=30),
+    seed=st.integers(min_value=0, max_value=2**32),
+    failure=st.sampled_from([0.0, 0.1, 0.3]),
+    kill=st.sampled_from([0.0, 0.02, 0.1]),
+    lag=st.sampled_from([0.0, 0.5, 2.0]),
+    drain=st.sampled_from([0, DRAIN]),
+)
+def test_invariants_under_faults_lag_and_restarts(
+    steps: list[tuple[str, str, float]],
+    seed: int,
+    failure: float,
+    kill: float,
+    lag: float,
+    drain: float,
+) -> None:
+    w = world(drain=drain)
+    faults = Faults(failure=failure, kill=kill, max_lag=lag)
+    with Sim(w, seed=seed, faults=faults) as sim:
+        for kind, job, arg in steps:
+            if kind == "scale":
+                w.set_replicas(int(arg), job)
+            elif kind == "wait":
+                sim.advance(arg)
+            elif kind == "fail":
+                pod = w.get_obj("Pod", names.worker_name(job, int(arg)))
+                if pod and pod["status"]["phase"] == "Running":
+                    w.fail(pod["metadata"]["name"])
+            else:
+                sim.restarts += 1
+                sim.restart()
+        sim.settle()
+
+
+def test_a_faulty_run_meets_every_kind_of_trouble() -> None:
+    """The property above is only as good as the trouble it meets: make sure it is met."""
+    w = world()
+    with Sim(w, seed=7, faults=Faults(failure=0.3, kill=0.05, max_lag=2.0)) as sim:
+        for n in (5, 1, 4, 2, 5, 3):
+            w.set_replicas(n)
+            sim.advance(DRAIN * 1.5)
+        sim.settle()
+        assert sim.failed_turns > 10
+        assert sim.restarts > 2
+    assert len(w.deletions) >= 5
+
+
+# -- the simulation catches known-bad variants --------------------------------------------
+
+
+def is_config_map(action: Action) -> bool:
+    return isinstance(action, Replace) and action.obj["kind"] == "ConfigMap"
+
+
+def deletes_first(observed: Observed, s: Settings, now: datetime) -> Plan:
+    """The real plan with the victims' deletes moved before the host-list write."""
+    p = plan(observed, s, now)
+    deletes = tuple(a for a in p.actions if isinstance(a, DeletePod))
+    rest = [a for a in p.actions if not isinstance(a, DeletePod)]
+    at = next((i for i, a in enumerate(rest) if is_config_map(a)), len(rest))
+    return Plan((*rest[:at], *deletes, *rest[at:]), p.requeue_after)
+
+
+def trusts_any_mark(observed: Observed, s: Settings, now: datetime) -> Plan:
+    """The old drain rule: a marked worker is draining even if the host lists name it.
+
+    ``desired`` is shown host lists without the marked workers; ``diff`` the real ones.
+    """
+    marked = {
+        p["metadata"]["name"]
+        for p in observed.pods
+        if names.ANN_DRAINING_SINCE in (p["metadata"].get("annotations") or {})
+    }
+    cm = observed.config_map
+    if cm is not None:
+        data = {k: _without(v, marked) for k, v in (cm.get("data") or {}).items()}
+        cm = {**cm, "data": data}
+    return diff(desired(dataclasses.replace(observed, config_map=cm), s, now), observed, now)
+
+
+def _without(text: str, hosts: set[str]) -> str:
+    def names_host(line: str) -> bool:
+        return any(word.split(":")[0] in hosts for word in line.split())
+
+    return "\n".join(line for line in text.split("\n") if not names_host(line))
+
+
+class RemembersBeforeAsking(Writer):
+    """The old Writer: a delete counts as issued before the server answers, and stays so."""
+
+    async def _write(self, key: Key, job: dict[str, Any], action: Action) -> None:
+        if isinstance(action, DeletePod):
+            assert isinstance(self.kube, FakeKube)
+            self.of(key).deletes[action.uid] = self.kube.world.clock
+        await super()._write(key, job, action)
+
+
+def started(w: World, **kw: Any) -> Sim:
+    sim = Sim(w, **kw)
+    sim.advance(30, until=lambda: settled(sim))
+    assert settled(sim)
+    return sim
+
+
+def scale_in_with_zero_drain(sim: Sim) -> None:
+    sim.world.set_replicas(2)
+    sim.advance(10)
+    sim.settle()
+
+
+def stale_mark_after_restart(sim: Sim) -> None:
+    """Defect 1's scenario: 4->2, back to 4, restart between the host-list write and the
+    unmark, 4->2 again."""
+    w = sim.world
+    w.set_replicas(2)
+    sim.advance(1)
+    marked = [
+        p["metadata"]["name"]
+        for p in w.workers()
+        if names.ANN_DRAINING_SINCE in p["metadata"].get("annotations", {})
+    ]
+    assert marked == ["job-worker-2", "job-worker-3"]
+    w.set_replicas(4)
+    sim.inject(Request("patch", "Pod", "job-worker-2"), KILL)
+    sim.advance(10, until=lambda: sim.restarts == 1)
+    assert sim.restarts == 1
+    w.set_replicas(2)
+    sim.settle()
+
+
+def lost_delete(sim: Sim) -> None:
+    """Defect 2's scenario: a drained worker's delete times out before reaching the server."""
+    sim.inject(Request("delete", "Pod", "job-worker-3"), TIMEOUT_BEFORE)
+    sim.world.set_replicas(2)
+    sim.advance(DRAIN + 1)
+    assert sim.failed_turns == 1
+    sim.settle()
+
+
+CASES: Mapping[str, tuple[Any, float, dict[str, Any], str]] = {
+    "deletes before the host-list write": (
+        scale_in_with_zero_drain,
+        0,
+        {"planner": deletes_first},
+        "(b) worker pod job-worker-2 deleted while discover_hosts.sh names it",
+    ),
+    "defect 1: a stale drain mark": (
+        stale_mark_after_restart,
+        DRAIN,
+        {"planner": trusts_any_mark},
+        "(b) worker pod job-worker-2 deleted",
+    ),
+    "defect 2: a lost delete taken for issued": (
+        lost_delete,
+        DRAIN,
+        {"writer": RemembersBeforeAsking},
+        "(e) after 300s without faults: job has worker pods",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_simulation_catches(case: str) -> None:
+    scenario, drain, variant, violation = CASES[case]
+    with (
+        started(world(4, drain=drain, jobs=("job",)), **variant) as sim,
+        pytest.raises(Violation) as caught,
+    ):
+        scenario(sim)
+    print(caught.value)
+    assert violation in str(caught.value)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_real_controller_passes(case: str) -> None:
+    scenario, drain, _, _ = CASES[case]
+    w = world(4, drain=drain, jobs=("job",))
+    with started(w) as sim:
+        scenario(sim)
+    assert [p["metadata"]["name"] for p in w.workers()] == ["job-worker-0", "job-worker-1"]
