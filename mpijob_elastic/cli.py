@@ -13,15 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes_asyncio import config as kube_config
-from kubernetes_asyncio.client import ApiClient
 
-from mpijob_elastic import logs, names
+from mpijob_elastic import clients, logs, names
 from mpijob_elastic.actions import Create, Observed, Replace
 from mpijob_elastic.plan import plan
 from mpijob_elastic.reconciler import Controller
 from mpijob_elastic.settings import KubectlDelivery, Settings
 from mpijob_elastic.spec import InvalidSpec, parse
+from mpijob_elastic.writer import WRITE_CONCURRENCY
 
 DEFAULTS = Settings()
 
@@ -95,27 +94,31 @@ def _kubeconfig_path(kubeconfig: str | None) -> str | None:
     return path if kubeconfig or Path(path).exists() else None
 
 
-async def _load_config(kubeconfig: str | None) -> ApiClient:
-    path = _kubeconfig_path(kubeconfig)
-    if path:
-        return await kube_config.new_client_from_config(config_file=path)
-    kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
-    return ApiClient()
+async def _load_config(kubeconfig: str | None, settings: Settings) -> clients.Clients:
+    configuration = await clients.load_configuration(_kubeconfig_path(kubeconfig))
+    # Outside a batch each reconcile worker makes one write at a time; batches share
+    # WRITE_CONCURRENCY slots. So no write ever waits for a connection in normal operation.
+    return clients.connect(
+        configuration, write_connections=settings.reconcile_workers + WRITE_CONCURRENCY
+    )
 
 
 async def _run(args: argparse.Namespace) -> None:
-    api = await _load_config(args.kubeconfig)
-    controller = Controller(api, _settings(args))
+    settings = _settings(args)
+    apis = await _load_config(args.kubeconfig, settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await controller.start()
-        await stop.wait()
+        controller = Controller(apis.write, settings, watch_api=apis.watch)
+        try:
+            await controller.start()
+            await stop.wait()
+        finally:
+            await controller.stop()
     finally:
-        await controller.stop()
-        await api.close()
+        await apis.close()
 
 
 def _running(pod: dict[str, Any]) -> dict[str, Any]:
