@@ -12,9 +12,11 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import aiohttp
 import pytest
 
-from mpijob_elastic import names
+from mpijob_elastic import clients, names
+from mpijob_elastic.kube import WRITE_TIMEOUT, Kube
 from tests.cluster import Cluster
 from tests.controller import StartController, wait_for
 from tests.manifests import mpijob
@@ -68,3 +70,31 @@ def test_a_job_in_the_last_of_24_watched_namespaces_gets_its_children(
     print(f"children of a job in the last of {NAMESPACES} namespaces after {took:.1f}s")
     # No write waited for a connection, so none failed along the way.
     assert [e for e in controller.log_entries() if e.get("level") == "WARNING"] == []
+
+
+async def test_a_write_that_cannot_get_a_connection_fails_fast_and_says_why(
+    cluster: Cluster,
+) -> None:
+    apis = clients.connect(
+        await clients.load_configuration(cluster.kubeconfig), write_connections=1
+    )
+    try:
+        # A watch holds the only write connection, as the watches did on the shared client.
+        held = await apis.write.call_api(
+            "/api/v1/namespaces/default/configmaps",
+            "GET",
+            query_params=[("watch", "true"), ("timeoutSeconds", 300)],
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+        )
+        started = time.monotonic()
+        with pytest.raises(aiohttp.ConnectionTimeoutError, match="all 1 write connections"):
+            await Kube(apis.write).request("GET", "/api/v1/namespaces/default/configmaps")
+        waited = time.monotonic() - started
+        assert clients.WRITE_CONNECT_TIMEOUT_SECONDS - 1 < waited < WRITE_TIMEOUT
+        held.close()
+        # The connection is back, and writes flow again.
+        listed = await Kube(apis.write).request("GET", "/api/v1/namespaces/default/configmaps")
+        assert listed["kind"] == "ConfigMapList"
+    finally:
+        await apis.close()
