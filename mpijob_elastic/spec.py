@@ -176,16 +176,12 @@ def _string(
     return value
 
 
-def _string_map(value: Any, field: str, errors: list[FieldError]) -> bool:
-    mapping = _object(value, field, errors)
-    if mapping is None:
-        return False
-    for key, item in mapping.items():
+def _string_map(value: Any, field: str, errors: list[FieldError]) -> None:
+    for key, item in (_object(value, field, errors) or {}).items():
         if not isinstance(item, str):
             # Only the first bad entry: the message goes into a condition, whatever its size.
             errors.append(FieldError(f"{field}[{key}]", f"must be a string, got {_show(item)}"))
-            return False
-    return True
+            return
 
 
 def _string_list(value: Any, field: str, errors: list[FieldError]) -> None:
