@@ -39,6 +39,6 @@ class Settings:
     # 63-character worker name a worker costs 67 bytes of Role JSON and 143 bytes of
     # ConfigMap data (hostfile "<name> slots=1\n", 72; discover_hosts.sh "echo <name>:1\n",
     # 71), 161 with a 10-digit slotsPerWorker: at 1000 workers that is 67 KB and 161 KB,
-    # well under the 1 MiB a ConfigMap's data may hold and etcd's 1.5 MiB per object, which
-    # would be reached near 6500 workers. Larger MPI jobs exist; raise the limit for them.
+    # well under etcd's 1.5 MiB per object and the 1 MiB a ConfigMap's data may hold (the
+    # first limit reached, near 6500 workers). Larger MPI jobs exist; raise it for them.
     max_workers_per_job: int = 1000
