@@ -13,7 +13,6 @@ a reconcile that raised would retry for ever without telling the user anything.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -22,6 +21,15 @@ from typing import Any
 
 from mpijob_elastic import names
 from mpijob_elastic.settings import Settings
+from mpijob_elastic.shapes import (
+    FieldError,
+    as_int,
+    mapping,
+    pod_template,
+    show,
+    string_field,
+    string_map,
+)
 
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 CLEAN_POD_POLICIES = ("All", "Running", "None")
@@ -39,19 +47,6 @@ _DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 # The CRD declares replicas and slotsPerWorker int32 but does not enforce it; outside that
 # range a number is a typo, and Python's str() of a huge int raises.
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
-
-# render.py deep-copies a template recursively, which hits Python's recursion limit at
-# about 500 levels. Real pod templates nest about 12 deep (affinity terms are the deepest).
-_MAX_TEMPLATE_DEPTH = 64
-
-
-@dataclass(frozen=True)
-class FieldError:
-    field: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.message}"
 
 
 class InvalidSpec(Exception):
@@ -121,195 +116,6 @@ def managed_by(job: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-# -- shapes ------------------------------------------------------------------------------
-
-
-def _show(value: Any) -> str:
-    """The value as JSON, kept short: it lands in a condition message."""
-    if isinstance(value, Mapping):
-        return "an object"
-    if isinstance(value, list | tuple):
-        return "a list"
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return "a number too large to be meant"  # and str() of it may raise
-    if isinstance(value, str) and len(value) > 40:
-        value = value[:40] + "..."
-    try:
-        return json.dumps(value)
-    except (TypeError, ValueError):
-        return type(value).__name__
-
-
-def _int(value: Any) -> int | None:
-    # bool is an int subclass in Python, but `replicas: true` is not a number to a user.
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None
-    return value
-
-
-def _object(
-    value: Any, field: str, errors: list[FieldError], *, required: bool = False
-) -> Mapping[str, Any] | None:
-    """The value as a mapping ({} if unset), or None after reporting why it is not one."""
-    if value is None:
-        if required:
-            errors.append(FieldError(field, "Required value"))
-            return None
-        return {}
-    if not isinstance(value, Mapping):
-        errors.append(FieldError(field, f"must be an object, got {_show(value)}"))
-        return None
-    return value
-
-
-def _string(
-    value: Any, field: str, errors: list[FieldError], *, required: bool = False
-) -> str | None:
-    if value is None:
-        if required:
-            errors.append(FieldError(field, "Required value"))
-            return None
-        return ""
-    if not isinstance(value, str):
-        errors.append(FieldError(field, f"must be a string, got {_show(value)}"))
-        return None
-    return value
-
-
-def _string_map(value: Any, field: str, errors: list[FieldError]) -> None:
-    for key, item in (_object(value, field, errors) or {}).items():
-        if not isinstance(item, str):
-            # Only the first bad entry: the message goes into a condition, whatever its size.
-            errors.append(FieldError(f"{field}[{key}]", f"must be a string, got {_show(item)}"))
-            return
-
-
-def _string_list(value: Any, field: str, errors: list[FieldError]) -> None:
-    if value is None:
-        return
-    if not isinstance(value, list):
-        errors.append(FieldError(field, f"must be a list of strings, got {_show(value)}"))
-        return
-    for i, item in enumerate(value):
-        if not isinstance(item, str):
-            errors.append(FieldError(f"{field}[{i}]", f"must be a string, got {_show(item)}"))
-            return
-
-
-def _named_objects(
-    value: Any, field: str, what: str, errors: list[FieldError]
-) -> list[Mapping[str, Any]] | None:
-    """A list of objects that each have a string ``name``, as most lists in a PodSpec are.
-
-    ``what`` describes one entry (``"{name, value} object"``). None after reporting.
-    """
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        errors.append(FieldError(field, f"must be a list of {what}s, got {_show(value)}"))
-        return None
-    for i, item in enumerate(value):
-        if not isinstance(item, Mapping):
-            errors.append(FieldError(f"{field}[{i}]", f"must be a {what}, got {_show(item)}"))
-            return None
-        name = item.get("name")
-        if not isinstance(name, str) or not name:
-            message = (
-                "Required value" if name in (None, "") else f"must be a string, got {_show(name)}"
-            )
-            errors.append(FieldError(f"{field}[{i}].name", message))
-            return None
-    return value
-
-
-def _container(container: Mapping[str, Any], field: str, errors: list[FieldError]) -> None:
-    # Only what render reads or extends, and the lists it appends to; the API server checks
-    # the rest when the pod is created, and that refusal is reported on the job too.
-    _string_list(container.get("command"), f"{field}.command", errors)
-    _string_list(container.get("args"), f"{field}.args", errors)
-    env = _named_objects(container.get("env"), f"{field}.env", "{name, value} object", errors)
-    for i, var in enumerate(env or []):
-        value = var.get("value")
-        if value is not None and not isinstance(value, str):
-            errors.append(
-                FieldError(f"{field}.env[{i}].value", f"must be a string, got {_show(value)}")
-            )
-            break
-    _named_objects(
-        container.get("volumeMounts"), f"{field}.volumeMounts", "{name, mountPath} object", errors
-    )
-    resources = _object(container.get("resources"), f"{field}.resources", errors)
-    if resources is not None:
-        _object(resources.get("limits"), f"{field}.resources.limits", errors)
-        _object(resources.get("requests"), f"{field}.resources.requests", errors)
-
-
-def _deeper_than(value: Any, limit: int) -> bool:
-    # Iterative, because the point is to refuse what recursion cannot handle.
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, Mapping):
-            children = list(item.values())
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
-    return False
-
-
-def _without_null_lists(template: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The template without ``volumes: null`` and ``volumeMounts: null``.
-
-    A YAML ``volumes:`` with every entry commented out is null, which the API server reads as
-    unset; render appends to these lists, and appending to None raises.
-    """
-    pod = template["spec"]
-    containers = pod["containers"]
-    if pod.get("volumes", []) is not None and all(
-        c.get("volumeMounts", []) is not None for c in containers
-    ):
-        return template
-    pod = {k: v for k, v in pod.items() if not (k == "volumes" and v is None)}
-    pod["containers"] = [
-        {k: v for k, v in c.items() if not (k == "volumeMounts" and v is None)} for c in containers
-    ]
-    return {**template, "spec": pod}
-
-
-def _template(value: Any, field: str, errors: list[FieldError]) -> Mapping[str, Any] | None:
-    template = _object(value, field, errors, required=True)
-    if template is None:
-        return None
-    if _deeper_than(template, _MAX_TEMPLATE_DEPTH):
-        errors.append(FieldError(field, f"must not nest more than {_MAX_TEMPLATE_DEPTH} levels"))
-        return None
-    before = len(errors)
-    meta = _object(template.get("metadata"), f"{field}.metadata", errors)
-    if meta is not None:
-        _string_map(meta.get("labels"), f"{field}.metadata.labels", errors)
-        _string_map(meta.get("annotations"), f"{field}.metadata.annotations", errors)
-    pod = _object(template.get("spec"), f"{field}.spec", errors, required=True)
-    if pod is not None:
-        path = f"{field}.spec.containers"
-        containers = _named_objects(pod.get("containers"), path, "container object", errors)
-        if containers == []:
-            errors.append(FieldError(path, "Required value: at least one container"))
-        for i, container in enumerate(containers or []):
-            _container(container, f"{path}[{i}]", errors)
-        path = f"{field}.spec.initContainers"
-        init = _named_objects(pod.get("initContainers"), path, "container object", errors)
-        for i, container in enumerate(init or []):
-            _container(container, f"{path}[{i}]", errors)
-        _named_objects(pod.get("volumes"), f"{field}.spec.volumes", "volume object", errors)
-    if len(errors) > before:
-        return None
-    return _without_null_lists(template)
-
-
 # -- fields ------------------------------------------------------------------------------
 
 
@@ -325,9 +131,7 @@ def _annotation_int(
         return None  # unset, or already reported as not a string
     field = f"metadata.annotations[{key}]"
     if not _WHOLE_NUMBER.fullmatch(raw):
-        errors.append(
-            FieldError(field, f"must be a whole number in ASCII digits, got {_show(raw)}")
-        )
+        errors.append(FieldError(field, f"must be a whole number in ASCII digits, got {show(raw)}"))
         return None
     digits = raw.lstrip("0") or "0"
     # Compared as text first: int() refuses more than 4300 digits.
@@ -336,7 +140,7 @@ def _annotation_int(
             FieldError(
                 field,
                 f"must be at most {maximum} (the controller's --max-workers-per-job), "
-                f"got {_show(raw)}",
+                f"got {show(raw)}",
             )
         )
         return None
@@ -358,13 +162,13 @@ def _drain_seconds(
         errors.append(
             FieldError(
                 field,
-                f"must be a number of seconds in ASCII digits (like 30 or 2.5), got {_show(raw)}",
+                f"must be a number of seconds in ASCII digits (like 30 or 2.5), got {show(raw)}",
             )
         )
         return default
     value = float(raw)
     if not math.isfinite(value):
-        errors.append(FieldError(field, f"must be a finite number of seconds, got {_show(raw)}"))
+        errors.append(FieldError(field, f"must be a finite number of seconds, got {show(raw)}"))
         return default
     return value
 
@@ -378,7 +182,7 @@ def _choice(
     if value not in allowed:
         errors.append(
             FieldError(
-                field, f"unsupported value {_show(value)}: must be one of {', '.join(allowed)}"
+                field, f"unsupported value {show(value)}: must be one of {', '.join(allowed)}"
             )
         )
         return default
@@ -396,27 +200,27 @@ def _replica_spec(
         return None
     before = len(errors)
     replicas_raw = raw.get("replicas", 1)
-    replicas = _int(replicas_raw)
+    replicas = as_int(replicas_raw)
     if replicas is None:
         errors.append(
-            FieldError(f"{path}.replicas", f"must be an integer, got {_show(replicas_raw)}")
+            FieldError(f"{path}.replicas", f"must be an integer, got {show(replicas_raw)}")
         )
     elif maximum is not None and replicas > maximum:
         errors.append(
             FieldError(
                 f"{path}.replicas",
                 f"must be at most {maximum} (the controller's --max-workers-per-job), "
-                f"got {_show(replicas)}",
+                f"got {show(replicas)}",
             )
         )
     elif not _INT32_MIN <= replicas <= _INT32_MAX:
         errors.append(
-            FieldError(f"{path}.replicas", f"must be a 32-bit integer, got {_show(replicas)}")
+            FieldError(f"{path}.replicas", f"must be a 32-bit integer, got {show(replicas)}")
         )
     restart = _choice(
         raw.get("restartPolicy"), f"{path}.restartPolicy", RESTART_POLICIES, "Never", errors
     )
-    template = _template(raw.get("template"), f"{path}.template", errors)
+    template = pod_template(raw.get("template"), f"{path}.template", errors)
     if len(errors) > before or replicas is None or template is None:
         return None
     return ReplicaSpec(replicas=replicas, restart_policy=restart, template=template)
@@ -435,35 +239,35 @@ def parse(
     than ``max_workers`` is, because it is the controller's limit, not the job's.
     """
     if not isinstance(job, Mapping):
-        raise InvalidSpec([FieldError("MPIJob", f"must be an object, got {_show(job)}")])
+        raise InvalidSpec([FieldError("MPIJob", f"must be an object, got {show(job)}")])
     errors: list[FieldError] = []
-    meta = _object(job.get("metadata"), "metadata", errors, required=True)
-    raw_spec = _object(job.get("spec"), "spec", errors, required=True)
+    meta = mapping(job.get("metadata"), "metadata", errors, required=True)
+    raw_spec = mapping(job.get("spec"), "spec", errors, required=True)
     spec = raw_spec or {}
 
     name = namespace = uid = None
     annotations: Mapping[str, Any] = {}
     if meta is not None:
-        name = _string(meta.get("name"), "metadata.name", errors, required=True)
-        namespace = _string(meta.get("namespace"), "metadata.namespace", errors)
-        uid = _string(meta.get("uid"), "metadata.uid", errors)
+        name = string_field(meta.get("name"), "metadata.name", errors, required=True)
+        namespace = string_field(meta.get("namespace"), "metadata.namespace", errors)
+        uid = string_field(meta.get("uid"), "metadata.uid", errors)
         raw_annotations = meta.get("annotations")
-        _string_map(raw_annotations, "metadata.annotations", errors)
+        string_map(raw_annotations, "metadata.annotations", errors)
         if isinstance(raw_annotations, Mapping):
             annotations = raw_annotations
 
     slots_raw = spec.get("slotsPerWorker", 1)
-    slots = _int(slots_raw)
+    slots = as_int(slots_raw)
     if slots is None or not 1 <= slots <= _INT32_MAX:
         errors.append(
             FieldError(
                 "spec.slotsPerWorker",
-                f"must be a 32-bit integer >= 1, got {_show(slots_raw)}",
+                f"must be a 32-bit integer >= 1, got {show(slots_raw)}",
             )
         )
         slots = None
 
-    run_policy = _object(spec.get("runPolicy"), "spec.runPolicy", errors) or {}
+    run_policy = mapping(spec.get("runPolicy"), "spec.runPolicy", errors) or {}
     if run_policy.get("cleanPodPolicy") not in (None, ""):
         clean = _choice(
             run_policy.get("cleanPodPolicy"),
@@ -480,7 +284,7 @@ def parse(
     launcher = worker = None
     # An unusable spec is reported once, not once more for every field missing from it.
     specs = (
-        _object(spec.get("mpiReplicaSpecs"), "spec.mpiReplicaSpecs", errors, required=True)
+        mapping(spec.get("mpiReplicaSpecs"), "spec.mpiReplicaSpecs", errors, required=True)
         if raw_spec is not None
         else None
     )
@@ -491,7 +295,7 @@ def parse(
         errors.append(
             FieldError(
                 "spec.mpiReplicaSpecs.Launcher.replicas",
-                f"must be 1, got {_show(launcher.replicas)}",
+                f"must be 1, got {show(launcher.replicas)}",
             )
         )
 
@@ -535,7 +339,7 @@ def parse(
             errors.append(
                 FieldError(
                     "spec.mainContainer",
-                    f"must be a container name (DNS-1123 label), got {_show(main)}",
+                    f"must be a container name (DNS-1123 label), got {show(main)}",
                 )
             )
         elif worker is not None and main not in {c.get("name") for c in worker.containers}:
