@@ -69,6 +69,8 @@ class ControllerProcess:
                 or self.proc is None
                 or self.proc.poll() is not None
             ),
+            # Generous: a loaded machine starts Python slowly, and many namespaces mean many lists.
+            timeout=120,
             what="controller caches to sync",
         )
         assert self.proc.poll() is None, f"controller exited:\n{self.logs()}"
