@@ -24,6 +24,7 @@ import copy
 import heapq
 import itertools
 import random
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -594,11 +595,16 @@ Fault = ApiError | str
 
 @dataclass(order=True)
 class _Timer:
+    """Something the world does at ``at``: "start" or "vanish" the pod (name, uid), or
+    "watch": deliver world change ``index`` to the cache of controller ``process``."""
+
     at: float
     seq: int
     what: str = field(compare=False)
-    name: str = field(compare=False)
-    uid: str = field(compare=False)
+    name: str = field(compare=False, default="")
+    uid: str = field(compare=False, default="")
+    index: int = field(compare=False, default=-1)
+    process: int = field(compare=False, default=0)
 
 
 class Sim:
@@ -629,12 +635,14 @@ class Sim:
         self.settings = settings
         self.jobs = sorted(name for kind, name in world.objects if kind == names.KIND)
         self.turns = self.restarts = self.failed_turns = 0
+        # How often each fault was met: "409" ... "500", KILL, TIMEOUT_BEFORE, TIMEOUT_AFTER.
+        self.met: Counter[str] = Counter()
         self._scripted: list[tuple[Request, Fault]] = []
         self._loop = asyncio.new_event_loop()
         self._timers: list[_Timer] = []
         self._seq = itertools.count()
-        self._kubelet_cursor = 0
-        self._delivery: dict[int, float] = {}
+        self._scanned = 0
+        self._process = 0
         self.restart(delay=0.0)
 
     def close(self) -> None:
@@ -650,11 +658,13 @@ class Sim:
 
     def restart(self, delay: float = 1.0) -> None:
         """A new controller process: empty memory, caches listed afresh, every job queued."""
+        self._scan()
+        self._process += 1
+        self._delivered: dict[str, float] = {}
         self.dead = False
         self.writer = self.writer_type(FakeKube(self.world, self._gate), self._upsert)
         self.view = copy.deepcopy(self.world.objects)
         self._seen_deleted: set[str] = set()
-        self._cursor = len(self.world.changes)
         self._signatures = {name: _job_signature(self.world.job(name)) for name in self.jobs}
         self._backoff: ItemBackoff[str] = ItemBackoff(60.0)
         self.due = {name: self.world.clock + delay for name in self.jobs}
@@ -699,6 +709,8 @@ class Sim:
     def _gate(self, request: Request, apply: Callable[[], Obj]) -> Obj:
         """One request: the process may die first, it takes time, and it may fail."""
         fault = self._fault(request)
+        if fault is not None:
+            self.met[str(fault.status) if isinstance(fault, ApiError) else fault] += 1
         if self.dead or fault == KILL:
             self.dead = True
             raise Killed(request)
@@ -763,60 +775,60 @@ class Sim:
 
     # -- the world's own pace ---------------------------------------------------------------
 
-    def _kubelet(self) -> None:
-        """Schedule starts for new pods and removals for pods being deleted."""
+    def _scan(self) -> None:
+        """Schedule what the world's new changes set off: a kubelet starts a new pod and
+        removes a terminating one after its grace; each kind's watch delivers the change to
+        the cache after a random lag, in order within the kind (as separate watches do)."""
         changes = self.world.changes
-        for at, type_, obj in changes[self._kubelet_cursor :]:
+        for index in range(self._scanned, len(changes)):
+            at, type_, obj = changes[index]
             meta = obj["metadata"]
-            if type_ != "MODIFIED" or obj["kind"] != "Pod":
-                continue
-            if meta.get("deletionTimestamp"):
-                self._timer(at + self.rng.uniform(*self.faults.grace), "vanish", obj)
-            elif obj["status"]["phase"] == "Pending":
-                self._timer(at + self.rng.uniform(*self.faults.pod_start), "start", obj)
-        self._kubelet_cursor = len(changes)
+            if type_ == "MODIFIED" and obj["kind"] == "Pod":
+                if meta.get("deletionTimestamp"):
+                    self._timer(at + self.rng.uniform(*self.faults.grace), "vanish", obj)
+                elif obj["status"]["phase"] == "Pending":
+                    self._timer(at + self.rng.uniform(*self.faults.pod_start), "start", obj)
+            kind = obj["kind"]
+            deliver = max(
+                self._delivered.get(kind, 0.0), at + self.rng.uniform(0, self.faults.max_lag)
+            )
+            self._delivered[kind] = deliver
+            self._push(
+                _Timer(deliver, next(self._seq), "watch", index=index, process=self._process)
+            )
+        self._scanned = len(changes)
 
     def _timer(self, at: float, what: str, pod: Obj) -> None:
         meta = pod["metadata"]
-        heapq.heappush(self._timers, _Timer(at, next(self._seq), what, meta["name"], meta["uid"]))
+        self._push(_Timer(at, next(self._seq), what, meta["name"], meta["uid"]))
 
-    def _delivered_at(self, index: int) -> float:
-        """When the watch delivers world change ``index``: in order, after a random lag."""
-        if index not in self._delivery:
-            earliest = self._delivery.get(index - 1, 0.0)
-            at = self.world.changes[index][0] + self.rng.uniform(0, self.faults.max_lag)
-            self._delivery[index] = max(earliest, at)
-        return self._delivery[index]
+    def _push(self, timer: _Timer) -> None:
+        heapq.heappush(self._timers, timer)
 
     def _next_event(self) -> float:
-        self._kubelet()
+        self._scan()
         times = list(self.due.values())
         if self._timers:
             times.append(self._timers[0].at)
-        if self._cursor < len(self.world.changes):
-            times.append(self._delivered_at(self._cursor))
         return min(times, default=float("inf"))
 
     def _progress(self, until: float) -> None:
-        """Let the kubelet and the watch catch up with ``until``; no reconcile runs."""
+        """Let the kubelet and the watches catch up with ``until``; no reconcile runs."""
         while True:
-            self._kubelet()
-            timer = self._timers[0].at if self._timers else float("inf")
-            changes = self.world.changes
-            watch = self._delivered_at(self._cursor) if self._cursor < len(changes) else timer
-            at = min(timer, watch)
-            if at > until:
+            self._scan()
+            if not self._timers or self._timers[0].at > until:
                 break
-            self.world.clock = max(self.world.clock, at)
-            if watch <= timer and self._cursor < len(changes):
-                _, type_, obj = changes[self._cursor]
-                self._cursor += 1
-                self._watch(type_, copy.deepcopy(obj))
-            else:
-                t = heapq.heappop(self._timers)
-                pod = self.world.get_obj("Pod", t.name)
-                if pod is not None and pod["metadata"]["uid"] == t.uid:
-                    (self.world.start if t.what == "start" else self.world.vanish)(t.name)
+            t = heapq.heappop(self._timers)
+            self.world.clock = max(self.world.clock, t.at)
+            if t.what == "watch":
+                # A dead process's watches deliver nothing; the new one listed afresh.
+                if t.process == self._process:
+                    _, type_, obj = self.world.changes[t.index]
+                    self._watch(type_, copy.deepcopy(obj))
+                continue
+            pod = self.world.get_obj("Pod", t.name)
+            if pod is not None and pod["metadata"]["uid"] == t.uid:
+                (self.world.start if t.what == "start" else self.world.vanish)(t.name)
         self.world.clock = max(self.world.clock, until)
 
     def advance(self, seconds: float, until: Callable[[], bool] | None = None) -> None:

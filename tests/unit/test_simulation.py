@@ -27,6 +27,7 @@ from mpijob_elastic.settings import Settings
 from mpijob_elastic.writer import Key, Writer
 from tests.unit.simulation import (
     KILL,
+    TIMEOUT_AFTER,
     TIMEOUT_BEFORE,
     FakeKube,
     Faults,
@@ -67,7 +68,7 @@ step = st.one_of(
 )
 
 
-@settings(max_examples=120, deadline=None, derandomize=True)
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(
     steps=st.lists(step, max_size=30),
     seed=st.integers(min_value=0, max_value=2**32),
@@ -110,6 +111,7 @@ def test_a_faulty_run_meets_every_kind_of_trouble() -> None:
             w.set_replicas(n)
             sim.advance(DRAIN * 1.5)
         sim.settle()
+        assert set(sim.met) == {"409", "403", "422", "500", KILL, TIMEOUT_BEFORE, TIMEOUT_AFTER}
         assert sim.failed_turns > 10
         assert sim.restarts > 2
     assert len(w.deletions) >= 5
