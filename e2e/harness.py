@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from e2e.mockhorovod import CRASH_FILE
 from e2e.mockhorovod import events as ev
 from mpijob_elastic import names
 from tests.cluster import ROOT, Cluster
@@ -98,6 +99,11 @@ class ElasticRun:
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> str:
         return self.cluster.kubectl(*args, "-n", self.namespace, check=check, input=input).stdout
 
+    def exec(self, pod: str, *command: str) -> str:
+        """``kubectl exec`` into a pod; the namespace goes before ``--``, where kubectl reads
+        it (after it, it would be part of the command)."""
+        return self.cluster.kubectl("exec", "-n", self.namespace, pod, "--", *command).stdout
+
     def submit(self) -> Step:
         step = self.begin(f"kubectl apply: {self.job} with {self.workers_wanted()} workers")
         self.kubectl("apply", "-f", "-", input=json.dumps(self.manifest))
@@ -156,8 +162,10 @@ class ElasticRun:
                 str(self.etc_mpi / names.DISCOVER_HOSTS),
                 "--rsh-agent",
                 str(self.etc_mpi / names.KUBEXEC),
+                # The ranks' kill emulation plays the kubelet (it reads and annotates the
+                # worker pods), so it gets the cluster's credentials, not the launcher's.
                 "--rank-kubeconfig",
-                sa_kubeconfig,
+                self.cluster.kubeconfig,
                 "--rank-namespace",
                 self.namespace,
                 "--rank-kubectl",
@@ -200,6 +208,18 @@ class ElasticRun:
             hosts[record["host"]] = hosts.get(record["host"], 0) + delta
         return {h for h, n in hosts.items() if n > 0}
 
+    def rank_ids_on(self, host: str) -> set[str]:
+        """The driver's ids of the ranks still running on a host."""
+        ended = {
+            r["rank_id"]
+            for r in self.driver_events(ev.RANK_STOPPED, ev.RANK_EXITED, ev.RANK_FAILED)
+        }
+        return {
+            r["rank_id"]
+            for r in self.driver_events(ev.RANK_RUNNING)
+            if r["host"] == host and r["rank_id"] not in ended
+        }
+
     def hosts(self, n: int) -> list[str]:
         return [names.worker_name(self.job, i) for i in range(n)]
 
@@ -234,10 +254,16 @@ class ElasticRun:
             self.kubectl("patch", "mpijob", self.job, "--type=merge", "-p", json.dumps(patch))
         return step
 
+    def crash_rank(self, host: str, rank_id: str) -> Step:
+        """Makes one rank crash, where it runs: inside the worker (on KWOK, this machine)."""
+        step = self.begin(f"the rank on {host} crashes")
+        self.exec(host, "touch", CRASH_FILE.format(rank_id=rank_id))
+        return step
+
     def finish(self, timeout: float = 60) -> int:
         """End the training: the driver stops, and its exit code ends the launcher pod."""
         if self.in_cluster:
-            self.kubectl("exec", names.launcher_name(self.job), "--", "touch", STOP_FILE_IN_POD)
+            self.exec(names.launcher_name(self.job), "touch", STOP_FILE_IN_POD)
             done = wait_for(lambda: self.driver_events(ev.DRIVER_EXIT), timeout, "driver exit")
             return int(done[-1]["exit_code"])
         (self.workdir / "stop").touch()
@@ -275,12 +301,14 @@ TIMELINE_TEXT = {
     "configmap_updated": "ConfigMap updated by the controller",
     "files_synced": "launcher's /etc/mpi refreshed ({trigger})",
     "pod_running": "pod {pod} Running",
-    "pod_deleted": "pod {pod} deleted",
+    "pod_deleted": "pod {pod} deleted (Terminating)",
+    "pod_removed": "pod {pod} gone from the API",
     ev.DISCOVERY: "driver: discover_hosts.sh lists {count}: {hosts}",
     ev.JOB_STARTED: "driver: training started on {count} hosts",
     ev.HOST_ADDED: "driver: host {host} added",
     ev.RANK_RUNNING: "driver: rank running on {host} (via kubexec.sh)",
     ev.HOST_REMOVED: "driver: host {host} removed gracefully",
+    ev.RANK_STOPPED: "driver: rank on {host} let go ({reason}), exit {exit_code}",
     ev.RANK_FAILED: "driver: FAILURE of a rank on {host} (exit {exit_code})",
     ev.HOST_BLACKLISTED: "driver: host {host} BLACKLISTED",
     ev.EXEC_FAILED: "driver: exec into {host} FAILED: {stderr_head}",

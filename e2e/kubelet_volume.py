@@ -9,7 +9,8 @@ copies what the kubelet would copy, when the kubelet would copy it, so the end-t
 timings include the propagation a user gets.
 
 It also logs, one JSON line each, what it observes for the timeline: ConfigMap changes,
-file syncs (and what triggered them), and worker pods starting or going away.
+file syncs (and what triggered them), and worker pods starting, being deleted, and (after
+any grace period) leaving the API.
 
     python -m e2e.kubelet_volume --kubeconfig K --namespace NS --job NAME [--dir DIR]
 
@@ -75,6 +76,10 @@ class Volume:
                 self.launcher_version = pod["metadata"]["resourceVersion"]
                 self.wake.set()
             return
+        if type_ == DELETED:
+            # The end of a terminating pod, which a grace period can put well after the
+            # deletion: only then can a pod of the same name replace it.
+            self.log("pod_removed", pod=name, uid=pod["metadata"].get("uid"))
         phase = (pod.get("status") or {}).get("phase")
         gone = type_ == DELETED or pod["metadata"].get("deletionTimestamp")
         if gone and name in self.running:

@@ -20,3 +20,13 @@ RANK_STARTED_MARKER: Final = "mockhorovod-rank-started"
 # Exit code of a process killed by SIGKILL, which is what a worker's rank reports when its
 # pod is deleted under it ("command terminated with exit code 137").
 KILLED_EXIT_CODE: Final = 137
+
+# Exit code of a rank made to crash (an uncaught exception in training code exits 1), and
+# the file that makes it: created where the rank runs, e.g. by `kubectl exec <worker> --
+# touch <file>`, which on KWOK runs on this machine and in a real pod inside it.
+CRASH_EXIT_CODE: Final = 1
+CRASH_FILE: Final = "/tmp/mockhorovod-crash-{rank_id}"
+
+# Annotation key prefix (plus the rank id) a rank under KWOK's kill emulation keeps on its
+# pod while it runs; hack/kwok/stages.yaml keeps a deleted pod with one Terminating.
+RANK_ANNOTATION_PREFIX: Final = "kwok.mpijob-elastic.io/rank-"

@@ -1,12 +1,23 @@
 """The mock rank: what runs on one slot of a worker pod, started by the mock driver through
 ``kubexec.sh``.
 
-On a real cluster a rank dies with its pod and nothing here is needed: it sleeps until the
-driver stops it (SIGTERM, exit 0). On KWOK a command run through ``kubectl exec`` is a
-local process of kwok's and outlives its fake pod, so the rank has to *emulate* being killed:
-with ``--kubeconfig`` it polls ``kubectl get pod <host> -o json`` and exits 137 (what a
-killed container reports) as soon as the pod is gone, terminating (deletionTimestamp),
-finished (phase Succeeded/Failed) or replaced by a new pod of the same name (uid changed).
+On a real cluster a rank lives in its container: it sleeps until the driver stops it
+(SIGTERM, exit 0), and a deleted pod's worker keeps it alive (the default worker command
+waits for exec'd processes after SIGTERM) until it leaves or the grace period's SIGKILL
+ends it. On KWOK a command run through ``kubectl exec`` is a local process of kwok's and
+outlives its fake pod, so with ``--kubeconfig`` the rank *emulates* that kubelet:
+
+* it marks its pod with the annotation ``kwok.mpijob-elastic.io/rank-<rank id>`` while it
+  runs (a watcher process takes the mark off once the rank is gone, however it ends),
+  which is how KWOK's ``pod-delete-after-grace`` stage (``hack/kwok/stages.yaml``)
+  knows a process still runs in the container: such a pod stays Terminating until its
+  ``deletionTimestamp`` (the end of its grace period), any other goes at once, as under
+  the default worker command;
+* it polls ``kubectl get pod <host> -o json`` and exits 137 (what a killed container
+  reports) once the pod is gone (a force delete, or the stage at the end of the grace
+  period), the grace period is over, the pod finished (phase Succeeded/Failed) or it was
+  replaced by a new pod of the same name (uid changed). A pod that is merely terminating
+  does not kill it: it keeps training, so the driver can let it go gracefully first.
 
 Ending a rank on purpose takes more than a signal, because killing the ``kubectl exec``
 client does not necessarily end the remote command on KWOK. The driver passes
@@ -15,6 +26,11 @@ stop file's directory exists here, the rank shares the driver's machine and also
 once the stop file appears, the directory vanishes (the driver cleaned up) or the driver's
 pid is gone (the driver was killed). Where the directory does not exist (a real pod) those
 checks are off: another machine's pid means nothing here.
+
+A test makes a rank crash, on KWOK and in a real pod alike, by creating
+``/tmp/mockhorovod-crash-<rank id>`` where the rank runs (``kubectl exec <worker> -- touch
+...``): the rank then exits ``CRASH_EXIT_CODE`` while its host still holds it, which is a
+Horovod failure.
 """
 
 from __future__ import annotations
@@ -29,13 +45,20 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-from e2e.mockhorovod import KILLED_EXIT_CODE, RANK_STARTED_MARKER
+from e2e.mockhorovod import (
+    CRASH_EXIT_CODE,
+    CRASH_FILE,
+    KILLED_EXIT_CODE,
+    RANK_ANNOTATION_PREFIX,
+    RANK_STARTED_MARKER,
+)
 
-PodState = Literal["alive", "gone", "unknown"]
+PodState = Literal["alive", "terminating", "gone", "unknown"]
 
 # How often a persistent kubectl error is repeated on stderr; one line per poll would
 # drown the launcher log when the API server is briefly away.
@@ -55,8 +78,21 @@ class PodVerdict:
     uid: str | None = None
 
 
-def judge_pod(returncode: int, stdout: str, stderr: str, known_uid: str | None) -> PodVerdict:
-    """Decides from kubectl's result whether the pod the rank runs in still exists."""
+def _timestamp(text: str) -> float | None:
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def judge_pod(
+    returncode: int, stdout: str, stderr: str, known_uid: str | None, now: float
+) -> PodVerdict:
+    """Decides from kubectl's result whether the pod the rank runs in still exists.
+
+    A terminating pod's ``deletionTimestamp`` is the end of its grace period, when a
+    kubelet kills what still runs in the container; until then the rank lives on.
+    """
     if returncode != 0:
         if "NotFound" in stderr or "not found" in stderr:
             return PodVerdict("gone", "pod not found")
@@ -72,9 +108,13 @@ def judge_pod(returncode: int, stdout: str, stderr: str, known_uid: str | None) 
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
     uid = meta.get("uid") if isinstance(meta.get("uid"), str) else None
-    if meta.get("deletionTimestamp"):
-        return PodVerdict("gone", f"pod terminating since {meta['deletionTimestamp']}", uid)
     phase = status.get("phase")
+    deletion = meta.get("deletionTimestamp")
+    if deletion and phase not in ("Succeeded", "Failed"):
+        deadline = _timestamp(str(deletion))
+        if deadline is not None and now >= deadline:
+            return PodVerdict("gone", f"grace period over at {deletion}", uid)
+        return PodVerdict("terminating", f"pod terminating, grace period ends at {deletion}", uid)
     if phase in ("Succeeded", "Failed"):
         return PodVerdict("gone", f"pod phase {phase}", uid)
     if known_uid is not None and uid is not None and uid != known_uid:
@@ -105,7 +145,70 @@ def check_pod(
         return PodVerdict("unknown", f"kubectl timed out after {timeout:g}s")
     except OSError as exc:
         return PodVerdict("unknown", f"cannot run {kubectl}: {exc}")
-    return judge_pod(proc.returncode, proc.stdout, proc.stderr, known_uid)
+    return judge_pod(proc.returncode, proc.stdout, proc.stderr, known_uid, time.time())
+
+
+def _annotate(args: argparse.Namespace, change: str, *extra: str) -> list[str]:
+    cmd = [args.kubectl, "--kubeconfig", args.kubeconfig]
+    if args.namespace:
+        cmd += ["--namespace", args.namespace]
+    return [*cmd, "annotate", "pod", args.host, change, *extra]
+
+
+def mark_key(args: argparse.Namespace) -> str:
+    return f"{RANK_ANNOTATION_PREFIX}{args.rank_id or os.getpid()}"
+
+
+def mark_pod(args: argparse.Namespace) -> str | None:
+    """Puts this rank's annotation on its pod; kubectl's complaint if that failed.
+
+    The annotation is what tells KWOK a process still runs in the container (see the module
+    docstring). A failure is reported, never fatal: an unmarked pod only goes at once when
+    deleted, as it did before ranks were modelled.
+    """
+    cmd = _annotate(args, f"{mark_key(args)}=running", "--overwrite")
+    try:
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=args.kubectl_timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except (subprocess.TimeoutExpired, OSError) as exc:
+        return str(exc)
+    return proc.stderr.strip()[:300] if proc.returncode != 0 else None
+
+
+def unmark_pod_when_gone(args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    """Starts a watcher that takes the annotation off once this process is gone.
+
+    However the rank ends, its mark must go with it, as the process goes from the
+    container's process list: kwok's exec SIGKILLs the command when the ``kubectl exec``
+    client goes away (the driver stopping a rank), which leaves no chance to clean up in
+    the rank itself. So a shell in a session of its own holds the read end of a pipe whose
+    only write end is this process's; the kernel closes it when this process dies, however
+    it dies, and the shell then removes the mark. The returned handle owns the write end:
+    dropping it would close the pipe, so keep it until the rank is done.
+    """
+    cmd = [
+        "/bin/sh",
+        "-c",
+        'cat >/dev/null; exec "$@"',
+        "sh",
+        *_annotate(args, f"{mark_key(args)}-"),
+    ]
+    return subprocess.Popen(
+        cmd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def crash_file(rank_id: str) -> Path | None:
+    return Path(CRASH_FILE.format(rank_id=rank_id)) if rank_id else None
 
 
 def pid_alive(pid: int) -> bool:
@@ -161,12 +264,17 @@ def _err(args: argparse.Namespace, text: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python3 -m e2e.mockhorovod.rank",
-        description="Mock Horovod rank; exits 137 when its pod goes away (KWOK kill emulation).",
+        description=(
+            "Mock Horovod rank; with --kubeconfig it plays the kubelet's kill on KWOK: it "
+            "outlives a terminating pod until its grace period ends, then exits 137."
+        ),
     )
     parser.add_argument("--host", required=True, help="the worker pod this rank runs on")
     parser.add_argument("--rank-id", default="", help="the driver's id for this rank")
     parser.add_argument("--local-rank", type=int, default=0)
-    parser.add_argument("--kubeconfig", help="enables the pod watch (kill emulation)")
+    parser.add_argument(
+        "--kubeconfig", help="enables the kill emulation; needs get and patch on the pod"
+    )
     parser.add_argument("--namespace", help="the pod's namespace (default: the context's)")
     parser.add_argument("--kubectl", default="kubectl")
     parser.add_argument("--poll-interval", type=float, default=0.5)
@@ -199,7 +307,16 @@ def watch_for_delete(
 def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _on_signal)
+    watch = args.kubeconfig is not None
+    watcher: subprocess.Popen[bytes] | None = None
+    unmarker: subprocess.Popen[bytes] | None = None
     try:
+        # Marked before it reports running, so a pod deleted right after the driver saw
+        # the rank start already counts as one with a process in it.
+        if watch:
+            unmarker = unmark_pod_when_gone(args)
+            if (problem := mark_pod(args)) is not None:
+                _err(args, f"cannot mark the pod, so KWOK will remove it at once: {problem}")
         with contextlib.suppress(OSError, ValueError):
             print(
                 f"{RANK_STARTED_MARKER} host={args.host} rank_id={args.rank_id} pid={os.getpid()}",
@@ -207,16 +324,21 @@ def run(args: argparse.Namespace) -> int:
             )
         stop_file = Path(args.stop_file) if args.stop_file else None
         local = stop_file is not None and stop_file.parent.is_dir()
-        watch = args.kubeconfig is not None
+        crash = crash_file(args.rank_id)
         known_uid: str | None = None
         last_error_report = 0.0
-        watcher: subprocess.Popen[bytes] | None = None
+        told_terminating = False
         while True:
             if local and stop_file is not None:
                 reason = local_stop_reason(stop_file, args.driver_pid)
                 if reason is not None:
                     _err(args, f"{reason}: exiting 0")
                     return 0
+            if crash is not None and crash.exists():
+                with contextlib.suppress(OSError):
+                    crash.unlink()
+                _err(args, f"{crash} appeared: crashing on purpose, exiting {CRASH_EXIT_CODE}")
+                return CRASH_EXIT_CODE
             if watch:
                 verdict = check_pod(
                     args.kubectl,
@@ -229,7 +351,10 @@ def run(args: argparse.Namespace) -> int:
                 if verdict.state == "gone":
                     _err(args, f"{verdict.reason}: killed, exiting {args.kill_exit_code}")
                     return int(args.kill_exit_code)
-                if verdict.state == "alive":
+                if verdict.state == "terminating" and not told_terminating:
+                    told_terminating = True
+                    _err(args, f"{verdict.reason}: still training until let go or killed")
+                if verdict.state in ("alive", "terminating"):
                     known_uid = verdict.uid
                     if watcher is None:
                         watcher = watch_for_delete(
@@ -256,6 +381,8 @@ def run(args: argparse.Namespace) -> int:
         _disarm()
         if watcher is not None and watcher.poll() is None:
             watcher.kill()
+        if unmarker is not None and unmarker.stdin is not None:
+            unmarker.stdin.close()  # done: the mark goes now rather than at the exit
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,14 +16,16 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from e2e.mockhorovod import KILLED_EXIT_CODE, RANK_STARTED_MARKER
+from e2e.mockhorovod import CRASH_EXIT_CODE, CRASH_FILE, KILLED_EXIT_CODE, RANK_STARTED_MARKER
 from e2e.mockhorovod import events as ev
 from e2e.mockhorovod.driver import (
     ConfigError,
@@ -38,6 +40,7 @@ from e2e.mockhorovod.driver import (
     remote_shell_command,
 )
 from e2e.mockhorovod.rank import check_pod, judge_pod, local_stop_reason
+from tests.controller import wait_for as wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 Event = dict[str, Any]
@@ -560,15 +563,16 @@ def test_driver_process_with_real_ranks_and_kill_emulation(tmp_path: Path) -> No
             assert time.monotonic() < deadline, calls.read_text()
             time.sleep(0.05)
 
-        # w-1's pod starts terminating while the host is still listed: the rank dies as
-        # the real one would, and the driver takes it as Horovod does.
+        # w-1's pod reaches the end of its grace period while the host is still listed:
+        # the rank is killed as the real one would be, and the driver takes it as Horovod
+        # does.
         set_pod(tmp_path, "w-1", deletionTimestamp="2025-01-01T00:00:00Z")
         records = wait_file_events(
             log, lambda r: bool(ev.of_kind(r, ev.HOST_BLACKLISTED)), "w-1 blacklisted"
         )
         (failed,) = ev.of_kind(records, ev.RANK_FAILED)
         assert (failed["host"], failed["exit_code"]) == ("w-1", KILLED_EXIT_CODE)
-        assert "terminating" in failed["stderr"]
+        assert "grace period over" in failed["stderr"]
 
         stop.touch()
         assert proc.wait(timeout=10) == 0
@@ -617,20 +621,35 @@ def test_driver_process_stops_ranks_on_sigterm(tmp_path: Path) -> None:
 # -- the rank's kill emulation -----------------------------------------------------------
 
 
+GRACE_END = "2026-01-01T00:00:30Z"
+GRACE_END_TS = datetime.fromisoformat(GRACE_END).timestamp()
+
+
 def test_judge_pod() -> None:
+    now = GRACE_END_TS - 20
     alive = json.dumps({"metadata": {"uid": "u1"}, "status": {"phase": "Running"}})
-    assert judge_pod(0, alive, "", None) == judge_pod(0, alive, "", "u1")
-    assert judge_pod(0, alive, "", None).state == "alive"
-    assert judge_pod(0, alive, "", "u0").state == "gone"  # same name, new pod
+    assert judge_pod(0, alive, "", None, now) == judge_pod(0, alive, "", "u1", now)
+    assert judge_pod(0, alive, "", None, now).state == "alive"
+    assert judge_pod(0, alive, "", "u0", now).state == "gone"  # same name, new pod
     gone = 'Error from server (NotFound): pods "w-1" not found'
-    assert judge_pod(1, "", gone, "u1").state == "gone"
-    assert judge_pod(0, "", "", "u1").state == "gone"
-    deleting = json.dumps({"metadata": {"uid": "u1", "deletionTimestamp": "t"}, "status": {}})
-    assert judge_pod(0, deleting, "", "u1").state == "gone"
+    assert judge_pod(1, "", gone, "u1", now).state == "gone"
+    assert judge_pod(0, "", "", "u1", now).state == "gone"
     failed = json.dumps({"metadata": {"uid": "u1"}, "status": {"phase": "Failed"}})
-    assert judge_pod(0, failed, "", "u1").state == "gone"
-    assert judge_pod(1, "", "Unable to connect to the server", "u1").state == "unknown"
-    assert judge_pod(0, "not json", "", "u1").state == "unknown"
+    assert judge_pod(0, failed, "", "u1", now).state == "gone"
+    assert judge_pod(1, "", "Unable to connect to the server", "u1", now).state == "unknown"
+    assert judge_pod(0, "not json", "", "u1", now).state == "unknown"
+
+
+def test_judge_pod_lets_a_terminating_pod_live_until_its_grace_period_ends() -> None:
+    deleting = json.dumps(
+        {"metadata": {"uid": "u1", "deletionTimestamp": GRACE_END}, "status": {"phase": "Running"}}
+    )
+    during = judge_pod(0, deleting, "", "u1", GRACE_END_TS - 1)
+    assert (during.state, during.uid) == ("terminating", "u1")
+    assert judge_pod(0, deleting, "", "u1", GRACE_END_TS).state == "gone"  # the SIGKILL
+    finished = json.loads(deleting)
+    finished["status"]["phase"] = "Failed"
+    assert judge_pod(0, json.dumps(finished), "", "u1", GRACE_END_TS - 1).state == "gone"
 
 
 def test_check_pod_with_fake_kubectl(tmp_path: Path) -> None:
@@ -703,6 +722,82 @@ def test_rank_exits_137_when_its_pod_goes(tmp_path: Path) -> None:
             proc.kill()
         _, err = proc.communicate()
     assert "pod not found" in err
+
+
+def test_rank_outlives_its_terminating_pod_until_the_grace_period_ends(tmp_path: Path) -> None:
+    kubectl = fake_kubectl(tmp_path)
+    set_pod(tmp_path, "w-0")
+    args = ["--kubeconfig", "/k", "--kubectl", str(kubectl), "--poll-interval", "0.05"]
+    proc = rank_process(tmp_path, *args)
+    try:
+        wait_marker(proc)
+        calls = (tmp_path / "pods" / "calls").read_text()
+        # Marked before it reported running, so KWOK keeps a deleted pod while it runs.
+        assert "annotate pod w-0 kwok.mpijob-elastic.io/rank-r1=running --overwrite" in calls
+        grace_end = datetime.now(UTC) + timedelta(seconds=2)
+        set_pod(tmp_path, "w-0", deletionTimestamp=grace_end.isoformat())
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.0)  # terminating, still training
+        assert proc.wait(timeout=10) == KILLED_EXIT_CODE
+        assert datetime.now(UTC) >= grace_end
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate()
+    assert "still training" in err
+    assert "grace period over" in err
+
+
+UNMARK = "annotate pod w-0 kwok.mpijob-elastic.io/rank-r1-"
+
+
+@pytest.mark.parametrize("how", ["leaves", "sigkill"])
+def test_rank_takes_its_mark_off_its_terminating_pod_however_it_ends(
+    tmp_path: Path, how: str
+) -> None:
+    kubectl = fake_kubectl(tmp_path)
+    grace_end = datetime.now(UTC) + timedelta(seconds=60)
+    set_pod(tmp_path, "w-0", deletionTimestamp=grace_end.isoformat())
+    args = ["--kubeconfig", "/k", "--kubectl", str(kubectl), "--poll-interval", "0.05"]
+    proc = rank_process(tmp_path, *args)
+    if how == "leaves":
+        assert "still training" in still_running_then_terminated(proc, settle=0.3)
+    else:
+        # What kwok's exec does to the command when the kubectl exec client goes away.
+        try:
+            wait_marker(proc)
+            assert UNMARK not in (tmp_path / "pods" / "calls").read_text()
+            proc.kill()
+        finally:
+            proc.communicate()
+    calls = tmp_path / "pods" / "calls"
+    wait_until(lambda: UNMARK in calls.read_text(), 10, "the mark taken off")
+
+
+def test_rank_crashes_when_its_crash_file_appears(tmp_path: Path) -> None:
+    rank_id = f"r{uuid.uuid4().hex}"
+    crash = Path(CRASH_FILE.format(rank_id=rank_id))
+    rank = [sys.executable, "-m", "e2e.mockhorovod.rank", "--host", "w-0", "--rank-id", rank_id]
+    proc = subprocess.Popen(
+        [*rank, "--poll-interval", "0.05"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_marker(proc)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.3)
+        crash.touch()
+        assert proc.wait(timeout=5) == CRASH_EXIT_CODE
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate()
+        crash.unlink(missing_ok=True)
+    assert "crashing on purpose" in err
+    assert not crash.exists()  # it cleans up after itself
 
 
 def test_rank_ignores_transient_kubectl_errors(tmp_path: Path) -> None:
