@@ -5,6 +5,7 @@ from pathlib import Path
 import yaml
 
 from e2e.harness import STOP_FILE_IN_POD, in_cluster_job
+from mpijob_elastic import render
 from mpijob_elastic.spec import parse
 
 SAMPLE = Path(__file__).resolve().parents[2] / "config" / "samples" / "elastic-mpijob.yaml"
@@ -22,4 +23,9 @@ def test_sample_runs_the_mock_images_without_gpus() -> None:
         assert worker["image"] == "worker:e2e"
         assert "resources" not in worker
         assert "command" not in worker
-    assert parse(job, 30).worker.replicas == 2
+    spec = parse(job, 30)
+    assert spec.worker.replicas == 2
+    # Command-less, so the real workers run the default command, which keeps exec'd ranks
+    # alive through a deletion's grace period: what the e2e walk's graceful delete needs.
+    (worker,) = render.worker_pod(spec, 0)["spec"]["containers"]
+    assert worker["command"] == render.WORKER_COMMAND
