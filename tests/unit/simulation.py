@@ -168,6 +168,20 @@ class World:
     Names are unique per kind, deletes honour the UID precondition, replaces and status
     writes the resourceVersion. Every change is appended to ``changes``, the watch stream
     that views consume at their own pace.
+
+    The invariants, each checked at the write that could break it (into ``violations``):
+
+    (a) A worker pod is created only once the launcher Role grants exec on it, and the Role
+        grants exec on every host discover_hosts.sh names.
+    (b) A worker pod is deleted only once discover_hosts.sh no longer names it and, unless
+        it failed, no sooner than the job's drain after the host list last stopped naming
+        it. A pod that was named and never dropped is a breach; one never named may go.
+    (c) A host list the controller writes names only pods that exist and are not being
+        deleted, and that its view showed running and wanted (it cannot know better).
+    (d) No pod gets another delete once the controller was told one succeeded.
+    (f) A turn for one job writes only that job's objects.
+
+    (e), convergence, is ``Sim.settle``'s.
     """
 
     def __init__(self, *jobs: Obj) -> None:
@@ -634,7 +648,8 @@ class Sim:
         self.writer_type = writer
         self.settings = settings
         self.jobs = sorted(name for kind, name in world.objects if kind == names.KIND)
-        self.turns = self.restarts = self.failed_turns = 0
+        # Turns taken, turns that failed, and how often the controller died in one.
+        self.turns = self.failed_turns = self.kills = 0
         # How often each fault was met: "409" ... "500", KILL, TIMEOUT_BEFORE, TIMEOUT_AFTER.
         self.met: Counter[str] = Counter()
         self._scripted: list[tuple[Request, Fault]] = []
@@ -768,7 +783,7 @@ class Sim:
         finally:
             self.world.acting = None
         if self.dead:
-            self.restarts += 1
+            self.kills += 1
             self.restart()
         if self.world.violations:
             raise Violation("\n".join(self.world.violations))
