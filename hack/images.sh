@@ -62,7 +62,7 @@ base_id() {
 
 # build NAME REPO DOCKERFILE BUILD_ARGS... -- FILES...: builds REPO:<content tag> unless present.
 build() {
-  local name=$1 repo=$2 dockerfile=$3 args=() files=() tag
+  local name=$1 repo=$2 dockerfile=$3 args=() files=() tag old
   shift 3
   while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done
   shift
@@ -73,6 +73,9 @@ build() {
   else
     timed "image-$name" docker build -f "$repo_root/$dockerfile" "${args[@]}" -t "$tag" "$repo_root" ||
       die "docker build of $name"
+    # Earlier builds of this image (other sources) only take disk space now.
+    old=$(docker image ls "$repo" --format '{{.Repository}}:{{.Tag}}' | grep -E ":kind-[0-9a-f]{12}\$" | grep -vxF "$tag" || true)
+    [ -z "$old" ] || docker rmi $old >/dev/null 2>&1 || true
   fi
   echo "$tag"
 }

@@ -9,14 +9,21 @@ log_name=kind-down
 # shellcheck source=kind/lib.sh
 . "$(dirname "$0")/kind/lib.sh"
 
-if pid=$(dockerd_pid); then
-  mode=private
-elif [ -z "${DOCKER_HOST:-}" ] && [ ! -S /var/run/docker.sock ]; then
-  mode=none # nothing of ours runs: only the host clean-up below
-else
-  mode=$(docker_mode)
-  [ "$mode" = private ] && mode=none
-fi
+# private: our dockerd runs (it stops, with every cluster in it); system: only the cluster
+# is deleted; none: nothing of ours runs, only the host clean-up below (after a crash).
+case ${KIND_DOCKER:-auto} in
+  system) mode=system ;;
+  private) if pid=$(dockerd_pid); then mode=private; else mode=none; fi ;;
+  *)
+    if pid=$(dockerd_pid); then
+      mode=private
+    elif [ -z "${DOCKER_HOST:-}" ] && [ ! -S /var/run/docker.sock ]; then
+      mode=none
+    else
+      mode=$(docker_mode)
+      [ "$mode" = private ] && mode=none
+    fi ;;
+esac
 [ "$mode" = none ] || use_docker
 export PATH="$tools_bin:$PATH"
 
@@ -59,14 +66,40 @@ ours() {
   done
   return 0
 }
+# Processes of our engine's containers that outlived it (a killed dockerd or shim leaves
+# them running): they sit in the cgroup /docker/<id> of a container of our data-root.
+container_ids() { ls "$docker_root/containers" 2>/dev/null || true; }
+in_our_containers() {
+  local ids f
+  ids=$(container_ids | paste -sd'|')
+  [ -n "$ids" ] || return 0
+  grep -lE "/docker/($ids)(/|\$)" /proc/[0-9]*/cgroup 2>/dev/null | cut -d/ -f3 || true
+}
+if [ "$mode" != system ]; then
+  pids=$(in_our_containers)
+  if [ -n "$pids" ]; then
+    log "killing processes left in our containers: $(echo $pids | wc -w)"
+    kill -KILL $pids 2>/dev/null || true
+    sleep 1
+  fi
+fi
 for sig in TERM KILL; do
+  [ "$mode" != system ] || break # a private dockerd may serve the system-mode cluster
   pids=$(ours)
   [ -n "$pids" ] || break
   log "stopping leftover processes ($sig): $(echo $pids)"
   kill "-$sig" $pids 2>/dev/null || true
   sleep 2
 done
-for m in $(awk -v a="$run_dir" -v b="$docker_root" \
+# Their empty cgroups.
+if [ "$mode" != system ]; then
+  for id in $(container_ids); do
+    for d in /sys/fs/cgroup/*/docker/"$id" /sys/fs/cgroup/docker/"$id"; do
+      [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} + 2>/dev/null
+    done
+  done
+fi
+[ "$mode" = system ] || for m in $(awk -v a="$run_dir" -v b="$docker_root" \
   'index($2, a) == 1 || index($2, b) == 1 {print $2}' /proc/self/mounts | sort -r); do
   umount "$m" 2>/dev/null || umount -l "$m" || true
 done
@@ -115,8 +148,17 @@ if [ -e "$state" ] && [ "$mode" != system ]; then
       find "$d" -depth -type d -empty -delete 2>/dev/null && log "removed $d"
     fi
   done
+  if grep -qx 'created-cgroup docker' "$state"; then
+    for d in /sys/fs/cgroup/*/docker /sys/fs/cgroup/docker; do
+      [ -d "$d" ] && rmdir "$d" 2>/dev/null # fails, harmlessly, while anything is in it
+    done
+  fi
   rm -f "$state"
 fi
 
-rm -rf "$run_dir"
+if [ "$mode" = system ]; then
+  rm -f "$run_dir/kind-config-$cluster_name.yaml"
+else
+  rm -rf "$run_dir"
+fi
 log "down; caches kept in $kind_cache ($(du -sh "$kind_cache" 2>/dev/null | cut -f1))"

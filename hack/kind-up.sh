@@ -57,6 +57,8 @@ record_host_state() {
     # Empty directories kind (/lib/modules, a volume source) and our dockerd and its
     # containerd shims create outside our paths.
     for d in /lib/modules /run/docker /run/containerd; do [ -e "$d" ] || echo "created $d"; done
+    # dockerd's parent cgroup (cgroupfs driver), one per controller on cgroup v1.
+    compgen -G '/sys/fs/cgroup/*/docker' >/dev/null || [ -d /sys/fs/cgroup/docker ] || echo "created-cgroup docker"
     ip link show docker0 >/dev/null 2>&1 || echo "created-link docker0"
   } >"$f.tmp"
   mv "$f.tmp" "$f"
@@ -267,10 +269,10 @@ write_cni_config
 config=$(write_kind_config)
 ensure_network
 start=$SECONDS
-log "creating cluster $cluster_name from $NODE_IMAGE ... (log: $logs_dir/kind-create.log)"
+log "creating cluster $cluster_name from $NODE_IMAGE ... (log: $logs_dir/kind-create-$cluster_name.log)"
 if ! kind create cluster --name "$cluster_name" --image "$NODE_IMAGE" --config "$config" \
-  --kubeconfig "$kubeconfig_path" --wait 120s >"$logs_dir/kind-create.log" 2>&1; then
-  tail -n 30 "$logs_dir/kind-create.log" >&2
+  --kubeconfig "$kubeconfig_path" --wait 120s >"$logs_dir/kind-create-$cluster_name.log" 2>&1; then
+  tail -n 30 "$logs_dir/kind-create-$cluster_name.log" >&2
   die "kind create cluster (hack/kind-down.sh cleans up)"
 fi
 log "kind create cluster done in $((SECONDS - start))s"

@@ -72,14 +72,22 @@ docker_mode() {
   case $mode in private | system) echo "$mode" ;; *) die "KIND_DOCKER=$mode: use auto, private or system" ;; esac
 }
 
-# Points this shell (and kind, which runs `docker`) at the engine. In private mode the
-# docker CLI is Debian's 20.10 one (/usr/bin/docker, BuildKit via DOCKER_BUILDKIT=1),
-# put first on PATH through $tools_bin/shims, since a newer CLI without buildx elsewhere
-# on PATH cannot build with BuildKit.
+# Points this shell (and kind, which runs `docker`) at the engine. The images need
+# BuildKit (COPY --chmod): in private mode the docker CLI is Debian's 20.10 one
+# (/usr/bin/docker, BuildKit built in, DOCKER_BUILDKIT=1), put first on PATH through
+# $tools_bin/shims, since a newer CLI elsewhere on PATH may lack the buildx plugin it
+# needs for BuildKit. In system mode the CLI on PATH is used when it has buildx.
 use_docker() {
   mode=$(docker_mode)
+  local shim=0
   if [ "$mode" = private ]; then
     export DOCKER_HOST="unix://$docker_sock"
+    shim=1
+  elif ! docker buildx version >/dev/null 2>&1 && [ -x /usr/bin/docker ] &&
+    ! /usr/bin/docker buildx version >/dev/null 2>&1; then
+    shim=1 # Debian's CLI: BuildKit without buildx
+  fi
+  if [ $shim = 1 ]; then
     mkdir -p "$tools_bin/shims"
     ln -sf /usr/bin/docker "$tools_bin/shims/docker"
     export PATH="$tools_bin/shims:$tools_bin:$PATH"

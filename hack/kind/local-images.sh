@@ -193,7 +193,7 @@ EOF
   rm -rf "$ctx"
 }
 
-file_id() { stat -c '%n %s %Y' "$@"; }
+file_id() { stat -L -c '%n %s %Y' "$@"; }
 
 kubectl_image_name() {
   KUBECTL_IMAGE="mpijob-elastic.local/kubectl:$KUBE_VERSION"
