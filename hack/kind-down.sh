@@ -41,7 +41,7 @@ else
   ids=$(docker ps -aq)
   [ -z "$ids" ] || { log "removing containers"; docker rm -f -v $ids >/dev/null; }
   for net in $(docker network ls --format '{{.Name}}'); do
-    case $net in bridge | host | none) ;; *) docker network rm "$net" >/dev/null && log "removed docker network $net" ;; esac
+    case $net in bridge | host | none) ;; *) { docker network rm "$net" >/dev/null && log "removed docker network $net"; } || true ;; esac
   done
   log "stopping dockerd (pid $pid)"
   kill -TERM "$pid"
@@ -95,7 +95,7 @@ done
 if [ "$mode" != system ]; then
   for id in $(container_ids); do
     for d in /sys/fs/cgroup/*/docker/"$id" /sys/fs/cgroup/docker/"$id"; do
-      [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} + 2>/dev/null
+      [ ! -d "$d" ] || find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || true
     done
   done
 fi
@@ -135,7 +135,7 @@ if [ -e "$state" ] && [ "$mode" != system ]; then
   fi
   for link in $(sed -n 's/^created-link //p' "$state"); do
     if ip link show "$link" >/dev/null 2>&1; then
-      ip link delete "$link" && log "removed bridge $link"
+      { ip link delete "$link" && log "removed bridge $link"; } || true
     fi
   done
   # Sysctls back to what they were before the first `up`.
@@ -145,12 +145,13 @@ if [ -e "$state" ] && [ "$mode" != system ]; then
   for d in $(sed -n 's/^created //p' "$state"); do
     # Only directories, and only while they hold nothing but empty directories.
     if [ -d "$d" ] && [ -z "$(find "$d" ! -type d -print -quit 2>/dev/null)" ]; then
-      find "$d" -depth -type d -empty -delete 2>/dev/null && log "removed $d"
+      { find "$d" -depth -type d -empty -delete 2>/dev/null && log "removed $d"; } || true
     fi
   done
   if grep -qx 'created-cgroup docker' "$state"; then
     for d in /sys/fs/cgroup/*/docker /sys/fs/cgroup/docker; do
-      [ -d "$d" ] && rmdir "$d" 2>/dev/null # fails, harmlessly, while anything is in it
+      # rmdir fails, harmlessly, on a cgroup that still has processes
+      [ ! -d "$d" ] || find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || true
     done
   fi
   rm -f "$state"

@@ -67,7 +67,7 @@ record_host_state() {
 # Debian's dockerd on private paths, with runc-nocap as the default runtime; reused when
 # it already runs.
 start_dockerd() {
-  local pid i
+  local pid i stale
   if pid=$(dockerd_pid); then
     log "reusing our dockerd (pid $pid, $DOCKER_HOST)"
     return 0
@@ -89,7 +89,14 @@ start_dockerd() {
     --log-level warn \
     >"$run_dir/dockerd.log" 2>&1 </dev/null &
   for i in $(seq 1 60); do
-    docker info >/dev/null 2>&1 && { log "dockerd up in ${i}s"; return 0; }
+    if docker info >/dev/null 2>&1; then
+      log "dockerd up in ${i}s"
+      # `down` leaves no container; any here are from an engine that was killed (and may
+      # have been restarted by their restart policy just now).
+      stale=$(docker ps -aq)
+      [ -z "$stale" ] || { log "removing containers left by an unclean stop"; docker rm -f -v $stale >/dev/null; }
+      return 0
+    fi
     dockerd_pid >/dev/null || [ "$i" -lt 5 ] || { tail -n 20 "$run_dir/dockerd.log" >&2; die "dockerd exited"; }
     sleep 1
   done
@@ -170,6 +177,8 @@ build_local_node_image() {
 # Pod networking without kindnetd (an image we cannot pull): the ptp plugin with host-local
 # addresses from the node's pod range, mounted into the node. One node only.
 write_cni_config() {
+  # Docker makes a missing bind-mount source a directory (a node restarted without it).
+  [ ! -d "$run_dir/cni/10-ptp.conflist" ] || rm -rf "$run_dir/cni/10-ptp.conflist"
   mkdir -p "$run_dir/cni"
   cat >"$run_dir/cni/10-ptp.conflist" <<EOF
 {
