@@ -9,6 +9,12 @@ log_name=kind-down
 # shellcheck source=kind/lib.sh
 . "$(dirname "$0")/kind/lib.sh"
 
+exec 8>"$kind_cache/.lock"
+if ! flock -n 8; then
+  log "waiting for another kind-up/kind-down to finish"
+  flock 8
+fi
+
 # private: our dockerd runs (it stops, with every cluster in it); system: only the cluster
 # is deleted; none: nothing of ours runs, only the host clean-up below (after a crash).
 case ${KIND_DOCKER:-auto} in
@@ -99,8 +105,8 @@ if [ "$mode" != system ]; then
     done
   done
 fi
-[ "$mode" = system ] || for m in $(awk -v a="$run_dir" -v b="$docker_root" \
-  'index($2, a) == 1 || index($2, b) == 1 {print $2}' /proc/self/mounts | sort -r); do
+[ "$mode" = system ] || for m in $(awk -v a="$run_dir" -v b="$docker_root" -v c="$work_dir" \
+  'index($2, a) == 1 || index($2, b) == 1 || index($2, c) == 1 {print $2}' /proc/self/mounts | sort -r); do
   umount "$m" 2>/dev/null || umount -l "$m" || true
 done
 
@@ -160,6 +166,6 @@ fi
 if [ "$mode" = system ]; then
   rm -f "$run_dir/kind-config-$cluster_name.yaml"
 else
-  rm -rf "$run_dir"
+  rm -rf "$run_dir" "$work_dir" # work/: what an interrupted build left
 fi
 log "down; caches kept in $kind_cache ($(du -sh "$kind_cache" 2>/dev/null | cut -f1))"

@@ -87,7 +87,7 @@ start_dockerd() {
     --default-runtime runc-nocap \
     --mtu "$(host_mtu)" \
     --log-level warn \
-    >"$run_dir/dockerd.log" 2>&1 </dev/null &
+    >"$run_dir/dockerd.log" 2>&1 </dev/null 8>&- &
   for i in $(seq 1 60); do
     if docker info >/dev/null 2>&1; then
       log "dockerd up in ${i}s"
@@ -132,6 +132,10 @@ cluster_healthy() {
 # debootstrap once, then the Python base and the node base on top of it, side by side.
 build_bases() {
   local pp
+  if [ "$(image_recipe "$DEBIAN_BASE")" != "$DEBIAN_BASE_HASH" ] && [ "$(id -u)" != 0 ]; then
+    log "debootstrap needs root: run as root, or use KIND_NODE_IMAGE=official (docs/kind.md)"
+    return 1
+  fi
   ensure_debian_base || return 1
   ensure_python_base &
   pp=$!
@@ -248,6 +252,13 @@ wait_ready() {
     die "coredns not ready (kubectl -n kube-system get pods)"
   log "node Ready, default ServiceAccount, kube-proxy and coredns up in $((SECONDS - start))s"
 }
+
+# One kind-up or kind-down at a time (they share the engine, the network and the caches).
+exec 8>"$kind_cache/.lock"
+if ! flock -n 8; then
+  log "waiting for another kind-up/kind-down to finish"
+  flock 8
+fi
 
 docker_mode=$(docker_mode)
 case $node_mode in
