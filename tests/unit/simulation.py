@@ -427,7 +427,8 @@ class World:
             self._violate(f"(b) worker pod {name} deleted while discover_hosts.sh names it")
         elif uid in self._ever_listed and pod["status"]["phase"] != "Failed":
             since = self.clock - self._left_at[uid]
-            if since < drain:
+            # Drain marks carry microseconds, and sums of float seconds drift by less.
+            if since < drain - 1e-6:
                 self._violate(
                     f"(b) worker pod {name} deleted {since:.3f}s after discover_hosts.sh "
                     f"dropped it, with a {drain:g}s drain"
@@ -609,8 +610,9 @@ Fault = ApiError | str
 
 @dataclass(order=True)
 class _Timer:
-    """Something the world does at ``at``: "start" or "vanish" the pod (name, uid), or
-    "watch": deliver world change ``index`` to the cache of controller ``process``."""
+    """Something the world does at ``at``: "start" or "vanish" the pod (name, uid),
+    "watch": deliver world change ``index`` to the cache of controller ``process``, or
+    "user": call ``action``."""
 
     at: float
     seq: int
@@ -619,6 +621,7 @@ class _Timer:
     uid: str = field(compare=False, default="")
     index: int = field(compare=False, default=-1)
     process: int = field(compare=False, default=0)
+    action: Callable[[], None] | None = field(compare=False, default=None)
 
 
 class Sim:
@@ -817,6 +820,11 @@ class Sim:
         meta = pod["metadata"]
         self._push(_Timer(at, next(self._seq), what, meta["name"], meta["uid"]))
 
+    def later(self, seconds: float, action: Callable[[], None]) -> None:
+        """Have the user do ``action`` after ``seconds``, in the middle of a turn if it
+        comes to that."""
+        self._push(_Timer(self.world.clock + seconds, next(self._seq), "user", action=action))
+
     def _push(self, timer: _Timer) -> None:
         heapq.heappush(self._timers, timer)
 
@@ -835,6 +843,9 @@ class Sim:
                 break
             t = heapq.heappop(self._timers)
             self.world.clock = max(self.world.clock, t.at)
+            if t.action is not None:
+                t.action()
+                continue
             if t.what == "watch":
                 # A dead process's watches deliver nothing; the new one listed afresh.
                 if t.process == self._process:
