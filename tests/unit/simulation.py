@@ -14,7 +14,9 @@ Two ways in:
 
 The ``World`` checks the safety invariants at the very write that could break them and
 records each breach in ``violations``; ``Sim`` raises ``Violation`` at the end of the turn
-in which one happened, and ``Sim.settle`` checks that the world converges.
+in which one happened, and ``Sim.settle`` checks that the world converges. Random faults
+come from ``Faults`` and the seed; a test scripts a particular one with ``Sim.inject`` and
+a user's change at a particular moment with ``Sim.later``.
 """
 
 from __future__ import annotations
