@@ -67,6 +67,10 @@ class Volume:
         if data != self.config:
             self.config = data
             self.log("configmap_updated", hash=config_hash(data))
+            if self.synced_hash is None:
+                # The kubelet fills the volume when it starts the pod; the pod may have
+                # been seen before the ConfigMap, so the first content is written now.
+                self.wake.set()
 
     def on_pod(self, type_: str, pod: dict[str, Any]) -> None:
         name = pod["metadata"]["name"]
@@ -113,7 +117,7 @@ class Volume:
                 await asyncio.wait_for(self.wake.wait(), timeout=1.0)
             if self.wake.is_set():
                 self.wake.clear()
-                self.sync("pod-update")
+                self.sync("pod-start" if self.synced_hash is None else "pod-update")
             if time.monotonic() - last_periodic >= PERIODIC_SYNC_SECONDS:
                 last_periodic = time.monotonic()
                 self.sync("periodic")

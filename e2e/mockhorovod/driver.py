@@ -55,6 +55,11 @@ COOLDOWN_LOWER_BOUND = 1
 COOLDOWN_UPPER_BOUND = 3600
 
 DEFAULT_RANK_COMMAND = "cd {repo} && exec {python} -m e2e.mockhorovod.rank {rank_args}"
+# A file each rank creates where it runs and watches: the driver lets the rank go (Horovod's
+# hosts-updated notice at the next commit) by removing it through the remote shell, because
+# ending the remote shell (`kubectl exec`) does not end the command in a real container.
+# Removing, not creating, so a notice that arrives after the rank has gone leaves nothing.
+DEFAULT_RANK_ALIVE_FILE = "/tmp/mockhorovod-rank-{rank_id}"
 RANK_COMMAND_FIELDS = (
     "host",
     "rank_id",
@@ -209,6 +214,7 @@ class DriverConfig:
     rank_poll_interval: float | None = None
     rank_python: str = sys.executable
     rank_repo: str = str(REPO_ROOT)
+    rank_alive_file: str = DEFAULT_RANK_ALIVE_FILE
     command: tuple[str, ...] = ()
 
     def validate(self) -> None:
@@ -231,6 +237,13 @@ class DriverConfig:
         for name in ("discovery_interval", "discovery_timeout", "stop_grace"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+        try:
+            self.rank_alive_file.format(rank_id="x")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigError(
+                f"--rank-alive-file {self.rank_alive_file!r} cannot be filled: {exc!r}; "
+                "its only field is {rank_id}"
+            ) from None
         dummy = dict.fromkeys(RANK_COMMAND_FIELDS, "x")
         del dummy["rank_args"]
         try:
@@ -250,6 +263,7 @@ class Rank:
     local_rank: int
     rank_id: str
     stop_file: Path
+    alive_file: str
     command: str
     proc: asyncio.subprocess.Process | None = None
     running: bool = False
@@ -315,6 +329,7 @@ class Driver:
         self._ranks_started = 0
         self._rank_tasks: set[asyncio.Task[None]] = set()
         self._killers: set[asyncio.Task[None]] = set()
+        self._notices: set[asyncio.Task[None]] = set()
 
     # -- output -----------------------------------------------------------------------
 
@@ -626,6 +641,8 @@ class Driver:
             str(os.getpid()),
             "--stop-file",
             str(stop_file),
+            "--alive-file",
+            self.config.rank_alive_file.format(rank_id=rank_id),
         ]
         if cfg.rank_kubeconfig:
             args += ["--kubeconfig", cfg.rank_kubeconfig]
@@ -660,6 +677,7 @@ class Driver:
             local_rank=local_rank,
             rank_id=rank_id,
             stop_file=stop_file,
+            alive_file=self.config.rank_alive_file.format(rank_id=rank_id),
             command=command,
         )
         entry.ranks[local_rank] = rank
@@ -815,10 +833,14 @@ class Driver:
             del self._hosts[host]
 
     def _stop_rank(self, rank: Rank, reason: str) -> None:
-        """Stops a rank the way the graceful path does: stop file, SIGTERM, then SIGKILL.
+        """Stops a rank the way the graceful path does: stop file and notice, SIGTERM, then
+        SIGKILL.
 
         The stop file is for KWOK, where the rank runs outside the remote shell's process
-        tree and killing ``kubectl exec`` does not reach it. A rank whose host left the
+        tree and killing ``kubectl exec`` does not reach it; the notice (its alive file
+        removed through the remote shell) is for a real container, where the rank outlives
+        a killed ``kubectl exec`` and, under the default worker command, keeps a deleted
+        pod from going until its grace period ends. A rank whose host left the
         discovery output is not signalled at once: Horovod lets such ranks leave at their
         next commit, and until then they hold their assignment, so one that dies meanwhile
         (its pod deleted under it) is a failure, as in Horovod.
@@ -828,8 +850,43 @@ class Driver:
         rank.stopping = reason
         with contextlib.suppress(OSError):
             rank.stop_file.touch()
+        if rank.running:
+            notice = asyncio.create_task(self._notify(rank))
+            self._notices.add(notice)
+            notice.add_done_callback(self._notices.discard)
         if rank.proc is not None:
             self._schedule_signal(rank, self.config.stop_grace if reason == "host_removed" else 0.0)
+
+    async def _notify(self, rank: Rank) -> None:
+        """Removes the rank's alive file where it runs, through the remote shell.
+
+        Best effort, like the stop file: a refused or failed exec leaves the rank to the
+        signals that follow. Bounded by the discovery timeout, as a hung exec must not hold
+        the driver's shutdown.
+        """
+        command = f"rm -f {shlex.quote(rank.alive_file)}"
+        shell = remote_shell_command(self.config.rsh_agent, rank.host, command)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                "/bin/sh",
+                "-c",
+                shell,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self._say(f"cannot notify the rank on {rank.host}: {exc}")
+            return
+        try:
+            await asyncio.wait_for(proc.wait(), self.config.discovery_timeout)
+        except TimeoutError:
+            self._say(f"notifying the rank on {rank.host} timed out")
+        finally:
+            if proc.returncode is None:
+                _signal_group(proc, signal.SIGKILL)
+                await proc.wait()
 
     def _schedule_signal(self, rank: Rank, delay: float) -> None:
         killer = asyncio.create_task(self._signal_rank(rank, delay))
@@ -854,6 +911,11 @@ class Driver:
                 task.cancel()
         for killer in set(self._killers):
             killer.cancel()
+        if self._notices:
+            _, late = await asyncio.wait(set(self._notices), timeout=self.config.stop_grace)
+            for notice in late:
+                notice.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
 
 
 def _signal_group(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
@@ -904,6 +966,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mk.add_argument("--rank-python", default=sys.executable, help="fills {python}")
     mk.add_argument("--rank-repo", default=str(REPO_ROOT), help="fills {repo}")
+    mk.add_argument(
+        "--rank-alive-file",
+        default=DEFAULT_RANK_ALIVE_FILE,
+        help="file ({rank_id} filled) a rank keeps where it runs; removing it lets it go",
+    )
     mk.add_argument("--rank-kubeconfig", help="passed to ranks: enables their pod watch")
     mk.add_argument("--rank-namespace", help="passed to ranks")
     mk.add_argument("--rank-kubectl", help="passed to ranks")
@@ -958,6 +1025,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         rank_poll_interval=ns.rank_poll_interval,
         rank_python=ns.rank_python,
         rank_repo=ns.rank_repo,
+        rank_alive_file=ns.rank_alive_file,
         command=tuple(command),
     )
     config.validate()

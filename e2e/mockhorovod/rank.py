@@ -180,7 +180,7 @@ def mark_pod(args: argparse.Namespace) -> str | None:
     return proc.stderr.strip()[:300] if proc.returncode != 0 else None
 
 
-def unmark_pod_when_gone(args: argparse.Namespace) -> subprocess.Popen[bytes]:
+def unmark_pod_when_gone(args: argparse.Namespace, alive: Path | None) -> subprocess.Popen[bytes]:
     """Starts a watcher that takes the annotation off once this process is gone.
 
     However the rank ends, its mark must go with it, as the process goes from the
@@ -189,13 +189,15 @@ def unmark_pod_when_gone(args: argparse.Namespace) -> subprocess.Popen[bytes]:
     the rank itself. So a shell in a session of its own holds the read end of a pipe whose
     only write end is this process's; the kernel closes it when this process dies, however
     it dies, and the shell then removes the mark. The returned handle owns the write end:
-    dropping it would close the pipe, so keep it until the rank is done.
+    dropping it would close the pipe, so keep it until the rank is done. It also removes
+    the rank's alive file, which a killed rank leaves behind on this machine.
     """
     cmd = [
         "/bin/sh",
         "-c",
-        'cat >/dev/null; exec "$@"',
+        'cat >/dev/null; [ -z "$1" ] || rm -f "$1"; shift; exec "$@"',
         "sh",
+        str(alive or ""),
         *_annotate(args, f"{mark_key(args)}-"),
     ]
     return subprocess.Popen(
@@ -281,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kubectl-timeout", type=float, default=5.0)
     parser.add_argument("--stop-file", help="exit 0 when it appears (same machine only)")
     parser.add_argument("--driver-pid", type=int, help="exit 0 when it is gone (same machine)")
+    parser.add_argument("--alive-file", help="created at start; exit 0 when it is removed (let go)")
     parser.add_argument("--kill-exit-code", type=int, default=KILLED_EXIT_CODE)
     return parser
 
@@ -310,13 +313,21 @@ def run(args: argparse.Namespace) -> int:
     watch = args.kubeconfig is not None
     watcher: subprocess.Popen[bytes] | None = None
     unmarker: subprocess.Popen[bytes] | None = None
+    alive = Path(args.alive_file) if args.alive_file else None
     try:
         # Marked before it reports running, so a pod deleted right after the driver saw
         # the rank start already counts as one with a process in it.
         if watch:
-            unmarker = unmark_pod_when_gone(args)
+            unmarker = unmark_pod_when_gone(args, alive)
             if (problem := mark_pod(args)) is not None:
                 _err(args, f"cannot mark the pod, so KWOK will remove it at once: {problem}")
+        # Created before it reports running: the driver may let it go at once after.
+        if alive is not None:
+            try:
+                alive.touch()
+            except OSError as exc:
+                _err(args, f"cannot create {alive}, so only signals let it go: {exc}")
+                alive = None
         with contextlib.suppress(OSError, ValueError):
             print(
                 f"{RANK_STARTED_MARKER} host={args.host} rank_id={args.rank_id} pid={os.getpid()}",
@@ -334,6 +345,9 @@ def run(args: argparse.Namespace) -> int:
                 if reason is not None:
                     _err(args, f"{reason}: exiting 0")
                     return 0
+            if alive is not None and not alive.exists():
+                _err(args, f"{alive} removed: let go, exiting 0")
+                return 0
             if crash is not None and crash.exists():
                 with contextlib.suppress(OSError):
                     crash.unlink()
@@ -383,6 +397,9 @@ def run(args: argparse.Namespace) -> int:
             watcher.kill()
         if unmarker is not None and unmarker.stdin is not None:
             unmarker.stdin.close()  # done: the mark goes now rather than at the exit
+        if alive is not None:
+            with contextlib.suppress(OSError):
+                alive.unlink()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -305,6 +305,42 @@ async def test_host_leaving_discovery_is_graceful(rig: Rig) -> None:
     assert rig.of(ev.DRIVER_EXIT)[0]["hosts_removed"] == 1
 
 
+# A rank as in a real container: it keeps running when the remote shell that started it is
+# signalled (a killed `kubectl exec` does not end the command), and leaves only when its
+# alive file is removed. $1 rank id, $2 the directory of alive files.
+CONTAINED_RANK = f"""#!/bin/sh
+alive="$2/alive-$1"
+touch "$alive"
+trap '' TERM
+echo {RANK_STARTED_MARKER}
+while [ -e "$alive" ]; do sleep 0.05; done
+"""
+
+
+async def test_removed_host_is_notified_through_the_remote_shell(rig: Rig) -> None:
+    rank = write_script(rig.tmp / "contained_rank.sh", CONTAINED_RANK)
+    rig.set_hosts("a:1", "b:1")
+    run = await start(
+        rig,
+        np=2,
+        min_np=1,
+        rank_command=f"exec /bin/sh {shlex.quote(str(rank))} {{rank_id}} {rig.tmp}",
+        rank_alive_file=str(rig.tmp / "alive-{rank_id}"),
+        stop_grace=8.0,
+    )
+    await wait_for(rig, lambda: running_on(rig, "b") == 1, "rank on b")
+    removed_at = time.monotonic()
+    rig.set_hosts("a:1")
+    await wait_for(rig, lambda: bool(rig.of(ev.RANK_STOPPED, host="b")), "b stopped", 20)
+    # It left on the notice, with exit 0, well before the driver's SIGTERM would come.
+    assert time.monotonic() - removed_at < 4.0
+    (stopped,) = rig.of(ev.RANK_STOPPED, host="b")
+    assert (stopped["reason"], stopped["exit_code"]) == ("host_removed", 0)
+    assert await run.finish() == 0
+    assert_no_failures(rig)
+    assert list(rig.tmp.glob("alive-*")) == []  # the shutdown let the rank on a go too
+
+
 async def test_rank_dying_while_listed_blacklists_the_host(rig: Rig) -> None:
     rig.set_hosts("a:1", "b:2")
     run = await start(rig, np=3, min_np=1)
@@ -758,8 +794,9 @@ def test_rank_takes_its_mark_off_its_terminating_pod_however_it_ends(
     kubectl = fake_kubectl(tmp_path)
     grace_end = datetime.now(UTC) + timedelta(seconds=60)
     set_pod(tmp_path, "w-0", deletionTimestamp=grace_end.isoformat())
+    alive = tmp_path / "alive-r1"
     args = ["--kubeconfig", "/k", "--kubectl", str(kubectl), "--poll-interval", "0.05"]
-    proc = rank_process(tmp_path, *args)
+    proc = rank_process(tmp_path, *args, "--alive-file", str(alive))
     if how == "leaves":
         assert "still training" in still_running_then_terminated(proc, settle=0.3)
     else:
@@ -772,6 +809,7 @@ def test_rank_takes_its_mark_off_its_terminating_pod_however_it_ends(
             proc.communicate()
     calls = tmp_path / "pods" / "calls"
     wait_until(lambda: UNMARK in calls.read_text(), 10, "the mark taken off")
+    assert not alive.exists()  # nor is its alive file left behind
 
 
 def test_rank_crashes_when_its_crash_file_appears(tmp_path: Path) -> None:
@@ -798,6 +836,23 @@ def test_rank_crashes_when_its_crash_file_appears(tmp_path: Path) -> None:
         crash.unlink(missing_ok=True)
     assert "crashing on purpose" in err
     assert not crash.exists()  # it cleans up after itself
+
+
+def test_rank_leaves_when_its_alive_file_is_removed(tmp_path: Path) -> None:
+    alive = tmp_path / "alive-r1"
+    proc = rank_process(tmp_path, "--alive-file", str(alive), "--poll-interval", "0.05")
+    try:
+        wait_marker(proc)
+        assert alive.exists()
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.3)
+        alive.unlink()  # what the driver's notice does through the remote shell
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate()
+    assert "let go" in err
 
 
 def test_rank_ignores_transient_kubectl_errors(tmp_path: Path) -> None:
