@@ -95,11 +95,10 @@ def pod_path(namespace: str, name: str) -> str:
 
 
 def create(cluster: Cluster, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
-    kind = manifest["kind"]
-    plural = {"Pod": "pods", "ConfigMap": "configmaps", "ResourceQuota": "resourcequotas"}[kind]
-    created = cluster.raw("POST", f"/api/v1/namespaces/{namespace}/{plural}", manifest)
-    assert created is not None
-    return created
+    out = cluster.kubectl(
+        "create", "-n", namespace, "-o", "json", "-f", "-", input=json.dumps(manifest)
+    )
+    return dict(json.loads(out.stdout))
 
 
 def sleeping_pod(name: str, **metadata: Any) -> dict[str, Any]:
@@ -153,6 +152,9 @@ class Recorder:
             return list(self.events)
 
     def stop(self) -> None:
+        # Unblocks the reader, which close() alone would wait for.
+        self._response.shutdown()
+        self._thread.join(10)
         self._response.close()
         self._api.close()  # type: ignore[no-untyped-call]
 
