@@ -44,8 +44,9 @@ def job(cluster: Cluster, namespace: str) -> Job:
 def worker_template(manifest: dict[str, Any], role: str = "Worker") -> dict[str, Any]:
     """The role's pod template, made its own (``mpijob`` shares one between both roles)."""
     spec = manifest["spec"]["mpiReplicaSpecs"][role]
-    spec["template"] = copy.deepcopy(spec["template"])
-    return dict(spec["template"])
+    template: dict[str, Any] = copy.deepcopy(spec["template"])
+    spec["template"] = template
+    return template
 
 
 def wait_showing(
