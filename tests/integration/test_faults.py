@@ -59,10 +59,6 @@ def wait_showing(
         raise AssertionError(f"{err}; last seen: {show()}") from None
 
 
-def conditions(job: Job) -> list[dict[str, Any]]:
-    return list((job.get().get("status") or {}).get("conditions") or [])
-
-
 def true_condition(job: Job, type_: str) -> dict[str, Any] | None:
     cond = job.condition(type_)
     return cond if cond is not None and cond["status"] == "True" else None
@@ -616,7 +612,7 @@ def test_finished_job_counts_no_active_workers_after_clean_up(
 # -- defect 1: a stale drain mark does not shorten a drain ------------------------------------
 
 
-def _listed(worker: str) -> Callable[[str, dict[str, Any]], bool]:
+def _unlisted(worker: str) -> Callable[[str, dict[str, Any]], bool]:
     def unlisted(kind: str, cm: dict[str, Any]) -> bool:
         script = (cm.get("data") or {}).get(names.DISCOVER_HOSTS, "")
         return kind != "DELETED" and f"echo {worker}:" not in script
@@ -675,7 +671,7 @@ def test_stale_drain_mark_does_not_shorten_the_drain(
         pods.stop()
     # Watch delivery may lag by a moment: allow 1 s of it, a small part of the drain.
     for victim in victims:
-        unlisted = first(config_events, _listed(victim))
+        unlisted = first(config_events, _unlisted(victim))
         deleted = first(pod_events, _deleted(victim))
         assert unlisted is not None
         assert deleted is not None
