@@ -173,8 +173,8 @@ def _quota(cluster: Cluster, namespace: str, job: dict[str, Any]) -> None:
         "spec": {"hard": {"pods": "0"}},
     }
     create(cluster, namespace, quota)
-    # Until the quota controller has filled in its status the API server refuses pods with
-    # another message ("status unknown for quota"); wait for the steady one.
+    # Admission counts against the quota's status, which the quota controller fills in a
+    # moment later: wait for it, so the refusal is the steady "exceeded quota" one.
     path = f"/api/v1/namespaces/{namespace}/resourcequotas/no-pods"
     wait_for(lambda: ((cluster.raw("GET", path) or {}).get("status") or {}).get("hard"), 30)
 
