@@ -3,8 +3,10 @@
 Everything that makes scaling safe is decided here, and ``diff.py`` only turns it into
 ordered writes:
 
-* Scale-up: every worker the job controls or is creating right now is in the launcher
-  Role; a worker enters ``discover_hosts.sh`` only once its main container runs.
+* Scale-up: the launcher Role grants exec on the workers the job controls and on those
+  it creates in this turn, written once their creates went through (``diff.py``), so a
+  name someone else's pod holds is never granted. A worker enters ``discover_hosts.sh``
+  only once its main container runs and the Role we last wrote grants it.
 * Scale-in: victims (the highest indexes) leave ``hostfile`` and ``discover_hosts.sh``,
   and are deleted only a full drain period after the host list we wrote stopped naming
   them. A drain mark on the pod records when that happened; a mark on a worker that the
@@ -175,7 +177,8 @@ class _Builder:
                 + [(i, names.worker_name(spec.name, i)) for i in create_now]
             )
         ]
-        hosts = [w.name for w in wanted if w.can_take_ranks(main)]
+        granted = render.exec_names(self.observed.role)
+        hosts = [w.name for w in wanted if w.can_take_ranks(main) and w.name in granted]
         data = render.config_data(spec, self.settings, target, hosts)
         hash_ = render.config_hash(data)
         objects = {

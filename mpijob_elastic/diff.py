@@ -4,16 +4,21 @@ The order is the safety argument, stated once, here. The shell executes the writ
 this order and stops at the first one refused, so every write may rely on the ones above
 it having landed:
 
-1. ServiceAccount, Role, RoleBinding: exec rights for a new worker before its pod exists.
-2. The ConfigMap: victims leave the host lists before anything happens to them.
+1. ServiceAccount, RoleBinding.
+2. The ConfigMap: victims leave the host lists before anything happens to them; a worker
+   is listed only once the Role we wrote grants exec on it (``desired.py``).
 3. The launcher's config-hash annotation: its kubelet refreshes the mounted files now.
 4. Drain marks cleared on workers the job keeps; then marks on victims whose drain starts
    (after the host-list write, so a mark never predates the list that dropped them),
    and deletes of victims whose drain is over.
 5. Deletes of failed workers to replace (or of a finished job's pods), then creates of
    missing workers.
-6. The launcher, after its workers exist.
-7. The status, then Events.
+6. The Role: exec on the job's workers, new ones only once their creates went through,
+   so a name that someone else's pod holds (a create answered 409) is never granted. A
+   new worker cannot be listed before this write: it is not running yet, and step 2
+   lists only granted workers.
+7. The launcher, after its workers exist and are granted.
+8. The status, then Events.
 
 Only drift is written: a settled job yields no writes.
 """
@@ -77,14 +82,14 @@ def _observed_object(observed: Observed, kind: str) -> Mapping[str, Any] | None:
 
 
 def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
-    writes: list[Action] = []
-    for kind, keys in _OWNED_KEYS.items():
-        if kind in want.objects and (kind, want.objects[kind]["metadata"]["name"]) not in (
-            observed.conflicts
-        ):
-            action = _ensure(want.objects[kind], _observed_object(observed, kind), keys)
-            if action is not None:
-                writes.append(action)
+    def ensure(kind: str) -> list[Action]:
+        obj = want.objects.get(kind)
+        if obj is None or (kind, obj["metadata"]["name"]) in observed.conflicts:
+            return []
+        action = _ensure(obj, _observed_object(observed, kind), _OWNED_KEYS[kind])
+        return [] if action is None else [action]
+
+    writes = ensure("ServiceAccount") + ensure("RoleBinding") + ensure("ConfigMap")
 
     job_name = str(observed.job["metadata"]["name"])
     launcher = next(
@@ -114,6 +119,7 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
 
     writes += [DeletePod(w.name, w.uid) for w in want.deletes]
     writes += [Create(pod) for pod in want.new_pods]
+    writes += ensure("Role")
     if want.launcher is not None:
         writes.append(Create(want.launcher))
 

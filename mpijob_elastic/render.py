@@ -101,6 +101,15 @@ def role_rules(worker_names: Sequence[str]) -> list[Obj]:
     return rules
 
 
+def exec_names(role: Mapping[str, Any] | None) -> set[str]:
+    """The pods a launcher Role lets the launcher exec into."""
+    granted: set[str] = set()
+    for rule in (role or {}).get("rules") or []:
+        if "pods/exec" in (rule.get("resources") or []):
+            granted.update(rule.get("resourceNames") or [])
+    return granted
+
+
 def role(spec: JobSpec, worker_names: Sequence[str]) -> Obj:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",

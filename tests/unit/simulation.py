@@ -173,8 +173,8 @@ class World:
 
     The invariants, each checked at the write that could break it (into ``violations``):
 
-    (a) A worker pod is created only once the launcher Role grants exec on it, and the Role
-        grants exec on every host discover_hosts.sh names.
+    (a) The launcher Role grants exec on every host discover_hosts.sh names, and never on
+        a name that a pod the job does not control holds.
     (b) A worker pod is deleted only once discover_hosts.sh no longer names it and, unless
         it failed, no sooner than the job's drain after the host list last stopped naming
         it. A pod that was named and never dropped is a breach; one never named may go.
@@ -367,7 +367,8 @@ class World:
             self._violate(f"(f) a turn of {self.acting.job} wrote {kind} {name} of another owner")
 
     def _check_state(self) -> None:
-        """(a) the launcher may exec into every host its discover_hosts.sh names."""
+        """(a) the launcher may exec into every host its discover_hosts.sh names, and into
+        no pod of someone else's."""
         for job, hosts in self._listed.items():
             role = self.objects.get(("Role", names.launcher_name(job)))
             if not hosts <= exec_names(role):
@@ -375,14 +376,19 @@ class World:
                     f"(a) discover_hosts.sh names {sorted(hosts - exec_names(role))} "
                     "which the launcher Role does not let it exec into"
                 )
+        for (kind, name), role in self.objects.items():
+            if kind != "Role":
+                continue
+            for pod_name in exec_names(role):
+                pod = self.objects.get(("Pod", pod_name))
+                if pod is not None and _controller_uid(pod) != _controller_uid(role):
+                    self._violate(f"(a) Role {name} grants exec on {pod_name}, not its job's")
 
     def _pod_created(self, pod: Obj) -> None:
         name = pod["metadata"]["name"]
         job = pod["metadata"]["labels"][names.LABEL_JOB]
         granted = exec_names(self.objects.get(("Role", names.launcher_name(job))))
         self.creations.append((name, granted))
-        if name != names.launcher_name(job) and name not in granted:
-            self._violate(f"(a) worker pod {name} created before the Role grants exec on it")
         if name in self._listed.get(job, set()):
             self._ever_listed.add(pod["metadata"]["uid"])
 

@@ -41,16 +41,16 @@ def started(replicas: int = 2, annotations: dict[str, str] | None = None, **kw: 
     return c
 
 
-def test_new_job_grants_exec_before_creating_workers() -> None:
+def test_new_job_grants_exec_once_its_workers_are_created() -> None:
     c = Cluster(make_job(2))
     p = c.plan()
     kinds = [a.obj["kind"] for a in p.actions if isinstance(a, Create)]
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Pod", "Pod"]
+    assert kinds == ["ServiceAccount", "RoleBinding", "ConfigMap", "Pod", "Pod", "Role"]
     c.apply(p)
-    assert c.creations == [
-        ("job-worker-0", {"job-worker-0", "job-worker-1"}),
-        ("job-worker-1", {"job-worker-0", "job-worker-1"}),
-    ]
+    # Granted only after the creates went through: a name held by someone else's pod
+    # (a create answered 409) never reaches the Role.
+    assert c.creations == [("job-worker-0", set()), ("job-worker-1", set())]
+    assert exec_names(c.get("Role", "job-launcher")) == {"job-worker-0", "job-worker-1"}
     # Pending workers take no ranks; the launcher waits for them.
     assert discovered(cm(c)) == []
     assert c.get("Pod", "job-launcher") is None
@@ -79,17 +79,17 @@ def test_v1_file_formats() -> None:
     assert data[names.DISCOVER_HOSTS] == "#!/bin/sh\necho job-worker-0:2\necho job-worker-1:2"
 
 
-def test_scale_up_role_first_and_running_before_discovery() -> None:
+def test_scale_up_grants_created_workers_and_lists_them_once_running() -> None:
     c = started(2)
     c.set_replicas(4)
     p = c.plan()
     role_at = next(
         i for i, a in enumerate(p.actions) if isinstance(a, Replace) and a.obj["kind"] == "Role"
     )
-    first_pod = next(
+    pods_at = [
         i for i, a in enumerate(p.actions) if isinstance(a, Create) and a.obj["kind"] == "Pod"
-    )
-    assert role_at < first_pod
+    ]
+    assert pods_at and role_at > max(pods_at)
     c.apply(p)
     assert exec_names(c.get("Role", "job-launcher")) == {f"job-worker-{i}" for i in range(4)}
     assert cm(c)["data"][names.HOSTFILE].count("\n") == 4
