@@ -89,7 +89,8 @@ def test_scale_up_grants_created_workers_and_lists_them_once_running() -> None:
     pods_at = [
         i for i, a in enumerate(p.actions) if isinstance(a, Create) and a.obj["kind"] == "Pod"
     ]
-    assert pods_at and role_at > max(pods_at)
+    assert pods_at
+    assert role_at > max(pods_at)
     c.apply(p)
     assert exec_names(c.get("Role", "job-launcher")) == {f"job-worker-{i}" for i in range(4)}
     assert cm(c)["data"][names.HOSTFILE].count("\n") == 4
