@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: test unit integration e2e e2e-kind lint demo bench bench-planning binaries cluster-up cluster-down venv clean
+.PHONY: test unit integration e2e e2e-kind lint demo bench bench-kind bench-planning binaries cluster-up cluster-down venv clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -57,14 +57,16 @@ integration: venv binaries
 e2e: venv binaries
 	$(call run_pytest,e2e)
 
-# The same suite on kind, for machines with Docker and kind (see e2e/README.md).
+# The same suite on a real kind cluster: real containers, the shipped install, the mock
+# images. Brings up what it needs, also on machines without a registry (docs/kind.md).
 e2e-kind: venv
 	@hack/e2e-kind.sh
 
-# Everything: lint, unit, integration and end-to-end tests on one local cluster that a
-# session fixture starts and stops.
+# Everything: lint, unit, integration and end-to-end tests on one local KWOK cluster that
+# a session fixture starts and stops, then the end-to-end suite again on kind.
 test: lint binaries
 	$(call run_pytest,tests e2e)
+	@hack/e2e-kind.sh
 
 demo: venv binaries
 	@$(PY) -m e2e.demo $(DEMO_ARGS)
@@ -72,6 +74,13 @@ demo: venv binaries
 # Worker Running -> discover_hosts.sh delay on the local cluster (see docs/benchmarks.md).
 bench: venv binaries
 	@$(PY) -m bench.propagation
+
+# ConfigMap change -> the launcher's mounted file, with and without the pod annotation, on
+# kind (see docs/benchmarks.md). Leaves the kind cluster up; `make kind-down` stops it.
+bench-kind: venv binaries
+	@kubeconfig=$$(hack/kind-up.sh) && eval "$$(hack/images.sh | sed 's/^/export /')" && \
+	  PATH="$$(hack/build-binaries.sh):$$PATH" $(PY) -m bench.kind_refresh \
+	  --kubeconfig "$$kubeconfig" --image "$$E2E_WORKER_IMAGE"
 
 # How long one plan holds the event loop, for jobs up to the worker cap (no cluster).
 bench-planning: venv

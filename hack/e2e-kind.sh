@@ -1,41 +1,52 @@
 #!/usr/bin/env bash
-# `make e2e-kind`: the end-to-end suite on a kind cluster, for anyone with Docker and kind.
-# Builds the controller and mock images, loads them into kind, deploys config/default, and
-# runs e2e/test_elastic.py with the launcher as a real pod. KEEP_CLUSTER=1 keeps the cluster.
+# `make e2e-kind` (and the kind half of `make test`): the end-to-end suite on a real kind
+# cluster. hack/kind-up.sh starts the cluster (on machines without a registry, from
+# locally built images), hack/images.sh builds the controller, mock launcher, mock worker
+# and kubectl images and loads them, `kubectl apply -k` installs config/default through
+# an overlay that only sets those images, and e2e/test_elastic.py runs with the launcher
+# as a real pod: kubectl from the kubectl-delivery init container, /etc/mpi mounted by the
+# kubelet, ranks started in real worker containers through kubexec.sh. Afterwards the
+# controller is uninstalled and the cluster stopped (KEEP_CLUSTER=1 keeps both).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-for tool in docker kind; do
-  command -v "$tool" >/dev/null || { echo "e2e-kind needs $tool on PATH" >&2; exit 1; }
-done
-name=${KIND_CLUSTER:-mpijob-elastic-e2e}
-tag=e2e
-controller=mpijob-elastic:$tag launcher=mpijob-elastic/mock-launcher:$tag worker=mpijob-elastic/mock-worker:$tag
-bin_dir=$(hack/build-binaries.sh)
-export PATH="$bin_dir:$PATH"
-log() { printf '[e2e-kind %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+log_name=e2e-kind
+# shellcheck source=kind/lib.sh
+. "$(dirname "$0")/kind/lib.sh"
+cd "$repo_root"
+total=$SECONDS
 
-kind get clusters | grep -qx "$name" || { log "creating kind cluster $name"; kind create cluster --name "$name" --wait 120s; }
-kubeconfig=$(mktemp)
-trap 'rm -f "$kubeconfig"; [ "${KEEP_CLUSTER:-}" = 1 ] || kind delete cluster --name "$name"' EXIT
-kind get kubeconfig --name "$name" >"$kubeconfig"
-
-log "building images"
-docker build -q -t "$controller" .
-docker build -q -f e2e/images/launcher/Dockerfile -t "$launcher" .
-docker build -q -f e2e/images/worker/Dockerfile -t "$worker" .
-for image in "$controller" "$launcher" "$worker"; do kind load docker-image --name "$name" "$image"; done
-
-log "deploying config/default"
+kubeconfig=$("$kind_hack/kind-up.sh")
+eval "$("$kind_hack/images.sh" | sed 's/^/export /')"
+BIN_DIR=$(PATH="/usr/local/go/bin:$PATH" "$kind_hack/build-binaries.sh")
+export PATH="$BIN_DIR:$PATH"
 k() { kubectl --kubeconfig "$kubeconfig" "$@"; }
-k apply -k config/default
-# The mock launcher ships kubectl, so no kubectl-delivery init container (and no image
-# pull from outside) is needed.
-k -n mpijob-elastic-system patch deployment mpijob-elastic --type=json -p "[
-  {\"op\": \"replace\", \"path\": \"/spec/template/spec/containers/0/image\", \"value\": \"$controller\"},
-  {\"op\": \"add\", \"path\": \"/spec/template/spec/containers/0/args/-\", \"value\": \"--kubectl-delivery=none\"}]"
-k -n mpijob-elastic-system rollout status deployment/mpijob-elastic --timeout=180s
+
+overlay=$(mktemp -d)
+cleanup() {
+  local rc=$?
+  if [ $rc != 0 ]; then
+    log "failed; the controller's log follows"
+    k -n mpijob-elastic-system logs deployment/mpijob-elastic --tail=60 >&2 || true
+  fi
+  if [ "${KEEP_CLUSTER:-}" = 1 ]; then
+    log "KEEP_CLUSTER=1: the controller stays installed; kubeconfig $kubeconfig"
+  else
+    log "uninstalling the controller"
+    k delete -k "$overlay" --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1 || rc=1
+    "$kind_hack/kind-down.sh" || rc=1
+  fi
+  rm -rf "$overlay"
+  log "done in $((SECONDS - total))s"
+  exit $rc
+}
+trap cleanup EXIT
+
+log "installing config/default (controller $MPIJOB_ELASTIC_IMAGE, kubectl ${E2E_KUBECTL_IMAGE:-default})"
+write_install_overlay "$overlay"
+k apply -k "$overlay" >/dev/null
+start=$SECONDS
+k -n mpijob-elastic-system rollout status deployment/mpijob-elastic --timeout=180s >&2
+log "controller available after $((SECONDS - start))s"
 
 log "running the suite"
 MPIJOB_ELASTIC_KUBECONFIG=$kubeconfig E2E_IN_CLUSTER=1 \
-  E2E_LAUNCHER_IMAGE=$launcher E2E_WORKER_IMAGE=$worker \
-  .venv/bin/python -m pytest e2e/test_elastic.py
+  "$repo_root/.venv/bin/python" -m pytest e2e/test_elastic.py "$@"

@@ -111,3 +111,29 @@ host_mtu() {
   dev=$(ip route show default 2>/dev/null | awk '{for (i = 1; i < NF; i++) if ($i == "dev") {print $(i + 1); exit}}')
   cat "/sys/class/net/${dev:-eth0}/mtu" 2>/dev/null || echo 1500
 }
+
+# write_install_overlay DIR: a kustomize overlay over config/default that only sets what a
+# cluster without our registry needs: the controller image, and the kubectl image the
+# kubectl-delivery init container copies from (MPIJOB_ELASTIC_IMAGE and E2E_KUBECTL_IMAGE,
+# as hack/images.sh prints them; an empty E2E_KUBECTL_IMAGE keeps the controller's default).
+write_install_overlay() {
+  local dir=$1
+  {
+    echo "apiVersion: kustomize.config.k8s.io/v1beta1"
+    echo "kind: Kustomization"
+    echo "resources:"
+    echo "  - $(realpath --relative-to="$dir" "$repo_root/config/default")"
+    echo "images:"
+    echo "  - name: mpijob-elastic"
+    echo "    newName: ${MPIJOB_ELASTIC_IMAGE%:*}"
+    echo "    newTag: ${MPIJOB_ELASTIC_IMAGE##*:}"
+    if [ -n "${E2E_KUBECTL_IMAGE:-}" ]; then
+      echo "patches:"
+      echo "  - target: {kind: Deployment, name: mpijob-elastic}"
+      echo "    patch: |"
+      echo "      - op: add"
+      echo "        path: /spec/template/spec/containers/0/args/-"
+      echo "        value: --kubectl-image=$E2E_KUBECTL_IMAGE"
+    fi
+  } >"$dir/kustomization.yaml"
+}

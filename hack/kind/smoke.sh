@@ -41,22 +41,7 @@ k -n "$ns" exec worker-check -- /usr/local/bin/python3 -c 'import e2e.mockhorovo
 k -n "$ns" delete pod worker-check --wait=false >/dev/null
 
 log "controller from config/default (image $MPIJOB_ELASTIC_IMAGE)"
-cat >"$overlay/kustomization.yaml" <<EOF
-apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-  - $(realpath --relative-to="$overlay" "$repo_root/config/default")
-images:
-  - name: mpijob-elastic
-    newName: ${MPIJOB_ELASTIC_IMAGE%:*}
-    newTag: ${MPIJOB_ELASTIC_IMAGE##*:}
-patches:
-  - target: {kind: Deployment, name: mpijob-elastic}
-    patch: |
-      - op: add
-        path: /spec/template/spec/containers/0/args/-
-        value: --kubectl-image=$E2E_KUBECTL_IMAGE
-EOF
+write_install_overlay "$overlay"
 k apply -k "$overlay" >/dev/null
 start=$SECONDS
 k -n mpijob-elastic-system rollout status deployment/mpijob-elastic --timeout=180s >/dev/null
