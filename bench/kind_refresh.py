@@ -28,7 +28,6 @@ import statistics
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
 
 from mpijob_elastic import names
 
@@ -104,12 +103,19 @@ def seen_at(k: Kind, pod_name: str, digest: str) -> float | None:
     return None
 
 
-def wait(what: str, timeout: float, check: Callable[[], bool]) -> None:
+def wait_seen(k: Kind, pods: list[str], digest: str, timeout: float) -> dict[str, float]:
+    """When each pod first showed the content of this digest."""
     deadline = time.monotonic() + timeout
-    while not check():
+    seen: dict[str, float] = {}
+    while len(seen) < len(pods):
         if time.monotonic() > deadline:
-            raise TimeoutError(what)
+            raise TimeoutError(f"{sorted(set(pods) - set(seen))} never showed {digest}")
+        for p in set(pods) - set(seen):
+            at = seen_at(k, p, digest)
+            if at is not None:
+                seen[p] = at
         time.sleep(0.2)
+    return seen
 
 
 def update(k: Kind, name: str, data: str) -> float:
@@ -147,8 +153,7 @@ def main() -> None:
         items = [config_map(p, content(0)) for p in pods] + [pod(p, args.image) for p in pods]
         k.kubectl("apply", "-f", "-", input=json.dumps({"kind": "List", "items": items}))
         k.kubectl("wait", "--for=condition=Ready", "pod", "--all", "--timeout=180s")
-        first = sha(content(0))
-        wait("every pod saw the first content", 60, lambda: all(seen_at(k, p, first) for p in pods))
+        wait_seen(k, pods, sha(content(0)), 60)
 
         # With the annotation: one change at a time, as the controller makes them.
         with_ann: list[float] = []
@@ -157,19 +162,14 @@ def main() -> None:
             written = update(k, p, data)
             patch = {"metadata": {"annotations": {names.ANN_CONFIG_HASH: sha(data)}}}
             k.kubectl("patch", "pod", p, "--type=merge", "-p", json.dumps(patch))
-            wait(f"{p} refreshed", 60, lambda p=p, d=data: seen_at(k, p, sha(d)) is not None)
-            with_ann.append((seen_at(k, p, sha(data)) or 0) - written)
+            with_ann.append(wait_seen(k, [p], sha(data), 60)[p] - written)
         print(summary("ConfigMap write -> mounted file, launcher pod annotated", with_ann))
 
         # Without it: every ConfigMap changes at once, nobody touches the pods.
         data = content(10_000)
         written_at = {p: update(k, p, data) for p in pods}
-        wait(
-            "every pod refreshed without an annotation",
-            args.timeout,
-            lambda: all(seen_at(k, p, sha(data)) is not None for p in pods),
-        )
-        without = [(seen_at(k, p, sha(data)) or 0) - written_at[p] for p in pods]
+        seen = wait_seen(k, pods, sha(data), args.timeout)
+        without = [seen[p] - written_at[p] for p in pods]
         print(summary("ConfigMap write -> mounted file, no pod update", without))
     finally:
         subprocess.run(
