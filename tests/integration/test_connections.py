@@ -67,7 +67,7 @@ def test_a_job_in_the_last_of_24_watched_namespaces_gets_its_children(
     # Seconds when it works; generous for a loaded machine. Before the fix, never.
     wait_for(lambda: not missing(), timeout=120, what="ConfigMap, Role, worker and launcher pods")
     took = time.monotonic() - created
-    print(f"children of a job in the last of {NAMESPACES} namespaces after {took:.1f}s")
+    print(f"FIGURE defect 3: children of a job in the last of {NAMESPACES} namespaces: {took:.1f}s")
     # No write waited for a connection, so none failed along the way.
     assert [e for e in controller.log_entries() if e.get("level") == "WARNING"] == []
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpijob_elastic import names
 from mpijob_elastic.actions import AnnotatePod, Create, DeletePod, Replace, WriteStatus
+from mpijob_elastic.kube import ApiError
 from mpijob_elastic.workers import worker_index
 from tests.unit.simulation import Cluster, discovered, exec_names, make_job, running_status
 
@@ -443,3 +445,68 @@ def test_invariants_under_any_event_order(steps: list[tuple[str, int]], drain: s
     assert workers_of(c) == [f"job-worker-{i}" for i in range(want)]
     assert discovered(cm(c)) == workers_of(c)
     assert exec_names(c.get("Role", "job-launcher")) == set(workers_of(c))
+
+
+# -- issue 11 at the planner's level: taken names, who is listed, what a finished job says --
+
+
+def test_a_worker_name_held_by_someone_else_is_never_granted_nor_waited_on() -> None:
+    c = Cluster(make_job(2))
+    foreign = {
+        "kind": "Pod",
+        "metadata": {"name": "job-worker-0", "uid": "foreign", "labels": {}},
+        "spec": {"containers": [{"name": "main"}]},
+        "status": {"phase": "Running"},
+    }
+    c.objects[("Pod", "job-worker-0")] = foreign
+    with pytest.raises(ApiError, match="AlreadyExists"):
+        c.apply(c.plan())  # the holder of the name is learned from the 409
+    for _ in range(3):
+        c.run_pods()
+        c.apply(c.plan())
+    assert c.world.violations == []
+    assert exec_names(c.get("Role", "job-launcher")) == {"job-worker-1"}
+    assert discovered(cm(c)) == ["job-worker-1"]
+    assert c.get("Pod", "job-launcher") is None, "the launcher started without worker-0"
+    refused = condition(c, "WriteRefused")
+    assert refused is not None
+    assert refused["reason"] == "AlreadyExists"
+    assert "Pod job-worker-0 already exists and has no controller" in refused["message"]
+
+
+def _main_state(c: Cluster, name: str, state: dict[str, Any], **extra: Any) -> None:
+    pod = c.objects[("Pod", name)]
+    pod["status"]["containerStatuses"] = [{"name": "main", "state": state, **extra}]
+
+
+def test_discovery_lists_a_worker_only_while_its_main_container_runs() -> None:
+    c = started(3)
+    # Restarting after a crash (OnFailure): the pod stays Running, its main container waits.
+    _main_state(c, "job-worker-1", {"waiting": {"reason": "CrashLoopBackOff"}})
+    # A probe says not ready.
+    c.objects[("Pod", "job-worker-2")]["spec"]["containers"][0]["readinessProbe"] = {
+        "exec": {"command": ["true"]}
+    }
+    _main_state(c, "job-worker-2", {"running": {}}, ready=False)
+    c.apply(c.plan())
+    assert discovered(cm(c)) == ["job-worker-0"]
+    _main_state(c, "job-worker-1", {"running": {}}, ready=True)
+    _main_state(c, "job-worker-2", {"running": {}}, ready=True)
+    c.apply(c.plan())
+    assert discovered(cm(c)) == ["job-worker-0", "job-worker-1", "job-worker-2"]
+
+
+def test_a_finished_job_counts_only_the_pods_it_still_has_and_says_so_once() -> None:
+    c = started(2, runPolicy={"cleanPodPolicy": "Running"})
+    c.objects[("Pod", "job-launcher")]["status"] = {"phase": "Succeeded"}
+    c.apply(c.plan())
+    c.finalize_deletions()
+    for _ in range(3):
+        c.apply(c.plan())
+    assert c.job["status"]["replicaStatuses"]["Worker"] == {
+        "active": 0,
+        "succeeded": 0,
+        "failed": 0,
+        "selector": "group-name=kubeflow.org,mpi-job-name=job,mpi-job-role=worker",
+    }
+    assert [e.reason for e in c.events].count("MPIJobSucceeded") == 1
