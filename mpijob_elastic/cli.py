@@ -16,6 +16,7 @@ import yaml
 
 from mpijob_elastic import clients, logs, names
 from mpijob_elastic.actions import Create, Observed, Replace
+from mpijob_elastic.health import HealthServer
 from mpijob_elastic.plan import plan
 from mpijob_elastic.reconciler import Controller
 from mpijob_elastic.settings import KubectlDelivery, Settings
@@ -76,6 +77,12 @@ def parser() -> argparse.ArgumentParser:
         "(to run beside training-operator 1.9)",
     )
     run.add_argument("--workers", type=int, default=DEFAULTS.reconcile_workers)
+    run.add_argument(
+        "--health-port",
+        type=int,
+        default=0,
+        help="serve /healthz and /readyz on this port (0: not at all)",
+    )
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     _settings_args(run)
@@ -112,11 +119,17 @@ async def _run(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         controller = Controller(apis.write, settings, watch_api=apis.watch)
+        # Up before the caches sync, so the liveness probe answers during a long first list.
+        health = HealthServer(args.health_port, controller.problems) if args.health_port else None
         try:
+            if health is not None:
+                await health.start()
             await controller.start()
             await stop.wait()
         finally:
             await controller.stop()
+            if health is not None:
+                await health.stop()
     finally:
         await apis.close()
 

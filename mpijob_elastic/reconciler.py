@@ -147,6 +147,14 @@ class Controller:
             for n in range(self.settings.reconcile_workers)
         ]
 
+    def problems(self) -> list[str]:
+        """What keeps the controller from doing its job now (empty: ready), for /readyz."""
+        found = [f"{i!r}: not synced or not heard from" for i in self.caches.all() if not i.healthy]
+        if not self._workers:
+            found.append("reconcile workers not started (caches not synced yet)")
+        found += [f"{t.get_name()} has stopped" for t in self._workers if t.done()]
+        return found
+
     async def stop(self) -> None:
         self.queue.shutdown()
         for task in self._workers:

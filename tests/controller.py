@@ -7,6 +7,7 @@ restarted, and its logs are kept per test (printed when a test fails).
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +19,12 @@ from typing import Any
 import pytest
 
 from tests.cluster import ROOT, Cluster
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:

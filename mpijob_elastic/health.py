@@ -1,0 +1,48 @@
+"""``/healthz`` and ``/readyz`` for the kubelet's probes.
+
+* ``/healthz`` answers from the event loop itself, so an answer proves the loop is not
+  blocked; a loop that stops answering gets the pod restarted by the liveness probe.
+* ``/readyz`` says whether the controller can do its job: every informer synced and its
+  watch heard from within two bookmark periods (``Informer.healthy``), and every reconcile
+  worker task alive. A controller whose watches died is taken out of readiness, so
+  ``kubectl get deploy`` and alerts on unavailable replicas show it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from aiohttp import web
+
+log = logging.getLogger("mpijob_elastic.health")
+
+
+class HealthServer:
+    def __init__(self, port: int, ready: Callable[[], list[str]]) -> None:
+        """``ready`` returns what keeps the controller from being ready (empty: ready)."""
+        self.port = port
+        self._ready = ready
+        self._runner: web.AppRunner | None = None
+
+    async def _healthz(self, _request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, _request: web.Request) -> web.Response:
+        problems = self._ready()
+        if problems:
+            return web.Response(status=503, text="".join(f"{p}\n" for p in problems))
+        return web.Response(text="ok\n")
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, port=self.port).start()
+        log.info("health endpoints listening", extra={"port": self.port})
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
