@@ -4,7 +4,7 @@ The order is the safety argument, stated once, here. The shell executes the writ
 this order and stops at the first one refused, so every write may rely on the ones above
 it having landed:
 
-1. ServiceAccount, RoleBinding.
+1. The ServiceAccount.
 2. The ConfigMap: victims leave the host lists before anything happens to them; a worker
    is listed only once the Role we wrote grants exec on it (``desired.py``).
 3. The launcher's config-hash annotation: its kubelet refreshes the mounted files now.
@@ -16,7 +16,9 @@ it having landed:
 6. The Role: exec on the job's workers, new ones only once their creates went through,
    so a name that someone else's pod holds (a create answered 409) is never granted. A
    new worker cannot be listed before this write: it is not running yet, and step 2
-   lists only granted workers.
+   lists only granted workers. Then the RoleBinding: a controller without the ``bind``
+   verb (ours) may bind only a Role that exists, whose rules it holds itself; the API
+   server answers 404 for a RoleBinding to a Role not there yet.
 7. The launcher, after its workers exist and are granted.
 8. The status, then Events.
 
@@ -89,7 +91,7 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
         action = _ensure(obj, _observed_object(observed, kind), _OWNED_KEYS[kind])
         return [] if action is None else [action]
 
-    writes = ensure("ServiceAccount") + ensure("RoleBinding") + ensure("ConfigMap")
+    writes = ensure("ServiceAccount") + ensure("ConfigMap")
 
     job_name = str(observed.job["metadata"]["name"])
     launcher = next(
@@ -119,7 +121,7 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
 
     writes += [DeletePod(w.name, w.uid) for w in want.deletes]
     writes += [Create(pod) for pod in want.new_pods]
-    writes += ensure("Role")
+    writes += ensure("Role") + ensure("RoleBinding")
     if want.launcher is not None:
         writes.append(Create(want.launcher))
 

@@ -75,7 +75,12 @@ def test_namespaced_overlay_binds_per_namespace(
     watched = {b["metadata"]["namespace"] for b in bindings}
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args == ["run", "--log-format=json", f"--namespaces={','.join(sorted(watched))}"]
+    assert args == [
+        "run",
+        "--log-format=json",
+        "--health-port=8081",
+        f"--namespaces={','.join(sorted(watched))}",
+    ]
     for binding in bindings:
         assert binding["roleRef"]["name"] == "mpijob-elastic-controller"
         binding["metadata"]["namespace"] = namespace  # the example namespaces do not exist

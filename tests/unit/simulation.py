@@ -243,6 +243,10 @@ class World:
         key = (new["kind"], new["metadata"]["name"])
         if key in self.objects:
             raise ApiError(409, "AlreadyExists", f'{key[0]} "{key[1]}" already exists')
+        if new["kind"] == "RoleBinding" and ("Role", new["roleRef"]["name"]) not in self.objects:
+            # What RBAC's escalation check answers a creator without the ``bind`` verb (the
+            # controller's ClusterRole) when the Role to bind does not exist yet.
+            raise ApiError(404, "NotFound", f'roles "{new["roleRef"]["name"]}" not found')
         self._check_for(_controller_uid(new), *key)
         new["metadata"]["uid"] = f"uid-{next(self._uids)}"
         new["metadata"]["creationTimestamp"] = self.now.strftime("%Y-%m-%dT%H:%M:%SZ")

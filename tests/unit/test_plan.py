@@ -47,7 +47,7 @@ def test_new_job_grants_exec_once_its_workers_are_created() -> None:
     c = Cluster(make_job(2))
     p = c.plan()
     kinds = [a.obj["kind"] for a in p.actions if isinstance(a, Create)]
-    assert kinds == ["ServiceAccount", "RoleBinding", "ConfigMap", "Pod", "Pod", "Role"]
+    assert kinds == ["ServiceAccount", "ConfigMap", "Pod", "Pod", "Role", "RoleBinding"]
     c.apply(p)
     # Granted only after the creates went through: a name held by someone else's pod
     # (a create answered 409) never reaches the Role.
