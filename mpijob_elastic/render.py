@@ -50,7 +50,19 @@ busy() {
 while [ -z "$stop" ]; do sleep 60 & pid=$!; [ -n "$stop" ] || wait $pid; kill $pid 2>/dev/null; done
 while busy; do sleep 1 & pid=$!; wait $pid; done
 """
-WORKER_COMMAND = ["/bin/sh", "-c", WORKER_IDLE_SCRIPT]
+
+
+def kubelet_literal(script: str) -> str:
+    """A script as container command text that the kubelet passes on unchanged.
+
+    The kubelet expands ``$(NAME)`` in a container's command and args and reads ``$$`` as
+    an escaped ``$``: the script's ``$$`` (its own PID) would reach the shell as ``$``.
+    Doubling every ``$`` makes the kubelet hand over the script exactly as written.
+    """
+    return script.replace("$", "$$")
+
+
+WORKER_COMMAND = ["/bin/sh", "-c", kubelet_literal(WORKER_IDLE_SCRIPT)]
 
 Obj = dict[str, Any]
 
@@ -319,7 +331,7 @@ def launcher_pod(spec: JobSpec, settings: Settings, hash_: str, min_workers: int
         init: Obj = {
             "name": "kubectl-delivery",
             "image": settings.kubectl_image,
-            "command": ["/bin/sh", "-c", KUBECTL_DELIVERY_SCRIPT],
+            "command": ["/bin/sh", "-c", kubelet_literal(KUBECTL_DELIVERY_SCRIPT)],
             "env": [{"name": "MIN_WORKERS", "value": str(min_workers)}],
             "securityContext": copy.deepcopy(KUBECTL_DELIVERY_SECURITY_CONTEXT),
             "resources": copy.deepcopy(KUBECTL_DELIVERY_RESOURCES),

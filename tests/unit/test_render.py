@@ -23,6 +23,40 @@ INIT = Settings(kubectl_delivery=KubectlDelivery.INIT_CONTAINER, kubectl_image="
 NONE = Settings(kubectl_delivery=KubectlDelivery.NONE)
 
 
+def kubelet_expand(text: str, env: dict[str, str] | None = None) -> str:
+    """What a container's command reaches the process as, after the kubelet's expansion:
+    ``$$`` is a literal ``$``, ``$(NAME)`` a defined variable's value (else left as it is),
+    any other ``$`` itself (Kubernetes' third_party expansion rules)."""
+    env = env or {}
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        if text.startswith("$$", i):
+            out.append("$")
+            i += 2
+        elif text.startswith("$(", i) and (end := text.find(")", i)) != -1:
+            ref = text[i : end + 1]
+            out.append(env.get(ref[2:-1], ref))
+            i = end + 1
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def test_kubelet_expand_follows_the_kubelet() -> None:
+    assert kubelet_expand("a $$ b $$$$ $(X) $(Y) $z $", {"X": "1"}) == "a $ b $$ 1 $(Y) $z $"
+
+
+def test_rendered_scripts_reach_the_shell_as_written() -> None:
+    worker = render.worker_pod(spec_of(), 0)["spec"]["containers"][0]["command"]
+    assert worker[:2] == ["/bin/sh", "-c"]
+    assert kubelet_expand(worker[2]) == render.WORKER_IDLE_SCRIPT
+    (init,) = render.launcher_pod(spec_of(), INIT, "abc", 2)["spec"]["initContainers"]
+    env = {e["name"]: e["value"] for e in init["env"]}
+    assert kubelet_expand(init["command"][2], env) == render.KUBECTL_DELIVERY_SCRIPT
+
+
 def spec_of(**changes: object) -> JobSpec:
     job = make_job(2, slots=2)
     job["spec"].update(changes)
@@ -90,7 +124,7 @@ def test_children_are_owned_and_labelled() -> None:
 def test_worker_pod_mounts_kubexec_and_idles_in_the_default_command() -> None:
     pod = render.worker_pod(spec_of(), 0)
     container = pod["spec"]["containers"][0]
-    assert container["command"] == ["/bin/sh", "-c", render.WORKER_IDLE_SCRIPT]
+    assert container["command"] == render.WORKER_COMMAND
     assert "args" not in container
     assert container["volumeMounts"] == [{"name": "mpi-job-config", "mountPath": "/etc/mpi"}]
     (volume,) = pod["spec"]["volumes"]
@@ -133,7 +167,8 @@ class Worker:
     """The default worker command as a container's PID 1, and ranks exec'd beside it."""
 
     def __init__(self, shell: list[str], with_proc: bool = True) -> None:
-        script = [*shell, "-c", render.WORKER_IDLE_SCRIPT]
+        # The command as the kubelet hands it to the container, not the constant.
+        script = [*shell, "-c", kubelet_expand(render.WORKER_COMMAND[2])]
         if with_proc:
             cmd = ["unshare", "--pid", "--fork", "--mount-proc", *script]
         else:
