@@ -186,7 +186,9 @@ class ElasticRun:
     def driver_events(self, *kinds: str) -> list[dict[str, Any]]:
         if self.in_cluster:
             logs = self.kubectl("logs", names.launcher_name(self.job), check=False)
-            self.driver_log.write_text(logs)
+            # Once the job is deleted its launcher's log is gone; keep the last one read.
+            if logs:
+                self.driver_log.write_text(logs)
         records = ev.read_events(self.driver_log)
         return ev.of_kind(records, *kinds) if kinds else records
 
