@@ -54,7 +54,10 @@ class Kind:
 
     def kubectl(self, *args: str, input: str | None = None) -> str:
         cmd = ["kubectl", "--kubeconfig", self.kubeconfig, "-n", self.namespace, *args]
-        return subprocess.run(cmd, check=True, capture_output=True, text=True, input=input).stdout
+        done = subprocess.run(cmd, capture_output=True, text=True, input=input)
+        if done.returncode:
+            raise RuntimeError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
+        return done.stdout
 
 
 def content(round_: int) -> str:
@@ -151,7 +154,14 @@ def main() -> None:
     try:
         pods = [f"refresh-{i}" for i in range(args.samples)]
         items = [config_map(p, content(0)) for p in pods] + [pod(p, args.image) for p in pods]
-        k.kubectl("apply", "-f", "-", input=json.dumps({"kind": "List", "items": items}))
+        # Pods need the namespace's default ServiceAccount, which comes a moment later.
+        k.kubectl("wait", "--for=create", "serviceaccount/default", "--timeout=60s")
+        k.kubectl(
+            "create",
+            "-f",
+            "-",
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
+        )
         k.kubectl("wait", "--for=condition=Ready", "pod", "--all", "--timeout=180s")
         wait_seen(k, pods, sha(content(0)), 60)
 
