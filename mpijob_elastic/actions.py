@@ -8,6 +8,11 @@ from typing import Any
 
 Obj = dict[str, Any]
 
+# How long an accepted delete is taken for done while the cache still shows its pod alive.
+# Then the pod is planned again: a delete the server accepted but whose pod never went is
+# not left to chance.
+DELETE_MEMORY_SECONDS = 60.0
+
 
 @dataclass(frozen=True)
 class Create:
@@ -68,7 +73,8 @@ class Observed:
     role: Mapping[str, Any] | None = None
     role_binding: Mapping[str, Any] | None = None
     # UIDs of pods whose delete the server accepted while the cache still shows them
-    # without a deletionTimestamp (a pod removed at once answers with a Status, not the pod).
+    # without a deletionTimestamp (a pod removed at once answers with a Status, not the
+    # pod), for at most DELETE_MEMORY_SECONDS.
     deleting: frozenset[str] = frozenset()
     # (kind, name) of children whose name an object this job does not control already
     # holds, with a description of that object for the user.

@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from mpijob_elastic import names, render
-from mpijob_elastic.actions import Emit, Observed
+from mpijob_elastic.actions import DELETE_MEMORY_SECONDS, Emit, Observed
 from mpijob_elastic.settings import Settings
 from mpijob_elastic.spec import InvalidSpec, JobSpec, parse
 from mpijob_elastic.status import (
@@ -260,7 +260,9 @@ class _Builder:
             elif (remaining := (deadline - self.now).total_seconds()) > 0:
                 self.requeue(remaining)
             elif w.uid in self.observed.deleting:
-                pass  # accepted already; the cache has yet to show it
+                # Accepted already and the cache has yet to show it; look again once the
+                # acceptance is forgotten, in case the pod never goes.
+                self.requeue(DELETE_MEMORY_SECONDS)
             elif len(due) < POD_WRITES_PER_TURN:
                 due.append(w.name)
                 action = "delete"

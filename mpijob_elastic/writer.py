@@ -29,6 +29,7 @@ from typing import Any
 
 from mpijob_elastic import names
 from mpijob_elastic.actions import (
+    DELETE_MEMORY_SECONDS,
     Action,
     AnnotatePod,
     Create,
@@ -52,8 +53,6 @@ Key = tuple[str, str]
 # of 50 workers must not wait for 50 round trips before the next host list is written.
 WRITE_CONCURRENCY = 16
 _BATCHABLE = (AnnotatePod, DeletePod)
-# How long an accepted delete is remembered if its pod never shows up as terminating.
-DELETE_MEMORY_SECONDS = 60.0
 # How long a name held by someone else's object is left alone before we try it again.
 CONFLICT_RETRY_SECONDS = 30.0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -9,10 +10,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpijob_elastic import names
-from mpijob_elastic.actions import AnnotatePod, Create, DeletePod, Replace, WriteStatus
+from mpijob_elastic.actions import (
+    DELETE_MEMORY_SECONDS,
+    AnnotatePod,
+    Create,
+    DeletePod,
+    Replace,
+    WriteStatus,
+)
 from mpijob_elastic.kube import ApiError
+from mpijob_elastic.plan import plan
 from mpijob_elastic.workers import worker_index
-from tests.unit.simulation import Cluster, discovered, exec_names, make_job, running_status
+from tests.unit.simulation import (
+    SETTINGS,
+    Cluster,
+    discovered,
+    exec_names,
+    make_job,
+    running_status,
+)
 
 ELASTIC = {names.ANN_MIN_REPLICAS: "1", names.ANN_MAX_REPLICAS: "5"}
 
@@ -510,3 +526,16 @@ def test_a_finished_job_counts_only_the_pods_it_still_has_and_says_so_once() -> 
         "selector": "group-name=kubeflow.org,mpi-job-name=job,mpi-job-role=worker",
     }
     assert [e.reason for e in c.events].count("MPIJobSucceeded") == 1
+
+
+def test_an_accepted_delete_whose_pod_stays_is_looked_at_again() -> None:
+    c = started(2, annotations={**ELASTIC, names.ANN_DRAIN_SECONDS: "0"})
+    c.set_replicas(1)
+    victim = c.get("Pod", "job-worker-1")
+    assert victim is not None
+    accepted = dataclasses.replace(c.observed(), deleting=frozenset({victim["metadata"]["uid"]}))
+    p = plan(accepted, SETTINGS, c.now)
+    assert not p.of_type(DeletePod)
+    # Not left to another event: once the acceptance is forgotten, the delete is planned again.
+    assert p.requeue_after == DELETE_MEMORY_SECONDS
+    assert [d.name for d in c.plan().of_type(DeletePod)] == ["job-worker-1"]

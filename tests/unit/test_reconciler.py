@@ -2,10 +2,18 @@
 
 import time
 
-from mpijob_elastic.actions import Action, AnnotatePod, Create, DeletePod, Emit, Replace
+from mpijob_elastic.actions import (
+    DELETE_MEMORY_SECONDS,
+    Action,
+    AnnotatePod,
+    Create,
+    DeletePod,
+    Emit,
+    Replace,
+)
 from mpijob_elastic.kube import ApiError
 from mpijob_elastic.reconciler import _job_signature
-from mpijob_elastic.writer import DELETE_MEMORY_SECONDS, JobMemory, batches, refusal
+from mpijob_elastic.writer import JobMemory, batches, refusal
 
 
 def pod(name: str) -> Create:
