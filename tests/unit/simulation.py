@@ -40,6 +40,7 @@ from mpijob_elastic.actions import Emit, Observed, Plan
 from mpijob_elastic.kube import ApiError, Kube
 from mpijob_elastic.plan import plan
 from mpijob_elastic.reconciler import _job_signature
+from mpijob_elastic.render import exec_names
 from mpijob_elastic.settings import KubectlDelivery, Settings
 from mpijob_elastic.workers import Worker, worker_index
 from mpijob_elastic.workqueue import ItemBackoff
@@ -96,13 +97,6 @@ def running_status(pod: Obj) -> Obj:
             for c in pod["spec"]["containers"]
         ],
     }
-
-
-def exec_names(role: Obj | None) -> set[str]:
-    for rule in (role or {}).get("rules", []):
-        if "pods/exec" in rule["resources"]:
-            return set(rule.get("resourceNames", []))
-    return set()
 
 
 def discovered(config_map: Obj | None) -> list[str]:

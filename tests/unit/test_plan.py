@@ -20,15 +20,9 @@ from mpijob_elastic.actions import (
 )
 from mpijob_elastic.kube import ApiError
 from mpijob_elastic.plan import plan
+from mpijob_elastic.render import exec_names
 from mpijob_elastic.workers import worker_index
-from tests.unit.simulation import (
-    SETTINGS,
-    Cluster,
-    discovered,
-    exec_names,
-    make_job,
-    running_status,
-)
+from tests.unit.simulation import SETTINGS, Cluster, discovered, make_job, running_status
 
 ELASTIC = {names.ANN_MIN_REPLICAS: "1", names.ANN_MAX_REPLICAS: "5"}
 
