@@ -32,6 +32,13 @@ cleanup() {
   else
     log "uninstalling the controller"
     k delete -k "$overlay" --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1 || rc=1
+    # The uninstall takes everything the install made: nothing named for us may be left.
+    left=$(k get crd,clusterrole,clusterrolebinding,validatingadmissionpolicy,validatingadmissionpolicybinding,namespace \
+      -o name 2>/dev/null | grep -E 'mpijob' || true)
+    if [ -n "$left" ]; then
+      log "the uninstall left: $left"
+      rc=1
+    fi
     "$kind_hack/kind-down.sh" || rc=1
   fi
   rm -rf "$overlay"
