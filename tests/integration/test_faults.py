@@ -324,6 +324,31 @@ def test_taken_config_map_name_is_reported_and_no_launcher_starts(
     assert job.config() == {"a": "b"}
 
 
+def test_taken_launcher_name_is_reported_and_the_workers_serve_nobody_else(
+    cluster: Cluster, job: Job, start_controller: StartController
+) -> None:
+    """Defect 4: ``<job>-launcher`` (the pod) is someone else's: the job reports the
+    conflict naming it, its workers are created and granted as usual, the foreign pod is
+    never granted exec nor touched, and no second launcher is made."""
+    taken = names.launcher_name(job.name)
+    foreign = create(cluster, job.ns, sleeping_pod(taken))
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 2))
+    wait_refused(job, "AlreadyExists", f"Pod {taken}", "has no controller")
+    job.wait_hosts(2)
+    role = cluster.raw(
+        "GET", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{job.ns}/roles/{taken}"
+    )
+    assert role is not None
+    granted = {n for rule in role["rules"] for n in rule.get("resourceNames") or []}
+    assert granted == {names.worker_name(job.name, i) for i in range(2)}
+    pod = cluster.raw("GET", pod_path(job.ns, taken))
+    assert pod is not None
+    assert pod["metadata"]["uid"] == foreign["metadata"]["uid"]
+    assert not pod["metadata"].get("deletionTimestamp")
+    assert not pod["metadata"].get("ownerReferences")
+
+
 # -- defect 6: a refused pod create does not hammer the API server ----------------------------
 
 
