@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mpijob_elastic.ranks import RankSnapshot
+
 Obj = dict[str, Any]
 
 # How long an accepted delete is taken for done while the cache still shows its pod alive.
@@ -40,6 +42,8 @@ class DeletePod:
 
     name: str
     uid: str
+    # None: the pod's own grace period.
+    grace_seconds: int | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,16 @@ class Observed:
     # (kind, name) of children whose name an object this job does not control already
     # holds, with a description of that object for the user.
     conflicts: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    # The last read of which workers the launcher's remote shells reach (ranks.py).
+    ranks: RankSnapshot | None = None
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Read the launcher's remote shells (ranks.py): victims wait on the answer."""
+
+    pod: str
+    container: str | None
 
 
 @dataclass(frozen=True)
@@ -86,6 +100,7 @@ class Plan:
     actions: tuple[Action, ...]
     # Reconcile again after this many seconds even if nothing changes (a drain deadline).
     requeue_after: float | None = None
+    probe: Probe | None = None
 
     def of_type(self, kind: type[Any]) -> list[Any]:
         return [a for a in self.actions if isinstance(a, kind)]

@@ -7,11 +7,14 @@ ordered writes:
   it creates in this turn, written once their creates went through (``diff.py``), so a
   name someone else's pod holds is never granted. A worker enters ``discover_hosts.sh``
   only once its main container runs and the Role we last wrote grants it.
-* Scale-in: victims (the highest indexes) leave ``hostfile`` and ``discover_hosts.sh``,
-  and are deleted only a full drain period after the host list we wrote stopped naming
-  them. A drain mark on the pod records when that happened; a mark on a worker that the
-  observed host list still names is stale (a scale-up took the worker back and a restart
-  lost the clean-up), so its drain starts again instead of ending at once.
+* Membership (``membership.py``): which workers stay, which leave and why, and which
+  names are retired because Horovod may have blacklisted them.
+* Scale-in: victims leave ``hostfile`` and ``discover_hosts.sh`` first. A drain mark on
+  the pod records when; a mark on a worker that the observed host list still names is
+  stale (a scale-up took the worker back and a restart lost the clean-up), so its drain
+  starts again instead of ending at once. A victim is deleted once a read of the launcher
+  shows its ranks have left (``ranks.py``), no sooner than a short floor after the mark
+  and no later than ``drain-seconds`` after it; one that cannot run ranks goes at once.
 * Bad input never deletes anything: an invalid spec freezes the job's children, and
   Worker replicas outside the job's bounds keep the job at its current size. A child name
   held by an object the job does not control is never granted, written or waited on.
@@ -25,7 +28,20 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from mpijob_elastic import names, render
-from mpijob_elastic.actions import DELETE_MEMORY_SECONDS, Emit, Observed
+from mpijob_elastic.actions import DELETE_MEMORY_SECONDS, Emit, Observed, Probe
+from mpijob_elastic.membership import (
+    Leaving,
+    Membership,
+    describe,
+    format_indexes,
+    parse_indexes,
+    plan_membership,
+)
+from mpijob_elastic.ranks import (
+    DRAIN_FLOOR_SECONDS,
+    PROBE_INTERVAL_SECONDS,
+    RANK_FREE_GRACE_SECONDS,
+)
 from mpijob_elastic.settings import Settings
 from mpijob_elastic.spec import InvalidSpec, JobSpec, parse
 from mpijob_elastic.status import (
@@ -40,7 +56,8 @@ from mpijob_elastic.status import (
     StatusBuilder,
     replica_statuses,
 )
-from mpijob_elastic.workers import Worker, listed_hosts, split_pods
+from mpijob_elastic.times import format_time
+from mpijob_elastic.workers import Worker, discovered_hosts, listed_hosts, split_pods
 
 Obj = dict[str, Any]
 
@@ -53,11 +70,19 @@ POD_WRITES_PER_TURN = 100
 @dataclass(frozen=True)
 class Victim:
     worker: Worker
-    # When the drain ends; None: it has not begun (the worker is still listed, or unmarked).
+    # Why it leaves (membership.py): named, not in discovery, or the newest.
+    why: str
+    # When the drain ends at the latest; None: it has not begun (the worker is still
+    # listed, or unmarked), or it needs none (no rank can run there).
     deadline: datetime | None
     # This turn's write for it: "mark" (its drain starts), "delete" (its drain is over), or
     # None (waiting, or left for a later turn).
     action: str | None = None
+    # The delete's grace period; None: the pod's own.
+    grace_seconds: int | None = None
+    # Deleted at its deadline while the launcher still reached it: Horovod counts a
+    # failure and blacklists the name, so it is never used again.
+    retire: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,13 +96,16 @@ class Desired:
     workers: Sequence[Worker]
     new_pods: Sequence[Obj]
     victims: Sequence[Victim]
-    # Pods to delete now without draining: failed workers to replace, finished-job clean-up.
+    # Pods to delete now without draining: retired and failed workers to replace,
+    # finished-job clean-up.
     deletes: Sequence[Worker]
     # The launcher pod to create if it does not exist yet.
     launcher: Obj | None
     status: Obj
     events: Sequence[Emit]
     requeue_after: float | None
+    # Read the launcher's remote shells: a victim's drain may end early (ranks.py).
+    probe: Probe | None = None
 
 
 class _Builder:
@@ -90,6 +118,7 @@ class _Builder:
         self.status = StatusBuilder(self.job, now)
         self.events: list[Emit] = []
         self.requeue_after: float | None = None
+        self.probe: Probe | None = None
 
     def event(self, type_: str, reason: str, message: str) -> None:
         self.events.append(Emit(type_, reason, message))
@@ -131,10 +160,15 @@ class _Builder:
         requested = spec.worker.replicas
         if spec.bounds.contains(requested):
             return requested
-        # Refuse the value: keep the workers the job holds now (by highest index, so a
+        # Refuse the value: keep as many workers as the job had (its last hostfile, so a
         # worker lost meanwhile is still replaced), or, for a new job, the nearest bound.
-        held = [w.index for w in workers if not w.terminating and not w.marked]
-        keep = spec.bounds.clamp(max(held) + 1 if held else requested)
+        data = (self.observed.config_map or {}).get("data")
+        members = {h for h in listed_hosts({names.HOSTFILE: (data or {}).get(names.HOSTFILE)})} - {
+            names.launcher_name(spec.name)
+        }
+        held = [w for w in workers if not w.terminating and not w.marked]
+        had = len(members) or len(held)
+        keep = spec.bounds.clamp(had if had else requested)
         message = (
             f"spec.mpiReplicaSpecs.Worker.replicas: {requested} is outside the job's bounds "
             f"{spec.bounds.describe()} (annotations {names.ANN_MIN_REPLICAS}, "
@@ -156,16 +190,32 @@ class _Builder:
     ) -> Desired:
         s = self.status
         main = spec.main_container
-        wanted = [w for w in workers if w.index < target]
-        surplus = [w for w in workers if w.index >= target]
-        held = {w.index for w in workers}
-        missing = [
-            i
-            for i in range(target)
-            if i not in held and not self.taken("Pod", names.worker_name(spec.name, i))
+        config_map = self.observed.config_map or {}
+        old_data = config_map.get("data")
+        old_annotations = (config_map.get("metadata") or {}).get("annotations") or {}
+        failed_kept = [
+            w.name
+            for w in workers
+            if w.phase == "Failed" and not w.terminating and not self.replace_failed(spec, w)
         ]
-        create_now = missing[:POD_WRITES_PER_TURN]
-        if len(missing) > len(create_now):
+        m = plan_membership(
+            spec.name,
+            workers,
+            target,
+            listed=discovered_hosts(old_data),
+            retired=parse_indexes(old_annotations.get(names.ANN_RETIRED_WORKERS)),
+            named=spec.remove,
+            taken={name for kind, name in self.observed.conflicts if kind == "Pod"},
+            main=main,
+            failed_kept=failed_kept,
+            deleting=self.observed.deleting,
+        )
+        if any(w.uid in self.observed.deleting and not w.terminating for w in workers):
+            # Accepted deletes the cache has yet to show: look again once the acceptance
+            # is forgotten, in case a pod never goes.
+            self.requeue(DELETE_MEMORY_SECONDS)
+        create_now = list(m.new_indexes[:POD_WRITES_PER_TURN])
+        if len(m.new_indexes) > len(create_now):
             self.requeue(0)
 
         # Exec rights only on pods the job controls or creates in this turn: never on a
@@ -178,20 +228,25 @@ class _Builder:
             )
         ]
         granted = render.exec_names(self.observed.role)
-        hosts = [w.name for w in wanted if w.can_take_ranks(main) and w.name in granted]
-        data = render.config_data(spec, self.settings, target, hosts)
+        hosts = [w.name for w in m.keep if w.can_take_ranks(main) and w.name in granted]
+        members = [
+            name
+            for _, name in sorted(
+                [(w.index, w.name) for w in m.keep]
+                + [(i, names.worker_name(spec.name, i)) for i in m.new_indexes]
+            )
+        ]
+        victims = self.drain(spec, m.leaving, listed_hosts(old_data), launcher)
+        retired = m.retired | {v.worker.index for v in victims if v.retire}
+        data = render.config_data(spec, self.settings, members, hosts)
         hash_ = render.config_hash(data)
         objects = {
             "ServiceAccount": render.service_account(spec),
             "Role": render.role(spec, role_names),
             "RoleBinding": render.role_binding(spec),
-            "ConfigMap": render.config_map(spec, data),
+            "ConfigMap": render.config_map(spec, data, format_indexes(retired)),
         }
-
-        old_data = (self.observed.config_map or {}).get("data")
-        victims = self.drain(spec, surplus, listed_hosts(old_data))
-        replacing = [w for w in wanted if self.replace_failed(spec, w)]
-        self.report_new_workers(spec, create_now, old_data, target)
+        self.report_membership(spec, m, create_now, old_data, target)
 
         # The launcher starts once every worker the job wants exists, none of its names is
         # taken, and the workers the job minimally needs can take ranks.
@@ -200,7 +255,7 @@ class _Builder:
         new_launcher = None
         if (
             launcher is None
-            and held.issuperset(range(target))
+            and not m.new_indexes
             and not blocked
             and not self.taken("Pod", names.launcher_name(spec.name))
             and len(hosts) >= needed
@@ -219,66 +274,124 @@ class _Builder:
             and not (invalid.get("reason") == POD_REJECTED and creating)
         ):
             s.clear(INVALID, "SpecValid", "The spec is valid.")
-        self.report_scaling(target, hosts, surplus)
+        self.report_scaling(target, hosts, victims)
+        s.fields["elastic"] = {
+            "listed": len(hosts),
+            "draining": sum(1 for v in victims if v.deadline is not None),
+            "retired": format_indexes(retired),
+        }
         self.report_conflicts()
         return Desired(
             objects=objects,
             config_hash=hash_,
-            workers=wanted,
+            workers=m.keep,
             new_pods=[render.worker_pod(spec, i) for i in create_now],
             victims=victims,
-            deletes=replacing[:POD_WRITES_PER_TURN],
+            deletes=m.replace[:POD_WRITES_PER_TURN],
             launcher=new_launcher,
             status=s.build(),
             events=self.events,
             requeue_after=self.requeue_after,
+            probe=self.probe,
         )
 
-    def drain(self, spec: JobSpec, surplus: Sequence[Worker], listed: set[str]) -> list[Victim]:
+    def drain(
+        self,
+        spec: JobSpec,
+        leaving: Sequence[Leaving],
+        listed: set[str],
+        launcher: Mapping[str, Any] | None,
+    ) -> list[Victim]:
+        """Each leaving worker's drain: unlisted first, deleted once its ranks have left.
+
+        A worker that cannot be running ranks (not started, failed) goes at once. Any
+        other is marked when the host list drops it; from the floor on (ranks.py), it is
+        deleted as soon as a read of the launcher no longer shows a remote shell into it,
+        and at the latest when ``drain-seconds`` are over.
+        """
+        main = spec.main_container
         victims: list[Victim] = []
         marking: list[str] = []
-        due: list[str] = []
+        due: list[Victim] = []
         drain = timedelta(seconds=spec.drain_seconds)
-        for w in surplus:
-            if w.terminating:
-                continue
+        floor = timedelta(seconds=min(DRAIN_FLOOR_SECONDS, spec.drain_seconds))
+        snapshot = self.observed.ranks
+        for item in leaving:
+            w = item.worker
             since = w.draining_since
-            if spec.drain_seconds == 0:
-                deadline: datetime | None = self.now
+            deadline: datetime | None = None
+            action: str | None = None
+            grace: int | None = None
+            retire = False
+            if not w.main_running(main) and w.name not in listed:
+                action = "delete"  # no rank can run there: nothing to wait for
+            elif spec.drain_seconds == 0:
+                deadline = self.now
+                action = "delete"
             elif since is None or w.name in listed:
                 # Unmarked, a mark edited into nonsense, or a mark from a drain that a
                 # scale-up undid: the drain starts with this turn's host-list write.
-                deadline = None
-            else:
-                deadline = since + drain
-            action = None
-            if deadline is None:
-                self.requeue(0 if len(marking) >= POD_WRITES_PER_TURN else spec.drain_seconds)
+                self.requeue(0 if len(marking) >= POD_WRITES_PER_TURN else floor.total_seconds())
                 if len(marking) < POD_WRITES_PER_TURN:
                     marking.append(w.name)
                     action = "mark"
-            elif (remaining := (deadline - self.now).total_seconds()) > 0:
-                self.requeue(remaining)
-            elif w.uid in self.observed.deleting:
-                # Accepted already and the cache has yet to show it; look again once the
-                # acceptance is forgotten, in case the pod never goes.
-                self.requeue(DELETE_MEMORY_SECONDS)
-            elif len(due) < POD_WRITES_PER_TURN:
-                due.append(w.name)
-                action = "delete"
             else:
+                deadline = since + drain
+                reached = since + floor
+                seen = snapshot.hosts if snapshot is not None and snapshot.at >= reached else None
+                if self.now >= deadline:
+                    action = "delete"
+                    # Deleted under a running rank: Horovod counts a failure.
+                    retire = seen is not None and w.name in seen
+                elif self.now < reached:
+                    self.requeue((reached - self.now).total_seconds())
+                elif seen is not None and w.name not in seen:
+                    action = "delete"
+                    grace = RANK_FREE_GRACE_SECONDS
+                else:
+                    self.want_probe(spec, launcher)
+                    remaining = (deadline - self.now).total_seconds()
+                    self.requeue(min(remaining, PROBE_INTERVAL_SECONDS))
+            if action == "delete" and len(due) >= POD_WRITES_PER_TURN:
                 self.requeue(0)
-            victims.append(Victim(w, deadline, action))
+                action = None
+            victim = Victim(w, item.why, deadline, action, grace, retire)
+            if action == "delete":
+                due.append(victim)
+            victims.append(victim)
         if marking:
             self.event(
                 "Normal",
                 "Draining",
-                f"draining worker pods {', '.join(marking)}: removed from discover_hosts.sh, "
-                f"deleting them in {spec.drain_seconds:g}s",
+                f"draining worker pods {describe([i for i in leaving if i.worker.name in marking])}"
+                f": removed from discover_hosts.sh, deleting each once its ranks have left, "
+                f"within {spec.drain_seconds:g}s",
             )
         if due:
-            self.event("Normal", "WorkerDeleted", f"deleted drained worker pods {', '.join(due)}")
+            self.event(
+                "Normal",
+                "WorkerDeleted",
+                "deleted worker pods "
+                + ", ".join(f"{v.worker.name} ({_gone_why(v)})" for v in due),
+            )
+            if spec.drain_seconds == 0 and any(v.deadline is not None for v in due):
+                self.event(
+                    "Warning",
+                    "DrainDisabled",
+                    f"{names.ANN_DRAIN_SECONDS} is 0: worker pods are deleted while Horovod may "
+                    "still run ranks there, which it counts as failures, blacklisting the names",
+                )
         return victims
+
+    def want_probe(self, spec: JobSpec, launcher: Mapping[str, Any] | None) -> None:
+        if launcher is None or launcher["metadata"].get("deletionTimestamp"):
+            return
+        if (launcher.get("status") or {}).get("phase") != "Running":
+            return
+        containers = (launcher.get("spec") or {}).get("containers") or []
+        index = render.main_container_index(spec, containers) if containers else None
+        container = containers[index].get("name") if index is not None else None
+        self.probe = Probe(str(launcher["metadata"]["name"]), container)
 
     def replace_failed(self, spec: JobSpec, worker: Worker) -> bool:
         if worker.phase != "Failed" or worker.terminating or worker.uid in self.observed.deleting:
@@ -296,28 +409,42 @@ class _Builder:
         if replace:
             why = worker.reason or f"exit code {worker.exit_code(spec.main_container)}"
             self.event(
-                "Warning", "WorkerFailed", f"worker pod {worker.name} failed ({why}); recreating it"
+                "Warning", "WorkerFailed", f"worker pod {worker.name} failed ({why}); replacing it"
             )
         return replace
 
-    def report_new_workers(
-        self, spec: JobSpec, create_now: Sequence[int], old_data: Any, target: int
+    def report_membership(
+        self, spec: JobSpec, m: Membership, create_now: Sequence[int], old_data: Any, target: int
     ) -> None:
+        if m.newly_retired:
+            retired = ", ".join(names.worker_name(spec.name, i) for i in sorted(m.newly_retired))
+            self.event(
+                "Warning",
+                "WorkerRetired",
+                f"worker pods {retired} lost their ranks while listed in discover_hosts.sh; "
+                "Horovod blacklists such names, so their replacements get names never used "
+                "in this job",
+            )
         previous = sum(
             1
             for host in listed_hosts({names.HOSTFILE: (old_data or {}).get(names.HOSTFILE)})
             if host.startswith(f"{spec.name}-worker-")
         )
-        new = [names.worker_name(spec.name, i) for i in create_now if i >= previous]
-        replaced = [names.worker_name(spec.name, i) for i in create_now if i < previous]
-        if new:
+        growth = max(target - previous, 0)
+        new = [names.worker_name(spec.name, i) for i in create_now]
+        if new[:growth]:
             self.event(
                 "Normal",
                 "ScaledUp",
-                f"created worker pods {', '.join(new)}: scaling to {target} workers",
+                f"created worker pods {', '.join(new[:growth])}: scaling to {target} workers",
             )
-        if replaced:
-            self.event("Normal", "WorkerReplaced", f"recreated worker pods {', '.join(replaced)}")
+        if new[growth:]:
+            self.event(
+                "Normal",
+                "WorkerReplaced",
+                f"created worker pods {', '.join(new[growth:])} "
+                "in place of workers that failed or left",
+            )
 
     def report_conflicts(self) -> None:
         if not self.observed.conflicts:
@@ -327,7 +454,7 @@ class _Builder:
         if self.status.set(REFUSED, True, "AlreadyExists", message):
             self.event("Warning", REFUSED, message)
 
-    def report_scaling(self, target: int, hosts: Sequence[str], surplus: Sequence[Worker]) -> None:
+    def report_scaling(self, target: int, hosts: Sequence[str], victims: Sequence[Victim]) -> None:
         s = self.status
         if len(hosts) < target:
             s.set(
@@ -337,13 +464,17 @@ class _Builder:
                 f"scaling workers from {len(hosts)} to {target}: "
                 f"{target - len(hosts)} not running yet",
             )
-        elif surplus:
+        elif victims:
+            parts = []
+            for v in victims:
+                until = f", until {format_time(v.deadline)} at the latest" if v.deadline else ""
+                parts.append(f"{v.worker.name} ({v.why}{until})")
             s.set(
                 SCALING,
                 True,
                 "ScalingDown",
-                f"scaling workers from {len(hosts) + len(surplus)} to {target}: "
-                f"removing {', '.join(w.name for w in surplus)}",
+                f"scaling workers from {len(hosts) + len(victims)} to {target}: "
+                f"removing {', '.join(parts)}",
             )
         elif s.get(SCALING) is not None:
             s.set(SCALING, False, "ScalingComplete", f"{target} workers ready")
@@ -385,6 +516,14 @@ class _Builder:
         if len(doomed) > POD_WRITES_PER_TURN:
             self.requeue(0)
         return doomed[:POD_WRITES_PER_TURN]
+
+
+def _gone_why(victim: Victim) -> str:
+    if victim.deadline is None:
+        return "no rank could run there"
+    if victim.grace_seconds is not None:
+        return "its ranks have left"
+    return "drain over"
 
 
 def desired(observed: Observed, settings: Settings, now: datetime) -> Desired:

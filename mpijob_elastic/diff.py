@@ -11,8 +11,9 @@ it having landed:
 4. Drain marks cleared on workers the job keeps; then marks on victims whose drain starts
    (after the host-list write, so a mark never predates the list that dropped them),
    and deletes of victims whose drain is over.
-5. Deletes of failed workers to replace (or of a finished job's pods), then creates of
-   missing workers.
+5. Deletes of retired and failed workers to replace (or of a finished job's pods), then
+   creates of missing workers. The ConfigMap above carries the retired indexes, so a
+   restart between these writes cannot hand a retired name out again.
 6. The Role: exec on the job's workers, new ones only once their creates went through,
    so a name that someone else's pod holds (a create answered 409) is never granted. A
    new worker cannot be listed before this write: it is not running yet, and step 2
@@ -63,14 +64,18 @@ def _ensure(desired: Obj, observed: Mapping[str, Any] | None, keys: Sequence[str
     if observed is None:
         return Create(desired)
     meta = observed["metadata"]
-    labels = meta.get("labels") or {}
+    # Our labels and annotations are merged in; others' are left as they are.
+    merged = {
+        field: {**(meta.get(field) or {}), **(desired["metadata"].get(field) or {})}
+        for field in ("labels", "annotations")
+    }
     drifted = any(observed.get(k) != desired.get(k) for k in keys) or any(
-        labels.get(k) != v for k, v in desired["metadata"]["labels"].items()
+        (meta.get(field) or {}) != value for field, value in merged.items() if value
     )
     if not drifted:
         return None
     updated = {**observed, **{k: desired[k] for k in keys}}
-    updated["metadata"] = {**meta, "labels": {**labels, **desired["metadata"]["labels"]}}
+    updated["metadata"] = {**meta, **{field: value for field, value in merged.items() if value}}
     return Replace(updated)
 
 
@@ -117,7 +122,11 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
     for v in want.victims:
         if v.action == "mark":
             writes.append(AnnotatePod(v.worker.name, {names.ANN_DRAINING_SINCE: mark}))
-    writes += [DeletePod(v.worker.name, v.worker.uid) for v in want.victims if v.action == "delete"]
+    writes += [
+        DeletePod(v.worker.name, v.worker.uid, v.grace_seconds)
+        for v in want.victims
+        if v.action == "delete"
+    ]
 
     writes += [DeletePod(w.name, w.uid) for w in want.deletes]
     writes += [Create(pod) for pod in want.new_pods]
@@ -134,4 +143,4 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
     if status != (observed.job.get("status") or {}):
         rv = str(observed.job["metadata"].get("resourceVersion", ""))
         writes.append(WriteStatus(status, rv))
-    return Plan((*writes, *want.events), want.requeue_after)
+    return Plan((*writes, *want.events), want.requeue_after, want.probe)

@@ -105,7 +105,11 @@ class Kube:
         )
         return await self.request("PATCH", path, patch, MERGE_PATCH)
 
-    async def delete(self, kind: str, namespace: str, name: str, uid: str) -> Obj:
+    async def delete(
+        self, kind: str, namespace: str, name: str, uid: str, grace_seconds: int | None = None
+    ) -> Obj:
         """Delete only the object with this UID, never a same-named successor."""
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
+        body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
         return await self.request("DELETE", f"{collection_path(kind, namespace)}/{name}", body)

@@ -31,10 +31,14 @@ ROLE_WORKER: Final = "worker"
 ANN_MIN_REPLICAS: Final = "mpijob-elastic.io/min-replicas"
 ANN_MAX_REPLICAS: Final = "mpijob-elastic.io/max-replicas"
 ANN_DRAIN_SECONDS: Final = "mpijob-elastic.io/drain-seconds"
+# Worker pod names to remove gracefully, comma-separated (a named scale-in).
+ANN_REMOVE_WORKERS: Final = "mpijob-elastic.io/remove-workers"
 
 # State the controller keeps on the objects it owns, so a restart resumes where it was.
 ANN_DRAINING_SINCE: Final = "mpijob-elastic.io/draining-since"
 ANN_CONFIG_HASH: Final = "mpijob-elastic.io/config-hash"
+# On the ConfigMap: worker indexes never to use again (Horovod may have blacklisted them).
+ANN_RETIRED_WORKERS: Final = "mpijob-elastic.io/retired-workers"
 
 CONFIG_MOUNT: Final = "/etc/mpi"
 HOSTFILE: Final = "hostfile"

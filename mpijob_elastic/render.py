@@ -150,12 +150,13 @@ def requests_gpu(template: Mapping[str, Any]) -> bool:
     return False
 
 
-def hostfile(spec: JobSpec, worker_count: int) -> str:
+def hostfile(spec: JobSpec, members: Sequence[str]) -> str:
+    """The job's workers (not a range of indexes: a retired name leaves a gap)."""
     slots = spec.slots_per_worker
     lines = []
     if requests_gpu(spec.launcher.template):
         lines.append(f"{names.launcher_name(spec.name)} slots={slots}\n")
-    lines += [f"{names.worker_name(spec.name, i)} slots={slots}\n" for i in range(worker_count)]
+    lines += [f"{name} slots={slots}\n" for name in members]
     return "".join(lines)
 
 
@@ -183,10 +184,10 @@ def discover_hosts(spec: JobSpec, hosts: Sequence[str]) -> str:
 
 
 def config_data(
-    spec: JobSpec, settings: Settings, worker_count: int, hosts: Sequence[str]
+    spec: JobSpec, settings: Settings, members: Sequence[str], hosts: Sequence[str]
 ) -> dict[str, str]:
     return {
-        names.HOSTFILE: hostfile(spec, worker_count),
+        names.HOSTFILE: hostfile(spec, members),
         names.KUBEXEC: kubexec(spec, settings),
         names.DISCOVER_HOSTS: discover_hosts(spec, hosts),
     }
@@ -196,10 +197,14 @@ def config_hash(data: Mapping[str, str]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def config_map(spec: JobSpec, data: Mapping[str, str]) -> Obj:
+def config_map(spec: JobSpec, data: Mapping[str, str], retired: str = "") -> Obj:
+    """``retired``: the job's retired worker indexes (membership.py), kept here because
+    this object is written before any pod that could reuse one is created."""
     meta = _metadata(spec, names.config_map_name(spec.name), names.ROLE_LAUNCHER)
     # The ConfigMap is the job's, not the launcher's: it carries no role label in v1.
     del meta["labels"][names.LABEL_ROLE]
+    if retired:
+        meta["annotations"] = {names.ANN_RETIRED_WORKERS: retired}
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": dict(data)}
 
 

@@ -30,6 +30,7 @@ from mpijob_elastic.shapes import (
     string_field,
     string_map,
 )
+from mpijob_elastic.workers import worker_index
 
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 CLEAN_POD_POLICIES = ("All", "Running", "None")
@@ -106,6 +107,8 @@ class JobSpec:
     worker: ReplicaSpec
     bounds: Bounds
     drain_seconds: float
+    # Worker pod names the user asked to remove (mpijob-elastic.io/remove-workers).
+    remove: frozenset[str] = frozenset()
 
 
 def managed_by(job: Mapping[str, Any]) -> str | None:
@@ -171,6 +174,26 @@ def _drain_seconds(
         errors.append(FieldError(field, f"must be a finite number of seconds, got {show(raw)}"))
         return default
     return value
+
+
+def _remove_workers(
+    annotations: Mapping[str, Any], job_name: str | None, errors: list[FieldError]
+) -> frozenset[str]:
+    raw = annotations.get(names.ANN_REMOVE_WORKERS)
+    if not isinstance(raw, str) or job_name is None:
+        return frozenset()  # unset, or already reported
+    wanted = {part.strip() for part in raw.split(",") if part.strip()}
+    strangers = sorted(n for n in wanted if worker_index(job_name, n) is None)
+    if strangers:
+        errors.append(
+            FieldError(
+                f"metadata.annotations[{names.ANN_REMOVE_WORKERS}]",
+                f"must list worker pod names of this job ({names.worker_name(job_name, 0)}, "
+                f"...) separated by commas, got {', '.join(map(repr, strangers))}",
+            )
+        )
+        return frozenset()
+    return frozenset(wanted)
 
 
 def _choice(
@@ -311,6 +334,7 @@ def parse(
             )
         )
     drain = _drain_seconds(annotations, default_drain_seconds, errors)
+    remove = _remove_workers(annotations, name, errors)
 
     if name is not None and not _DNS_LABEL.match(name):
         errors.append(
@@ -363,4 +387,5 @@ def parse(
         worker=worker,
         bounds=bounds,
         drain_seconds=drain,
+        remove=remove,
     )

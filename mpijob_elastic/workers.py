@@ -43,6 +43,12 @@ class Worker:
         return names.ANN_DRAINING_SINCE in (self.pod["metadata"].get("annotations") or {})
 
     @property
+    def created(self) -> float:
+        """creationTimestamp as a POSIX time (0 if unreadable), for "newest first"."""
+        t = parse_time(self.pod["metadata"].get("creationTimestamp"))
+        return t.timestamp() if t else 0.0
+
+    @property
     def reason(self) -> str:
         return str((self.pod.get("status") or {}).get("reason", ""))
 
@@ -67,6 +73,13 @@ class Worker:
         code = terminated.get("exitCode")
         return code if isinstance(code, int) else None
 
+    def main_running(self, main: str | None) -> bool:
+        """Whether the pod runs and its main container, where the ranks live, runs."""
+        if self.phase != "Running":
+            return False
+        status = self._main_status(main)
+        return status is not None and "running" in (status.get("state") or {})
+
     def can_take_ranks(self, main: str | None) -> bool:
         """Whether Horovod may exec ranks into this worker now.
 
@@ -75,11 +88,9 @@ class Worker:
         would be blacklisted for good. So the main container itself must be running, and
         Ready too when it has a readiness probe (the user's own "can take work" signal).
         """
-        if self.phase != "Running" or self.terminating:
+        if self.terminating or not self.main_running(main):
             return False
-        status = self._main_status(main)
-        if status is None or "running" not in (status.get("state") or {}):
-            return False
+        status = self._main_status(main) or {}
         wanted = self.main_container(main)
         for container in (self.pod.get("spec") or {}).get("containers") or []:
             if container.get("name") == wanted and container.get("readinessProbe"):
@@ -123,18 +134,25 @@ def split_pods(
     return workers, launcher
 
 
+def discovered_hosts(config_data: Mapping[str, Any] | None) -> set[str]:
+    """The hosts ``discover_hosts.sh`` names: the ones Horovod may have given ranks."""
+    script = str((config_data or {}).get(names.DISCOVER_HOSTS) or "")
+    hosts: set[str] = set()
+    for line in script.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "echo":
+            hosts.add(parts[1].rsplit(":", 1)[0])
+    return hosts
+
+
 def listed_hosts(config_data: Mapping[str, Any] | None) -> set[str]:
     """Every host the launcher can see in the files we wrote: hostfile and discovery.
 
     A worker named here has not begun to drain, whatever its pod's mark says.
     """
     data = config_data or {}
-    hosts: set[str] = set()
+    hosts = discovered_hosts(data)
     for line in str(data.get(names.HOSTFILE) or "").splitlines():
         if line.strip():
             hosts.add(line.split()[0])
-    for line in str(data.get(names.DISCOVER_HOSTS) or "").splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == "echo":
-            hosts.add(parts[1].rsplit(":", 1)[0])
     return hosts

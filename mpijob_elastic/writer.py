@@ -213,7 +213,9 @@ class Writer:
                     raise
         elif isinstance(action, DeletePod):
             try:
-                result = await self.kube.delete("Pod", ns, action.name, action.uid)
+                result = await self.kube.delete(
+                    "Pod", ns, action.name, action.uid, action.grace_seconds
+                )
             except ApiError as err:
                 # Gone already, or a successor with another UID: nothing of ours to delete.
                 if not (err.not_found or err.conflict):

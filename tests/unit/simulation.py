@@ -39,6 +39,7 @@ from mpijob_elastic import writer as writer_module
 from mpijob_elastic.actions import Emit, Observed, Plan
 from mpijob_elastic.kube import ApiError, Kube
 from mpijob_elastic.plan import plan
+from mpijob_elastic.ranks import DRAIN_FLOOR_SECONDS, RankSnapshot
 from mpijob_elastic.reconciler import _job_signature
 from mpijob_elastic.render import exec_names
 from mpijob_elastic.settings import KubectlDelivery, Settings
@@ -51,6 +52,8 @@ Key = tuple[str, str]
 Planner = Callable[[Observed, Settings, datetime], Plan]
 # Every request passes one: (what it is, the request as it would reach the server) -> its answer.
 Gate = Callable[["Request", Callable[[], Obj]], Obj]
+# How long a removed host's ranks take to reach their next commit and leave.
+RANK_LEAVE_SECONDS = 1.0
 SETTINGS = Settings(kubectl_delivery=KubectlDelivery.NONE, default_drain_seconds=30)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 NAMESPACE = "ns"
@@ -116,7 +119,11 @@ def _rv(obj: Mapping[str, Any]) -> int:
 
 
 def observe(
-    objects: Mapping[tuple[str, str], Obj], job: Obj, memory: JobMemory, seconds: float
+    objects: Mapping[tuple[str, str], Obj],
+    job: Obj,
+    memory: JobMemory,
+    seconds: float,
+    ranks: RankSnapshot | None = None,
 ) -> Observed:
     """What the controller's caches hold for one job, as ``Controller.observe`` reads them."""
     uid, job_name = job["metadata"]["uid"], job["metadata"]["name"]
@@ -136,6 +143,7 @@ def observe(
         role_binding=owned.get(("RoleBinding", launcher)),
         deleting=memory.deleting(pods, seconds),
         conflicts=memory.taken(seconds),
+        ranks=ranks,
     )
 
 
@@ -171,11 +179,15 @@ class World:
         a name that a pod the job does not control holds.
     (b) A worker pod is deleted only once discover_hosts.sh no longer names it and, unless
         it failed, no sooner than the job's drain after the host list last stopped naming
-        it. A pod that was named and never dropped is a breach; one never named may go.
+        it, or than the drain floor once its ranks have left (``RANK_LEAVE_SECONDS``
+        after it stopped being named). A pod that was named and never dropped is a breach;
+        one never named may go.
     (c) A host list the controller writes names only pods that exist and are not being
         deleted, and that its view showed running and wanted (it cannot know better).
     (d) No pod gets another delete once the controller was told one succeeded.
     (f) A turn for one job writes only that job's objects.
+    (g) No pod is created under a name Horovod has blacklisted: one whose pod failed, or
+        went, while discover_hosts.sh named it.
 
     (e), convergence, is ``Sim.settle``'s.
     """
@@ -201,6 +213,8 @@ class World:
         self._listed: dict[str, set[str]] = {}
         self._ever_listed: set[str] = set()
         self._left_at: dict[str, float] = {}
+        # Per job: worker names Horovod would have blacklisted.
+        self.blacklisted: dict[str, set[str]] = {}
         for job in jobs:
             self.objects[(names.KIND, job["metadata"]["name"])] = job
 
@@ -245,6 +259,9 @@ class World:
         new["metadata"]["uid"] = f"uid-{next(self._uids)}"
         new["metadata"]["creationTimestamp"] = self.now.strftime("%Y-%m-%dT%H:%M:%SZ")
         if new["kind"] == "Pod":
+            job = new["metadata"]["labels"][names.LABEL_JOB]
+            if new["metadata"]["name"] in self.blacklisted.get(job, set()):
+                self._violate(f"(g) pod {new['metadata']['name']} created under a blacklisted name")
             new["status"] = {"phase": "Pending"}
             self._pod_created(new)
         self._put(new)
@@ -279,6 +296,8 @@ class World:
         return copy.deepcopy(new)
 
     def delete(self, kind: str, name: str, uid: str) -> Obj:
+        # The grace period a delete asks for is not modelled: a deleted pod stays
+        # Terminating until ``vanish``, which is the harder case for the controller.
         current = self._existing(kind, name)
         if current["metadata"]["uid"] != uid:
             raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {uid}")
@@ -339,8 +358,24 @@ class World:
         ):
             self._put({**copy.deepcopy(pod), "status": running_status(pod)})
 
+    def _ranks_die(self, pod: Obj) -> None:
+        job = pod["metadata"]["labels"].get(names.LABEL_JOB, "")
+        if pod["metadata"]["name"] in self._listed.get(job, set()):
+            self.blacklisted.setdefault(job, set()).add(pod["metadata"]["name"])
+
+    def rank_hosts(self, job: str) -> frozenset[str]:
+        """The workers the launcher's remote shells reach now: listed ones, and unlisted
+        ones whose ranks have not reached their next commit yet."""
+        hosts = set(self._listed.get(job, set()))
+        for pod in self.workers(job):
+            left = self._left_at.get(pod["metadata"]["uid"])
+            if left is not None and self.clock - left < RANK_LEAVE_SECONDS:
+                hosts.add(pod["metadata"]["name"])
+        return frozenset(hosts)
+
     def fail(self, name: str, code: int = 137, reason: str = "") -> None:
         pod = copy.deepcopy(self.objects[("Pod", name)])
+        self._ranks_die(pod)
         pod["status"] = {
             "phase": "Failed",
             "reason": reason,
@@ -352,6 +387,7 @@ class World:
         """A terminating pod's grace period ends and it is gone."""
         pod = self.objects.get(("Pod", name))
         if pod and pod["metadata"].get("deletionTimestamp"):
+            self._ranks_die(pod)
             self._remove(("Pod", name))
 
     # -- invariants -------------------------------------------------------------------------
@@ -433,8 +469,10 @@ class World:
             self._violate(f"(b) worker pod {name} deleted while discover_hosts.sh names it")
         elif uid in self._ever_listed and pod["status"]["phase"] != "Failed":
             since = self.clock - self._left_at[uid]
+            floor = min(drain, DRAIN_FLOOR_SECONDS)
+            ranks_left = since >= RANK_LEAVE_SECONDS and since >= floor - 1e-6
             # Drain marks carry microseconds, and sums of float seconds drift by less.
-            if since < drain - 1e-6:
+            if since < drain - 1e-6 and not ranks_left:
                 self._violate(
                     f"(b) worker pod {name} deleted {since:.3f}s after discover_hosts.sh "
                     f"dropped it, with a {drain:g}s drain"
@@ -476,7 +514,9 @@ class FakeKube(Kube):
         request = Request("patch", kind, name)
         return self.gate(request, lambda: self.world.patch(kind, name, patch, subresource))
 
-    async def delete(self, kind: str, namespace: str, name: str, uid: str) -> Obj:
+    async def delete(
+        self, kind: str, namespace: str, name: str, uid: str, grace_seconds: int | None = None
+    ) -> Obj:
         request = Request("delete", kind, name)
         result = self.gate(request, lambda: self.world.delete(kind, name, uid))
         # Only now does the controller know the server accepted it.
@@ -507,6 +547,8 @@ class Cluster:
         self.world = World(job)
         self.name = str(job["metadata"]["name"])
         self.writer = Writer(FakeKube(self.world), lambda _: None)
+        # What the last read of the launcher's remote shells said; a test sets it.
+        self.ranks: RankSnapshot | None = None
 
     @property
     def job(self) -> Obj:
@@ -545,7 +587,7 @@ class Cluster:
 
     def observed(self) -> Observed:
         memory = self.writer.of((NAMESPACE, self.name))
-        return observe(self.world.objects, self.job, memory, self.world.clock)
+        return observe(self.world.objects, self.job, memory, self.world.clock, self.ranks)
 
     def plan(self, settings: Settings = SETTINGS) -> Plan:
         return plan(self.observed(), settings, self.now)
@@ -577,6 +619,8 @@ class Cluster:
             if not p.actions and p.requeue_after is None:
                 return
             self.apply(p)
+            if p.probe is not None:
+                self.ranks = RankSnapshot(self.now, self.world.rank_hosts(self.name))
             self.tick(p.requeue_after if p.requeue_after else 1)
         raise AssertionError(f"did not converge: {self.plan()}")
 
@@ -691,6 +735,7 @@ class Sim:
         self._seen_deleted: set[str] = set()
         self._signatures = {name: _job_signature(self.world.job(name)) for name in self.jobs}
         self._backoff: ItemBackoff[str] = ItemBackoff(60.0)
+        self._ranks: dict[str, RankSnapshot] = {}
         self.due = {name: self.world.clock + delay for name in self.jobs}
 
     def _queue(self, name: str, at: float) -> None:
@@ -772,7 +817,7 @@ class Sim:
         self.turns += 1
         job = self.view[(names.KIND, name)]
         memory = self.writer.of((NAMESPACE, name))
-        observed = observe(self.view, job, memory, self.world.clock)
+        observed = observe(self.view, job, memory, self.world.clock, self._ranks.get(name))
         self.world.acting = Acting(name, job["metadata"]["uid"], listable(observed))
         the_plan = self.planner(observed, self.settings, self.world.now)
         try:
@@ -784,6 +829,8 @@ class Sim:
                 self._queue(name, self.world.clock + self._backoff.next_delay(name))
         else:
             self._backoff.forget(name)
+            if the_plan.probe is not None:
+                self._probe(name)
             retry = memory.next_retry(self.world.clock)
             requeue = [t for t in (the_plan.requeue_after, retry) if t is not None]
             if requeue:
@@ -796,6 +843,19 @@ class Sim:
             self.restart()
         if self.world.violations:
             raise Violation("\n".join(self.world.violations))
+
+    def _probe(self, name: str) -> None:
+        """The reconciler's read of the launcher: answered after one latency, then the job
+        is queued, as ``RankProbes`` does."""
+        process, at = self._process, self.world.now
+        hosts = self.world.rank_hosts(name)
+
+        def answer() -> None:
+            if process == self._process:
+                self._ranks[name] = RankSnapshot(at, hosts)
+                self._queue(name, self.world.clock)
+
+        self.later(max(self.faults.latency, 0.01), answer)
 
     # -- the world's own pace ---------------------------------------------------------------
 
@@ -887,19 +947,21 @@ class Sim:
 
     def unconverged(self, name: str) -> list[str]:
         job = self.world.job(name)
-        want = [names.worker_name(name, i) for i in range(replicas(job))]
         workers = self.world.workers(name)
         have = [p["metadata"]["name"] for p in workers]
         hosts = discovered(self.world.get_obj("ConfigMap", names.config_map_name(name)))
         role = exec_names(self.world.get_obj("Role", names.launcher_name(name)))
         problems = []
-        if have != want:
-            problems.append(f"{name} has worker pods {have}, wants {want}")
+        if len(have) != replicas(job):
+            problems.append(f"{name} has worker pods {have}, wants {replicas(job)}")
         idle = [w for w in have if w not in set(hosts)]
         if idle:
             problems.append(f"{name}'s discover_hosts.sh does not name {idle}")
-        if hosts != want or role != set(want):
+        if sorted(hosts) != sorted(have) or role != set(have):
             problems.append(f"{name} lists {hosts} and grants exec on {sorted(role)}")
+        unusable = sorted(set(have) & self.world.blacklisted.get(name, set()))
+        if unusable:
+            problems.append(f"{name} keeps workers {unusable} that Horovod blacklisted")
         if self.world.get_obj("Pod", names.launcher_name(name)) is None:
             problems.append(f"{name} has no launcher")
         memory = self.writer.of((NAMESPACE, name))
@@ -923,6 +985,6 @@ def listable(observed: Observed) -> set[str]:
     found = []
     for pod in observed.pods:
         index = worker_index(job, pod["metadata"]["name"])
-        if index is not None and index < replicas(observed.job):
+        if index is not None:
             found.append(Worker(index, pod))
     return {w.name for w in found if w.can_take_ranks(None)}

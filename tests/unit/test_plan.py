@@ -15,11 +15,13 @@ from mpijob_elastic.actions import (
     AnnotatePod,
     Create,
     DeletePod,
+    Probe,
     Replace,
     WriteStatus,
 )
 from mpijob_elastic.kube import ApiError
 from mpijob_elastic.plan import plan
+from mpijob_elastic.ranks import DRAIN_FLOOR_SECONDS, PROBE_INTERVAL_SECONDS
 from mpijob_elastic.render import exec_names
 from mpijob_elastic.workers import worker_index
 from tests.unit.simulation import SETTINGS, Cluster, discovered, make_job, running_status
@@ -135,7 +137,8 @@ def test_scale_in_drains_then_deletes_once_then_revokes() -> None:
     assert marks
     assert min(marks) > cm_at
     assert not p.of_type(DeletePod)
-    assert p.requeue_after == 30
+    # Back at the drain floor, to look whether the ranks have left.
+    assert p.requeue_after == DRAIN_FLOOR_SECONDS
     c.apply(p)
     assert discovered(cm(c)) == ["job-worker-0"]
     assert cm(c)["data"][names.HOSTFILE] == "job-worker-0 slots=1\n"
@@ -145,8 +148,10 @@ def test_scale_in_drains_then_deletes_once_then_revokes() -> None:
 
     c.tick(10)
     p = c.plan()
+    # No read of the launcher has answered: the drain runs its full length.
     assert not p.of_type(DeletePod)
-    assert p.requeue_after == 20
+    assert p.probe == Probe("job-launcher", "main")
+    assert p.requeue_after == PROBE_INTERVAL_SECONDS
     c.tick(20)
     p = c.plan()
     assert sorted(d.name for d in p.of_type(DeletePod)) == [
@@ -247,11 +252,12 @@ def test_out_of_range_replicas_keep_the_current_workers() -> None:
     # A lost worker is still replaced while the bad value stands.
     del c.objects[("Pod", "job-worker-1")]
     c.converge()
-    assert workers_of(c) == ["job-worker-0", "job-worker-1", "job-worker-2"]
+    # Under a fresh name: worker-1 went while listed, so Horovod blacklisted it.
+    assert workers_of(c) == ["job-worker-0", "job-worker-2", "job-worker-3"]
     c.set_replicas(2)
     c.converge()
     assert condition(c, "InvalidSpec")["status"] == "False"  # type: ignore[index]
-    assert workers_of(c) == ["job-worker-0", "job-worker-1"]
+    assert workers_of(c) == ["job-worker-0", "job-worker-2"], "the newest leaves"
 
 
 def test_new_job_out_of_range_starts_at_the_nearest_bound() -> None:
@@ -290,11 +296,16 @@ def test_failed_worker_leaves_discovery_and_is_replaced() -> None:
     _fail(c, "job-worker-1")
     p = c.plan()
     assert [d.name for d in p.of_type(DeletePod)] == ["job-worker-1"]
+    # The replacement is created at once, beside the failed pod, under a name never used.
+    assert [a.obj["metadata"]["name"] for a in p.of_type(Create)] == ["job-worker-2"]
     c.apply(p)
     assert discovered(cm(c)) == ["job-worker-0"]
+    assert cm(c)["metadata"]["annotations"][names.ANN_RETIRED_WORKERS] == "1"
     c.converge()
-    assert discovered(cm(c)) == ["job-worker-0", "job-worker-1"]
-    assert "WorkerReplaced" in [e.reason for e in c.events]
+    assert discovered(cm(c)) == ["job-worker-0", "job-worker-2"]
+    reasons = [e.reason for e in c.events]
+    assert "WorkerRetired" in reasons
+    assert "WorkerReplaced" in reasons
 
 
 def test_a_failed_worker_is_reported_once() -> None:
@@ -423,6 +434,7 @@ step = st.one_of(
 def test_invariants_under_any_event_order(steps: list[tuple[str, int]], drain: str) -> None:
     c = Cluster(make_job(2, annotations={**ELASTIC, names.ANN_DRAIN_SECONDS: drain}))
     c.job["spec"]["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = "OnFailure"
+    blacklisted: set[str] = set()
     for kind, arg in steps:
         if kind == "replicas":
             c.set_replicas(arg)
@@ -433,6 +445,8 @@ def test_invariants_under_any_event_order(steps: list[tuple[str, int]], drain: s
         elif kind == "tick":
             c.tick(arg)
         elif kind == "fail" and ("Pod", f"job-worker-{arg}") in c.objects:
+            if f"job-worker-{arg}" in discovered(c.get("ConfigMap", "job-config")):
+                blacklisted.add(f"job-worker-{arg}")
             _fail(c, f"job-worker-{arg}", 137)
         else:
             c.apply(c.plan())
@@ -452,7 +466,10 @@ def test_invariants_under_any_event_order(steps: list[tuple[str, int]], drain: s
     want = c.job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]
     if not 1 <= want <= 5:
         want = len(workers_of(c))
-    assert workers_of(c) == [f"job-worker-{i}" for i in range(want)]
+    assert len(workers_of(c)) == want
+    assert not blacklisted & set(workers_of(c)), "a name Horovod blacklisted is back"
+    blacklisted |= c.world.blacklisted.get("job", set())
+    assert not blacklisted & {name for name, _ in c.creations[-want:]} or not want
     assert discovered(cm(c)) == workers_of(c)
     assert exec_names(c.get("Role", "job-launcher")) == set(workers_of(c))
 
@@ -475,9 +492,10 @@ def test_a_worker_name_held_by_someone_else_is_never_granted_nor_waited_on() -> 
         c.run_pods()
         c.apply(c.plan())
     assert c.world.violations == []
-    assert exec_names(c.get("Role", "job-launcher")) == {"job-worker-1"}
-    assert discovered(cm(c)) == ["job-worker-1"]
-    assert c.get("Pod", "job-launcher") is None, "the launcher started without worker-0"
+    # The job does without the name: it takes the next one instead of waiting for it.
+    assert exec_names(c.get("Role", "job-launcher")) == {"job-worker-1", "job-worker-2"}
+    assert discovered(cm(c)) == ["job-worker-1", "job-worker-2"]
+    assert c.get("Pod", "job-launcher") is not None
     refused = condition(c, "WriteRefused")
     assert refused is not None
     assert refused["reason"] == "AlreadyExists"
@@ -498,12 +516,17 @@ def test_discovery_lists_a_worker_only_while_its_main_container_runs() -> None:
         "exec": {"command": ["true"]}
     }
     _main_state(c, "job-worker-2", {"running": {}}, ready=False)
-    c.apply(c.plan())
+    p = c.plan()
+    # worker-1's ranks died with its container while it was listed: Horovod blacklisted
+    # it, so it is replaced under a fresh name. worker-2 only left discovery (graceful).
+    assert [d.name for d in p.of_type(DeletePod)] == ["job-worker-1"]
+    assert [a.obj["metadata"]["name"] for a in p.of_type(Create)] == ["job-worker-3"]
+    c.apply(p)
     assert discovered(cm(c)) == ["job-worker-0"]
-    _main_state(c, "job-worker-1", {"running": {}}, ready=True)
     _main_state(c, "job-worker-2", {"running": {}}, ready=True)
-    c.apply(c.plan())
-    assert discovered(cm(c)) == ["job-worker-0", "job-worker-1", "job-worker-2"]
+    c.finalize_deletions()
+    c.converge()
+    assert discovered(cm(c)) == ["job-worker-0", "job-worker-2", "job-worker-3"]
 
 
 def test_a_finished_job_counts_only_the_pods_it_still_has_and_says_so_once() -> None:

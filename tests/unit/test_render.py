@@ -75,7 +75,9 @@ def test_kubexec_is_the_v1_script() -> None:
 
 def test_hostfile_and_discovery_formats() -> None:
     spec = spec_of()
-    assert render.hostfile(spec, 2) == "job-worker-0 slots=2\njob-worker-1 slots=2\n"
+    assert render.hostfile(spec, ["job-worker-0", "job-worker-3"]) == (
+        "job-worker-0 slots=2\njob-worker-3 slots=2\n"
+    )
     assert render.discover_hosts(spec, ["job-worker-0"]) == "#!/bin/sh\necho job-worker-0:2"
     assert render.discover_hosts(spec, []) == "#!/bin/sh\n"
 
@@ -85,7 +87,7 @@ def test_gpu_launcher_gets_a_hostfile_line_and_keeps_its_gpus() -> None:
     launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     launcher["resources"] = {"limits": {"nvidia.com/gpu": 1}}
     spec = parse(job, 30)
-    assert render.hostfile(spec, 1) == "job-launcher slots=1\njob-worker-0 slots=1\n"
+    assert render.hostfile(spec, ["job-worker-0"]) == "job-launcher slots=1\njob-worker-0 slots=1\n"
     env = render.launcher_pod(spec, NONE, "h", 1)["spec"]["containers"][0]["env"]
     assert "NVIDIA_VISIBLE_DEVICES" not in {e["name"] for e in env}
 

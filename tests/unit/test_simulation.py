@@ -14,12 +14,13 @@ import functools
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpijob_elastic import names
+from mpijob_elastic import membership, names
 from mpijob_elastic.actions import DELETE_MEMORY_SECONDS, Action, DeletePod, Observed, Plan, Replace
 from mpijob_elastic.desired import desired
 from mpijob_elastic.diff import diff
@@ -253,3 +254,32 @@ def test_the_real_controller_passes(case: str) -> None:
     with started(w) as sim:
         scenario(sim)
     assert [p["metadata"]["name"] for p in w.workers()] == ["job-worker-0", "job-worker-1"]
+
+
+def crash_then_scale_up(sim: Sim) -> None:
+    """A rank dies while its worker is listed (Horovod blacklists the name); the worker is
+    replaced, its failed pod goes, and a later scale-up needs more names."""
+    w = sim.world
+    w.fail("job-worker-1")
+    sim.advance(10)
+    w.set_replicas(5)
+    sim.settle()
+
+
+def test_a_blacklisted_name_is_never_handed_out_again() -> None:
+    with started(world(4, drain=DRAIN, jobs=("job",))) as sim:
+        crash_then_scale_up(sim)
+        names_now = sorted(p["metadata"]["name"] for p in sim.world.workers())
+    assert "job-worker-1" not in names_now
+    assert len(names_now) == 5
+    assert sim.world.blacklisted["job"] == {"job-worker-1"}
+
+
+def test_the_simulation_catches_a_reused_blacklisted_name() -> None:
+    with (
+        mock.patch.object(membership, "ranks_may_have_died", return_value=False),
+        started(world(4, drain=DRAIN, jobs=("job",))) as sim,
+        pytest.raises(Violation) as caught,
+    ):
+        crash_then_scale_up(sim)
+    assert "(g) pod job-worker-1 created under a blacklisted name" in str(caught.value)

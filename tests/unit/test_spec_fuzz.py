@@ -200,7 +200,7 @@ def render_everything(spec: JobSpec) -> None:
     workers = [names.worker_name(spec.name, i) for i in range(count)]
     for delivery in KubectlDelivery:
         config = Settings(kubectl_delivery=delivery)
-        data = render.config_data(spec, config, count, workers)
+        data = render.config_data(spec, config, workers, workers)
         hash_ = render.config_hash(data)
         pods = [
             render.launcher_pod(spec, config, hash_, count),

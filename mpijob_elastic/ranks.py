@@ -1,0 +1,73 @@
+"""Whether a draining worker still runs ranks, read from the launcher's side.
+
+A drain used to last its full ``drain-seconds`` although Horovod lets a removed host's
+ranks go at their next commit, about a second after the host leaves discovery: GPUs sat
+idle for the rest of the period. The drain now ends as soon as the ranks have left.
+
+The signal: every rank Horovod (or mpirun, or Intel MPI's hydra) runs on a worker is a
+remote-shell process in the launcher, ``kubexec.sh <worker> <command>``, alive exactly as
+long as the remote command. So one exec into the launcher's main container that lists the
+processes' command lines (``/proc/*/cmdline``, needing nothing but ``cat``) tells, for
+every worker at once, whether the launcher still reaches it. It is read from the side
+that decides (the driver), not from the workers, where only a guess at which processes
+are ranks would be possible. The controller holds ``pods/exec`` already (it must, to
+grant it to the launcher).
+
+When the signal cannot be read (no launcher, exec refused, timed out, no ``/proc``, or
+no ``kubexec.sh`` process at all, which means the launcher does not use our remote shell,
+e.g. ssh), the drain falls back to its full ``drain-seconds``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+# The command run in the launcher. `exit 0`: a process that ends while cat reads makes
+# cat fail, which says nothing about the others.
+PROBE_COMMAND = ("/bin/sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null; exit 0")
+# A victim must have been out of the host list this long before an empty read counts:
+# the launcher's mounted files refresh (well under a second with the config-hash
+# annotation), then Horovod's next discovery poll (1 s) must see the removal, or it could
+# still be starting a rank there.
+DRAIN_FLOOR_SECONDS = 3.0
+# How often a job with victims in their drain window reads the launcher.
+PROBE_INTERVAL_SECONDS = 1.0
+PROBE_TIMEOUT_SECONDS = 5.0
+# A victim whose ranks have left is deleted with this grace period rather than the pod's
+# own: nothing of the training runs there any more, and a `sleep` that ignores SIGTERM
+# would hold its GPUs for the pod's full grace period (30 s by default).
+RANK_FREE_GRACE_SECONDS = 1
+
+
+@dataclass(frozen=True)
+class RankSnapshot:
+    """One read of the launcher's remote shells."""
+
+    # When the read began: every process missing from it was gone at some moment after.
+    at: datetime
+    # Workers the launcher's remote shells reach; None when the signal could not be read.
+    hosts: frozenset[str] | None
+    # Why it could not be read, for the log.
+    error: str = ""
+
+
+def remote_shell_hosts(output: bytes) -> frozenset[str] | None:
+    """The hosts named right after ``kubexec.sh`` in the launcher's command lines.
+
+    ``output`` is every process's NUL-separated argv, concatenated. Tokens are split on
+    NULs and whitespace, so both ``/bin/sh /etc/mpi/kubexec.sh host cmd`` and Horovod's
+    ``/bin/sh -c '/etc/mpi/kubexec.sh host cmd'`` read the same. None when no process runs
+    our remote shell at all: then the launcher reaches its workers some other way (or
+    runs no ranks), and an empty set would wrongly say every rank has left.
+    """
+    tokens = output.replace(b"\0", b" ").decode("utf-8", "replace").split()
+    found = False
+    hosts: set[str] = set()
+    for token, following in zip(tokens, [*tokens[1:], ""], strict=True):
+        if token.strip("'\"").endswith("kubexec.sh"):
+            found = True
+            host = following.strip("'\"")
+            if host:
+                hosts.add(host)
+    return frozenset(hosts) if found else None
