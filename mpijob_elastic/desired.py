@@ -274,10 +274,10 @@ class _Builder:
             and not (invalid.get("reason") == POD_REJECTED and creating)
         ):
             s.clear(INVALID, "SpecValid", "The spec is valid.")
-        self.report_scaling(target, hosts, victims)
+        self.report_scaling(spec, target, hosts, victims)
         s.fields["elastic"] = {
             "listed": len(hosts),
-            "draining": sum(1 for v in victims if v.deadline is not None),
+            "draining": sum(1 for v in victims if v.deadline is not None or v.action == "mark"),
             "retired": format_indexes(retired),
         }
         self.report_conflicts()
@@ -323,8 +323,10 @@ class _Builder:
             action: str | None = None
             grace: int | None = None
             retire = False
-            if not w.main_running(main) and w.name not in listed:
-                action = "delete"  # no rank can run there: nothing to wait for
+            if not w.main_running(main):
+                # No rank runs there (ranks live in the main container): nothing to wait
+                # for. This turn's host-list write, made before any delete, drops it.
+                action = "delete"
             elif spec.drain_seconds == 0:
                 deadline = self.now
                 action = "delete"
@@ -454,7 +456,9 @@ class _Builder:
         if self.status.set(REFUSED, True, "AlreadyExists", message):
             self.event("Warning", REFUSED, message)
 
-    def report_scaling(self, target: int, hosts: Sequence[str], victims: Sequence[Victim]) -> None:
+    def report_scaling(
+        self, spec: JobSpec, target: int, hosts: Sequence[str], victims: Sequence[Victim]
+    ) -> None:
         s = self.status
         if len(hosts) < target:
             s.set(
@@ -467,7 +471,10 @@ class _Builder:
         elif victims:
             parts = []
             for v in victims:
-                until = f", until {format_time(v.deadline)} at the latest" if v.deadline else ""
+                deadline = v.deadline
+                if v.action == "mark":
+                    deadline = self.now + timedelta(seconds=spec.drain_seconds)
+                until = f", until {format_time(deadline)} at the latest" if deadline else ""
                 parts.append(f"{v.worker.name} ({v.why}{until})")
             s.set(
                 SCALING,

@@ -64,10 +64,10 @@ def remote_shell_hosts(output: bytes) -> frozenset[str] | None:
     tokens = output.replace(b"\0", b" ").decode("utf-8", "replace").split()
     found = False
     hosts: set[str] = set()
-    for token, following in zip(tokens, [*tokens[1:], ""], strict=True):
+    for i, token in enumerate(tokens):
         if token.strip("'\"").endswith("kubexec.sh"):
             found = True
-            host = following.strip("'\"")
+            host = tokens[i + 1].strip("'\"") if i + 1 < len(tokens) else ""
             if host:
                 hosts.add(host)
     return frozenset(hosts) if found else None

@@ -1,0 +1,78 @@
+"""The shell's half of ``ranks.py``: reads of the launcher, one at a time per job.
+
+A plan that has victims in their drain window asks for a read (``Plan.probe``). The read
+runs in the background, so a slow or hung exec never holds a reconcile worker; when it
+ends, its answer is kept for the job and the job is queued again, and the next plan sees
+it in ``Observed.ranks``. A read never fails a reconcile: an error is an answer that says
+the signal cannot be read, and the drain falls back to its deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+from mpijob_elastic.actions import Probe
+from mpijob_elastic.ranks import PROBE_TIMEOUT_SECONDS, RankSnapshot, remote_shell_hosts
+
+log = logging.getLogger("mpijob_elastic.rankprobe")
+
+Key = tuple[str, str]
+# (namespace, pod, container, timeout) -> the command's stdout.
+Execute = Callable[[str, str, str | None, float], Awaitable[bytes]]
+
+
+class RankProbes:
+    def __init__(self, execute: Execute, on_answer: Callable[[Key], None]) -> None:
+        self._execute = execute
+        self._on_answer = on_answer
+        self._answers: dict[Key, RankSnapshot] = {}
+        self._running: dict[Key, asyncio.Task[None]] = {}
+
+    def answer(self, key: Key) -> RankSnapshot | None:
+        return self._answers.get(key)
+
+    def request(self, key: Key, probe: Probe) -> None:
+        """Start a read unless one for this job is under way."""
+        if key in self._running:
+            return
+        task = asyncio.create_task(self._read(key, probe), name=f"rank-probe-{'/'.join(key)}")
+        self._running[key] = task
+        task.add_done_callback(lambda _t: self._running.pop(key, None))
+
+    def forget(self, key: Key) -> None:
+        self._answers.pop(key, None)
+        task = self._running.pop(key, None)
+        if task is not None:
+            task.cancel()
+
+    async def stop(self) -> None:
+        tasks = list(self._running.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _read(self, key: Key, probe: Probe) -> None:
+        at = datetime.now(UTC)
+        try:
+            output = await asyncio.wait_for(
+                self._execute(key[0], probe.pod, probe.container, PROBE_TIMEOUT_SECONDS),
+                PROBE_TIMEOUT_SECONDS + 1,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # any failure only means: the signal cannot be read now
+            snapshot = RankSnapshot(at, None, f"{type(err).__name__}: {err}")
+            log.info(
+                "cannot read the launcher's remote shells; drains run to their deadline",
+                extra={"job": "/".join(key), "pod": probe.pod, "error": snapshot.error},
+            )
+        else:
+            hosts = remote_shell_hosts(output)
+            snapshot = RankSnapshot(
+                at, hosts, "" if hosts is not None else "no kubexec.sh process in the launcher"
+            )
+        self._answers[key] = snapshot
+        self._on_answer(key)

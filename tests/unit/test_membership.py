@@ -1,0 +1,239 @@
+"""Membership (issue 12): retired names, victim choice, named scale-in, drains that end
+when the ranks have left. Pure functions and the planner through the in-memory cluster."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from mpijob_elastic import names
+from mpijob_elastic.actions import AnnotatePod, Create, DeletePod
+from mpijob_elastic.membership import (
+    NAMED,
+    NEWEST,
+    NOT_LISTED,
+    format_indexes,
+    parse_indexes,
+    plan_membership,
+)
+from mpijob_elastic.ranks import (
+    DRAIN_FLOOR_SECONDS,
+    RANK_FREE_GRACE_SECONDS,
+    RankSnapshot,
+    remote_shell_hosts,
+)
+from mpijob_elastic.spec import InvalidSpec, parse
+from mpijob_elastic.workers import Worker
+from tests.unit.simulation import Cluster, discovered, make_job, running_status
+
+ELASTIC = {names.ANN_MIN_REPLICAS: "1", names.ANN_MAX_REPLICAS: "8"}
+
+
+def pod(index: int, *, phase: str = "Running", created: int = 0, **meta: Any) -> Worker:
+    body: dict[str, Any] = {
+        "metadata": {
+            "name": f"job-worker-{index}",
+            "uid": f"u{index}",
+            "creationTimestamp": f"2026-01-01T00:00:{created:02d}Z",
+            **meta,
+        },
+        "spec": {"containers": [{"name": "main"}]},
+    }
+    body["status"] = running_status(body) if phase == "Running" else {"phase": phase}
+    return Worker(index, body)
+
+
+def members(workers: list[Worker], target: int, **kw: Any) -> Any:
+    args: dict[str, Any] = {"listed": (), "retired": (), "named": (), "taken": (), "main": None}
+    args.update(kw)
+    return plan_membership("job", workers, target, **args)
+
+
+# -- pure ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("indexes", "text"), [({1, 4, 5, 6}, "1,4-6"), (set(), ""), ({0}, "0"), ({2, 3}, "2-3")]
+)
+def test_retired_indexes_round_trip_compactly(indexes: set[int], text: str) -> None:
+    assert format_indexes(indexes) == text
+    assert parse_indexes(text) == indexes
+
+
+def test_an_edited_retired_annotation_keeps_what_it_can_read() -> None:
+    assert parse_indexes("3, x, 7-5, 9-10, 0-999999999") == {3, 9, 10}
+    assert parse_indexes(None) == frozenset()
+
+
+def test_a_worker_whose_ranks_died_while_listed_is_retired_and_replaced_by_a_fresh_name() -> None:
+    listed = {"job-worker-0", "job-worker-1", "job-worker-2"}
+    crashed = pod(1, phase="Failed")
+    m = members([pod(0), crashed, pod(2)], 3, listed=listed, retired={4})
+    assert m.newly_retired == {1}
+    assert m.retired == {1, 4}
+    assert [w.name for w in m.replace] == ["job-worker-1"]
+    # Not 1 (retired now, and its pod still holds it), not 4 (retired before).
+    assert m.new_indexes == (3,)
+
+
+def test_a_worker_gone_while_listed_is_retired_one_never_listed_is_not() -> None:
+    m = members([pod(0)], 3, listed={"job-worker-0", "job-worker-1"})
+    assert m.newly_retired == {1}
+    assert m.new_indexes == (2, 3)
+    # A worker that left through the drain was unlisted first: its name is reused.
+    m = members([pod(0)], 2, listed={"job-worker-0"})
+    assert m.newly_retired == frozenset()
+    assert m.new_indexes == (1,)
+
+
+def test_a_listed_worker_that_is_only_not_ready_is_not_retired() -> None:
+    w = pod(1)
+    w.pod["status"]["containerStatuses"][0]["ready"] = False
+    m = members([pod(0), w], 2, listed={"job-worker-0", "job-worker-1"})
+    assert m.newly_retired == frozenset()
+    assert not m.replace
+
+
+def test_victims_not_in_discovery_go_before_the_newest() -> None:
+    workers = [pod(0, created=1), pod(1, phase="Pending", created=2), pod(2, created=3)]
+    listed = {"job-worker-0", "job-worker-2"}
+    m = members(workers, 2, listed=listed)
+    assert [(v.worker.name, v.why) for v in m.leaving] == [("job-worker-1", NOT_LISTED)]
+    m = members(workers, 1, listed=listed)
+    assert [(v.worker.name, v.why) for v in m.leaving] == [
+        ("job-worker-1", NOT_LISTED),
+        ("job-worker-2", NEWEST),
+    ]
+
+
+def test_the_newest_is_by_creation_not_by_index() -> None:
+    workers = [pod(0, created=1), pod(1, created=9), pod(5, created=4)]
+    listed = {w.name for w in workers}
+    m = members(workers, 2, listed=listed)
+    assert [v.worker.name for v in m.leaving] == ["job-worker-1"]
+
+
+def test_named_workers_leave_first_and_are_replaced_if_the_count_stays() -> None:
+    workers = [pod(0), pod(1), pod(2)]
+    listed = {w.name for w in workers}
+    m = members(workers, 2, listed=listed, named={"job-worker-0"})
+    assert [(v.worker.name, v.why) for v in m.leaving] == [("job-worker-0", NAMED)]
+    assert not m.new_indexes
+    m = members(workers, 3, listed=listed, named={"job-worker-1"})
+    assert [v.worker.name for v in m.leaving] == ["job-worker-1"]
+    # A replacement, never under a name still listed for removal.
+    assert m.new_indexes == (3,)
+
+
+def test_remote_shell_hosts_reads_every_form_horovod_and_mpirun_use() -> None:
+    output = (
+        b"/bin/sh\0-c\0/etc/mpi/kubexec.sh job-worker-1 'cd /x && python train.py'\0"
+        b"/bin/sh\0/etc/mpi/kubexec.sh\0job-worker-2\0orted\0-mca\0"
+        b"/opt/kube/kubectl\0exec\0job-worker-2\0--\0/bin/sh\0-c\0orted\0"
+        b"python\0-m\0horovod.runner.launch\0-np\0" + b"x" * 10
+    )
+    assert remote_shell_hosts(output) == {"job-worker-1", "job-worker-2"}
+    # No remote shell of ours at all: the launcher uses ssh, or runs nothing: unknown.
+    assert remote_shell_hosts(b"python\0train.py\0sleep\0") is None
+    assert remote_shell_hosts(b"") is None
+
+
+def test_remove_workers_must_name_workers_of_the_job() -> None:
+    job = make_job(2, annotations={names.ANN_REMOVE_WORKERS: "job-worker-1, job-worker-3,"})
+    assert parse(job, 30).remove == {"job-worker-1", "job-worker-3"}
+    job["metadata"]["annotations"][names.ANN_REMOVE_WORKERS] = "job-worker-1,other-worker-2"
+    with pytest.raises(InvalidSpec, match=r"remove-workers\]: must list worker pod names"):
+        parse(job, 30)
+
+
+# -- through the planner ------------------------------------------------------------------
+
+
+def started(replicas: int, **annotations: str) -> Cluster:
+    c = Cluster(make_job(replicas, annotations={**ELASTIC, **annotations}))
+    c.converge()
+    return c
+
+
+def test_a_drain_ends_once_the_launcher_no_longer_reaches_the_victim() -> None:
+    c = started(3)
+    c.set_replicas(1)
+    c.apply(c.plan())  # unlisted and marked
+    marked_at = c.now
+    c.tick(DRAIN_FLOOR_SECONDS - 1)
+    # An answer from before the floor proves nothing: Horovod may not have looked yet.
+    c.ranks = RankSnapshot(c.now, frozenset({"job-worker-0"}))
+    assert not c.plan().of_type(DeletePod)
+    c.tick(1)
+    p = c.plan()
+    assert p.probe is not None and not p.of_type(DeletePod)
+    c.ranks = RankSnapshot(c.now, frozenset({"job-worker-0", "job-worker-2"}))
+    p = c.plan()
+    deletes = p.of_type(DeletePod)
+    assert [(d.name, d.grace_seconds) for d in deletes] == [
+        ("job-worker-1", RANK_FREE_GRACE_SECONDS)
+    ]
+    c.apply(p)
+    # worker-2 still runs a rank: it waits, at most for the drain.
+    c.tick(30 - DRAIN_FLOOR_SECONDS)
+    assert c.now - marked_at == timedelta(seconds=30)
+    p = c.plan()
+    assert [(d.name, d.grace_seconds) for d in p.of_type(DeletePod)] == [("job-worker-2", None)]
+    c.apply(p)
+    # Deleted under a running rank: Horovod counts a failure, so the name is retired.
+    assert c.get("ConfigMap", "job-config")["metadata"]["annotations"] == {  # type: ignore[index]
+        names.ANN_RETIRED_WORKERS: "2"
+    }
+
+
+def test_an_unreadable_launcher_keeps_the_full_drain() -> None:
+    c = started(2)
+    c.set_replicas(1)
+    c.apply(c.plan())
+    c.tick(DRAIN_FLOOR_SECONDS + 1)
+    c.ranks = RankSnapshot(c.now, None, "exec refused")
+    assert not c.plan().of_type(DeletePod)
+    c.tick(30)
+    assert [d.grace_seconds for d in c.plan().of_type(DeletePod)] == [None]
+
+
+def test_a_pending_victim_goes_at_once_and_a_running_one_stays() -> None:
+    c = started(2)
+    c.set_replicas(3)
+    c.apply(c.plan())  # worker-2 is created and stays Pending (no capacity)
+    # ...and is older than worker-1, so "the newest" alone would remove worker-1.
+    c.objects[("Pod", "job-worker-2")]["metadata"]["creationTimestamp"] = "2025-01-01T00:00:00Z"
+    c.objects[("Pod", "job-worker-1")]["metadata"]["creationTimestamp"] = "2026-06-01T00:00:00Z"
+    c.set_replicas(2)
+    p = c.plan()
+    assert [(d.name, d.grace_seconds) for d in p.of_type(DeletePod)] == [("job-worker-2", None)]
+    assert not [a for a in p.of_type(AnnotatePod) if names.ANN_DRAINING_SINCE in a.annotations]
+    c.apply(p)
+    assert discovered(c.get("ConfigMap", "job-config")) == ["job-worker-0", "job-worker-1"]
+    deleted = [e.message for e in c.events if e.reason == "WorkerDeleted"]
+    assert deleted == ["deleted worker pods job-worker-2 (no rank could run there)"]
+
+
+def test_named_scale_in_removes_exactly_the_named_workers() -> None:
+    c = started(4)
+    c.job["metadata"]["annotations"][names.ANN_REMOVE_WORKERS] = "job-worker-0,job-worker-2"
+    c.set_replicas(2)
+    p = c.plan()
+    assert not [a for a in p.of_type(Create) if a.obj["kind"] == "Pod"]
+    c.apply(p)
+    assert discovered(c.get("ConfigMap", "job-config")) == ["job-worker-1", "job-worker-3"]
+    scaling = next(x for x in c.job["status"]["conditions"] if x["type"] == "Scaling")
+    assert "job-worker-0 (named for removal, until" in scaling["message"]
+    assert c.job["status"]["elastic"] == {"listed": 2, "draining": 2, "retired": ""}
+    c.converge(rounds=60)
+    remaining = sorted(p["metadata"]["name"] for p in c.pods if "-worker-" in p["metadata"]["name"])
+    assert remaining == ["job-worker-1", "job-worker-3"]
+
+
+def test_zero_drain_warns_that_horovod_counts_failures() -> None:
+    c = started(2, **{names.ANN_DRAIN_SECONDS: "0"})
+    c.set_replicas(1)
+    c.apply(c.plan())
+    assert "DrainDisabled" in [e.reason for e in c.events if e.type == "Warning"]
