@@ -134,7 +134,7 @@ def test_remote_shell_hosts_reads_every_form_horovod_and_mpirun_use() -> None:
         b"/opt/kube/kubectl\0exec\0job-worker-2\0--\0/bin/sh\0-c\0orted\0"
         b"python\0-m\0horovod.runner.launch\0-np\0" + b"x" * 10
     )
-    assert remote_shell_hosts(output) == {"job-worker-1", "job-worker-2"}
+    assert remote_shell_hosts(output) == frozenset({"job-worker-1", "job-worker-2"})
     # No remote shell of ours at all: the launcher uses ssh, or runs nothing: unknown.
     assert remote_shell_hosts(b"python\0train.py\0sleep\0") is None
     assert remote_shell_hosts(b"") is None
@@ -168,7 +168,8 @@ def test_a_drain_ends_once_the_launcher_no_longer_reaches_the_victim() -> None:
     assert not c.plan().of_type(DeletePod)
     c.tick(1)
     p = c.plan()
-    assert p.probe is not None and not p.of_type(DeletePod)
+    assert p.probe is not None
+    assert not p.of_type(DeletePod)
     c.ranks = RankSnapshot(c.now, frozenset({"job-worker-0", "job-worker-2"}))
     p = c.plan()
     deletes = p.of_type(DeletePod)
