@@ -30,3 +30,14 @@ CRASH_FILE: Final = "/tmp/mockhorovod-crash-{rank_id}"
 # Annotation key prefix (plus the rank id) a rank under KWOK's kill emulation keeps on its
 # pod while it runs; hack/kwok/stages.yaml keeps a deleted pod with one Terminating.
 RANK_ANNOTATION_PREFIX: Final = "kwok.mpijob-elastic.io/rank-"
+
+# Exit code of a rank that learns at a commit that it has no assignment any more (its host
+# left discovery, was blacklisted, or lost slots): Horovod's worker aborts with "... has
+# been removed from elastic job" (SIGABRT, 134), and the driver ignores that exit only
+# because the host has no assignment.
+REMOVED_EXIT_CODE: Final = 134
+REMOVED_MESSAGE: Final = "has been removed from elastic job"
+
+# What the driver writes into a rank's local stop file when it unassigns the rank (the rank
+# exits REMOVED_EXIT_CODE at its next commit); an empty stop file is the shutdown (exit 0).
+REMOVED_MARK: Final = "removed"

@@ -10,10 +10,14 @@ controller can get right or wrong, so the mock copies them:
 * how it reaches a host: ``<rsh-agent> <host> <quoted command>`` through ``/bin/sh -c``,
   exactly the string ``horovod.runner.util.remote.get_remote_command`` builds for
   ``/etc/mpi/kubexec.sh``;
-* what a host's disappearance means: a host that leaves the discovery output is removed
-  gracefully (its ranks are stopped, nothing is counted), while a rank that dies while its
-  host is still listed is a failure and the host is blacklisted by name for the rest of the
-  job (or for a cooldown, with ``--blacklist-cooldown-range``).
+* what a host's disappearance means, decided at the job's commits (Horovod's rendezvous
+  barrier), every ``--commit-interval`` seconds: a host that leaves the discovery output
+  keeps its ranks until the next commit, where they are unassigned (rank -1) and exit 134
+  on their own, an exit the driver ignores because the host has no assignment; a rank that
+  dies while its host still has an assignment is a failure at once, and its host is
+  blacklisted by name at the next commit, for the rest of the job (or for a cooldown, with
+  ``--blacklist-cooldown-range``); new hosts get ranks at the next commit; a rank that exits
+  0 is a success and ends the job at the next commit.
 
 It differs from Horovod where a test instrument must: the discovery script gets a timeout
 of its own (Horovod has none and would just hang), and every decision is written as one
@@ -43,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from e2e.mockhorovod import RANK_STARTED_MARKER
+from e2e.mockhorovod import RANK_STARTED_MARKER, REMOVED_MARK
 from e2e.mockhorovod import events as ev
 
 DEFAULT_DISCOVERY_SCRIPT = "/etc/mpi/discover_hosts.sh"
@@ -208,6 +212,7 @@ class DriverConfig:
     log_file: str | None = None
     work_dir: str | None = None
     stop_grace: float = 5.0
+    commit_interval: float = 1.0
     rank_kubeconfig: str | None = None
     rank_namespace: str | None = None
     rank_kubectl: str | None = None
@@ -234,7 +239,7 @@ class DriverConfig:
                     "--blacklist-cooldown-range needs "
                     f"{COOLDOWN_LOWER_BOUND} <= MIN <= MAX <= {COOLDOWN_UPPER_BOUND}"
                 )
-        for name in ("discovery_interval", "discovery_timeout", "stop_grace"):
+        for name in ("discovery_interval", "discovery_timeout", "stop_grace", "commit_interval"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive")
         try:
@@ -267,7 +272,10 @@ class Rank:
     command: str
     proc: asyncio.subprocess.Process | None = None
     running: bool = False
+    # Why the rank lost its assignment (``host_removed``, ``blacklisted``, ``slots_reduced``,
+    # ``shutdown``); None while it holds one. Any exit after that is ignored, as in Horovod.
     stopping: str | None = None
+    notified: bool = False
     exit_code: int | None = None
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
     task: asyncio.Task[None] | None = None
@@ -282,10 +290,13 @@ class Rank:
 
 @dataclass(eq=False)
 class HostEntry:
-    """A host in the job: it has (or had) ranks. ``leaving`` says why it is going away."""
+    """A host in the job: it has (or had) ranks. ``leaving`` says why its ranks were
+    unassigned (set at a commit); ``noticed_gone`` that discovery no longer lists it (the
+    ranks keep their assignment until the next commit)."""
 
     ranks: dict[int, Rank] = field(default_factory=dict)
     leaving: str | None = None
+    noticed_gone: bool = False
 
 
 class Driver:
@@ -327,9 +338,19 @@ class Driver:
         self._exec_failures = 0
         self._hosts_removed = 0
         self._ranks_started = 0
+        self._commits = 0
+        # Recorded at once, acted on at the next commit (Horovod's barrier): failed host ->
+        # ids of the ranks that failed there; ids of ranks that exited 0 (SUCCESS).
+        self._pending_failures: dict[str, list[str]] = {}
+        self._successes: list[str] = []
         self._rank_tasks: set[asyncio.Task[None]] = set()
         self._killers: set[asyncio.Task[None]] = set()
         self._notices: set[asyncio.Task[None]] = set()
+
+    @property
+    def commits(self) -> int:
+        """How many commits the job has made (every tick of the commit clock once started)."""
+        return self._commits
 
     # -- output -----------------------------------------------------------------------
 
@@ -380,14 +401,19 @@ class Driver:
             # Open MPI's spelling; Horovod uses kubexec.sh only when it is exactly this.
             rsh_agent_env=os.environ.get("OMPI_MCA_plm_rsh_agent"),  # noqa: SIM112
             rank_command=cfg.rank_command,
+            commit_interval=cfg.commit_interval,
             work_dir=str(self._work_dir),
             command=list(cfg.command),
         )
         exit_code = EXIT_FATAL
         reason = "error"
+        clock = asyncio.create_task(self._commit_clock())
         try:
             exit_code, reason = await self._loop()
         finally:
+            clock.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await clock
             await self._stop_all("shutdown")
             self.emit(
                 ev.DRIVER_EXIT,
@@ -399,6 +425,7 @@ class Driver:
                 blacklisted_hosts=sorted(self._ever_blacklisted),
                 hosts_removed=self._hosts_removed,
                 ranks_started=self._ranks_started,
+                commits=self._commits,
             )
             if self._own_work_dir and self._work_dir is not None:
                 shutil.rmtree(self._work_dir, ignore_errors=True)
@@ -456,7 +483,8 @@ class Driver:
                 self._apply_discovery(hosts)
             if self._check_slots():
                 return EXIT_FATAL, "elastic_timeout"
-            self._reconcile()
+            if not self._started:
+                self._start_job()
             wait = cfg.discovery_interval
             if cfg.run_seconds > 0:
                 wait = min(wait, max(0.0, self._t0 + cfg.run_seconds - time.time()))
@@ -519,22 +547,24 @@ class Driver:
         now = time.time()
         if hosts != self._listed:
             self.emit(ev.DISCOVERY, hosts=list(hosts), slots=dict(hosts))
+            # Horovod's discovery thread only notes the change; the ranks learn of it at
+            # their next commit, and until then they keep their assignment.
             for host, entry in self._hosts.items():
-                if host in hosts or entry.leaving is not None:
+                if entry.leaving is not None:
                     continue
-                entry.leaving = "host_removed"
+                if host in hosts:
+                    entry.noticed_gone = False  # back before the commit: nothing happened
+                    continue
+                if entry.noticed_gone:
+                    continue
+                entry.noticed_gone = True
                 live = [r for r in entry.ranks.values() if r.alive]
-                self._hosts_removed += 1
                 self.emit(
                     ev.HOST_REMOVED,
                     host=host,
                     graceful=True,
                     ranks=[r.rank_id for r in live],
                 )
-                for rank in live:
-                    self._stop_rank(rank, "host_removed")
-            for host in list(self._hosts):
-                self._forget_if_done(host)
             # Oldest hosts first, as Horovod orders its assignments, so a newcomer never
             # displaces a host that is already training when --max-np caps the job.
             self._order = [h for h in self._order if h in hosts]
@@ -596,37 +626,118 @@ class Driver:
 
     # -- ranks ------------------------------------------------------------------------
 
-    def _reconcile(self) -> None:
-        """Starts ranks on usable slots up to --max-np, oldest hosts first."""
+    def _start_job(self) -> None:
+        """Starts the first ranks once -np slots exist (no commit to wait for yet)."""
         cfg = self.config
         if self._listed is None:
             return
         usable = self._usable_hosts()
-        if not self._started:
-            available = sum(self._listed[h] for h in usable)
-            if available < cfg.np:
+        available = sum(self._listed[h] for h in usable)
+        if available < cfg.np:
+            return
+        self._started = True
+        self.emit(ev.JOB_STARTED, np=cfg.np, available=available, hosts=usable)
+        starts, _ = self._plan()
+        self._apply_starts(starts)
+
+    async def _commit_clock(self) -> None:
+        """The job's commits: every ``--commit-interval`` the ranks reach ``state.commit()``
+        together, which is where Horovod's barrier acts on host updates and failures."""
+        interval = self.config.commit_interval
+        loop = asyncio.get_running_loop()
+        origin = loop.time()
+        tick = 0
+        while True:
+            tick += 1
+            await asyncio.sleep(max(0.0, origin + tick * interval - loop.time()))
+            if loop.time() > origin + (tick + 1) * interval:  # fell behind: skip, never burst
+                tick = int((loop.time() - origin) // interval)
+            self._commit()
+
+    def _commit(self) -> None:
+        """One commit of the job; a reset (re-rendezvous) when anything is pending."""
+        if not self._started or self._stop_event.is_set():
+            return
+        self._commits += 1
+        commit = self._commits
+        failures = self._pending_failures
+        successes = self._successes
+        self._pending_failures = {}
+        self._successes = []
+        reasons: list[str] = []
+        if failures:
+            reasons.append("failure")
+        if successes:
+            reasons.append("success")
+        if not reasons:
+            starts, unassign = self._plan()
+            if not starts and not unassign:
                 return
-            self._started = True
-            self.emit(ev.JOB_STARTED, np=cfg.np, available=available, hosts=usable)
+        reasons = reasons or ["hosts_updated"]
+        self.emit(ev.RESET, commit=commit, reasons=reasons)
+        for host, rank_ids in failures.items():
+            self._say(f"blacklist failing host: {host}")
+            self._blacklist_host(host, commit, rank_ids)
+        if successes:
+            # Any SUCCESS ends the whole job at this barrier.
+            self.request_stop("success")
+            return
+        starts, unassign = self._plan()
+        for rank, reason in unassign:
+            self._unassign(rank, reason, commit)
+        usable = set(self._usable_hosts())
+        for host, entry in list(self._hosts.items()):
+            if entry.leaving is None and host not in usable:
+                gone = host not in (self._listed or {})
+                entry.leaving = "host_removed" if gone else "blacklisted"
+                if gone:
+                    self._hosts_removed += 1
+                self._forget_if_done(host)
+        self._apply_starts(starts)
+
+    def _plan(self) -> tuple[list[tuple[str, int, bool]], list[tuple[Rank, str]]]:
+        """What a reset would change: slots to start ranks on (host, local rank, whether
+        the host is new) up to --max-np, oldest hosts first, and assigned ranks to
+        unassign, with why."""
+        cfg = self.config
+        starts: list[tuple[str, int, bool]] = []
+        unassign: list[tuple[Rank, str]] = []
+        listed = self._listed or {}
+        usable = self._usable_hosts()
+        for host, held in self._hosts.items():
+            if held.leaving is None and host not in usable:
+                reason = "host_removed" if host not in listed else "blacklisted"
+                live = [r for r in held.ranks.values() if r.alive and not r.stopping]
+                unassign += [(r, reason) for r in live]
         capacity = cfg.max_np if cfg.max_np is not None else math.inf
         for host in usable:
             entry = self._hosts.get(host)
             if entry is not None and entry.leaving is not None:
                 continue  # its old ranks are still on their way out
-            want = int(min(self._listed[host], capacity))
+            want = int(min(listed[host], capacity))
             capacity -= want
             if entry is None:
-                if want == 0:
-                    continue
+                starts += [(host, local_rank, True) for local_rank in range(want)]
+                continue
+            starts += [(host, lr, False) for lr in range(want) if lr not in entry.ranks]
+            unassign += [
+                (rank, "slots_reduced")
+                for lr, rank in entry.ranks.items()
+                if lr >= want and rank.alive and not rank.stopping
+            ]
+        return starts, unassign
+
+    def _apply_starts(self, starts: list[tuple[str, int, bool]]) -> None:
+        listed = self._listed or {}
+        for host, local_rank, new in starts:
+            entry = self._hosts.get(host)
+            if entry is None:
                 entry = HostEntry()
                 self._hosts[host] = entry
-                self.emit(ev.HOST_ADDED, host=host, slots=self._listed[host], ranks=want)
-            for local_rank in range(want):
-                if local_rank not in entry.ranks:
-                    self._start_rank(host, local_rank, entry)
-            for local_rank, rank in entry.ranks.items():
-                if local_rank >= want and rank.alive:
-                    self._stop_rank(rank, "slots_reduced")
+            if new and local_rank == 0:
+                count = sum(1 for h, _, n in starts if h == host and n)
+                self.emit(ev.HOST_ADDED, host=host, slots=listed.get(host), ranks=count)
+            self._start_rank(host, local_rank, entry)
 
     def _rank_args(self, host: str, local_rank: int, rank_id: str, stop_file: Path) -> list[str]:
         cfg = self.config
@@ -643,6 +754,8 @@ class Driver:
             str(stop_file),
             "--alive-file",
             self.config.rank_alive_file.format(rank_id=rank_id),
+            "--commit-interval",
+            f"{cfg.commit_interval:g}",
         ]
         if cfg.rank_kubeconfig:
             args += ["--kubeconfig", cfg.rank_kubeconfig]
@@ -740,6 +853,8 @@ class Driver:
                     rank_id=rank.rank_id,
                     local_rank=rank.local_rank,
                 )
+                if rank.stopping is not None:
+                    self._send_notice(rank)  # unassigned before it was up
             self._say(f"[{rank.host}/{rank.local_rank}] {text}")
 
     async def _read_stderr(self, rank: Rank, stream: asyncio.StreamReader) -> None:
@@ -754,25 +869,35 @@ class Driver:
         code = rsh_code
         if rsh_code != 0:
             code = remote_exit_code(rank.stderr_text()) or rsh_code
-        # Leaving at its own pace, a rank exits 0; one that exits non-zero on its own (not by
-        # our signal) died while it still held its assignment.
-        died_leaving = rank.stopping == "host_removed" and sig is None and code != 0
-        if rank.stopping is not None and not died_leaving:
+        if rank.stopping is not None:
+            # No assignment any more: Horovod ignores the exit, whatever its code (a removed
+            # rank aborts with 134). Not a failure, and never a blacklist.
+            if code != 0:
+                self._say(
+                    f"host {rank.host} has no assignment, ignoring exit from "
+                    f"local_rank={rank.local_rank} (exit {code})"
+                )
             self.emit(
                 ev.RANK_STOPPED,
                 **base,
                 exit_code=code,
                 rsh_exit_code=rsh_code,
                 reason=rank.stopping,
+                ignored=True,
             )
             entry = self._hosts.get(rank.host)
             if entry is not None and entry.leaving is None:
                 entry.ranks.pop(rank.local_rank, None)  # the slot may be filled again
         elif code == 0:
-            self.emit(ev.RANK_EXITED, **base, exit_code=0)
+            # An assigned rank that finished: SUCCESS, which ends the job at the next commit.
+            self._say(f"record state: {rank.host}[{rank.local_rank}] = SUCCESS")
+            self._successes.append(rank.rank_id)
+            self.emit(ev.RANK_EXITED, **base, exit_code=0, success=True)
         else:
-            # Its host still listed, or leaving but not gone yet: this is what Horovod
-            # counts as a failure, rolls everyone back for, and blacklists the host over.
+            # Its host still has an assignment (listed, or gone from discovery but not yet
+            # reset without it): what Horovod records as FAILURE at once, rolls everyone
+            # back for, and blacklists the host over at the next commit.
+            self._say(f"record state: {rank.host}[{rank.local_rank}] = FAILURE")
             self._failures += 1
             refused = not rank.running
             stderr = rank.stderr_text()
@@ -792,13 +917,20 @@ class Driver:
                 self.emit(
                     ev.EXEC_FAILED, **base, exit_code=code, rsh_exit_code=rsh_code, stderr=stderr
                 )
-            self._blacklist_host(rank.host)
+            self._pending_failures.setdefault(rank.host, []).append(rank.rank_id)
         self._forget_if_done(rank.host)
 
-    def _blacklist_host(self, host: str) -> None:
+    def _blacklist_host(self, host: str, commit: int, rank_ids: list[str]) -> None:
         now = time.time()
+        entry = self._hosts.get(host)
         if self._blacklist.get(host, 0.0) > now:
-            return  # Horovod ignores failures of a host already in its cooldown
+            # Horovod ignores failures of a host already in its cooldown.
+            if entry is not None and entry.leaving is None:
+                for rank_id in rank_ids:
+                    for local_rank, rank in list(entry.ranks.items()):
+                        if rank.rank_id == rank_id:
+                            del entry.ranks[local_rank]
+            return
         cooldown: float | None = None
         if self.config.cooldown_range is not None:
             count = self._blacklist_counts.get(host, 0) + 1
@@ -813,13 +945,16 @@ class Driver:
             host=host,
             cooldown_seconds=cooldown,
             permanent=cooldown is None,
+            commit=commit,
+            failed_ranks=rank_ids,
+            line=f"blacklist failing host: {host}",
         )
-        entry = self._hosts.get(host)
         if entry is not None and entry.leaving is None:
             entry.leaving = "blacklisted"
             for rank in entry.ranks.values():
-                if rank.alive:
-                    self._stop_rank(rank, "blacklisted")
+                if rank.alive and rank.stopping is None:
+                    self._unassign(rank, "blacklisted", commit)
+            self._forget_if_done(host)
 
     def _forget_if_done(self, host: str) -> None:
         """Drops a leaving host once its ranks are gone, so a later host of the same name
@@ -832,30 +967,61 @@ class Driver:
         ):
             del self._hosts[host]
 
-    def _stop_rank(self, rank: Rank, reason: str) -> None:
-        """Stops a rank the way the graceful path does: stop file and notice, SIGTERM, then
-        SIGKILL.
+    def _unassign(self, rank: Rank, reason: str, commit: int) -> None:
+        """Takes a rank's assignment away at a commit (Horovod's rank -1): it learns at its
+        own next commit and exits 134 by itself, while its remote shell lives on until then.
 
-        The stop file is for KWOK, where the rank runs outside the remote shell's process
-        tree and killing ``kubectl exec`` does not reach it; the notice (its alive file
-        removed through the remote shell) is for a real container, where the rank outlives
-        a killed ``kubectl exec`` and, under the default worker command, keeps a deleted
-        pod from going until its grace period ends. A rank whose host left the
-        discovery output is not signalled at once: Horovod lets such ranks leave at their
-        next commit, and until then they hold their assignment, so one that dies meanwhile
-        (its pod deleted under it) is a failure, as in Horovod.
+        The notice goes both ways a rank can read it: the stop file, with the removal mark
+        (a rank on the driver's machine, as on KWOK), and its alive file removed through the
+        remote shell (a rank in a real container, which outlives a killed ``kubectl
+        exec``). Signals follow only as a safety net, well after the rank's next commit.
         """
         if rank.stopping is not None or not rank.alive:
             return
         rank.stopping = reason
-        with contextlib.suppress(OSError):
-            rank.stop_file.touch()
+        self.emit(
+            ev.RANK_UNASSIGNED,
+            host=rank.host,
+            rank_id=rank.rank_id,
+            local_rank=rank.local_rank,
+            reason=reason,
+            commit=commit,
+        )
+        self._write_stop_file(rank, REMOVED_MARK)
         if rank.running:
-            notice = asyncio.create_task(self._notify(rank))
-            self._notices.add(notice)
-            notice.add_done_callback(self._notices.discard)
+            self._send_notice(rank)
         if rank.proc is not None:
-            self._schedule_signal(rank, self.config.stop_grace if reason == "host_removed" else 0.0)
+            self._schedule_signal(rank, self.config.stop_grace + self.config.commit_interval)
+
+    def _write_stop_file(self, rank: Rank, content: str) -> None:
+        # Atomic, so a rank never reads a half-written removal mark as an empty (shutdown)
+        # stop file.
+        tmp = rank.stop_file.with_name(rank.stop_file.name + ".tmp")
+        with contextlib.suppress(OSError):
+            tmp.write_text(content)
+            os.replace(tmp, rank.stop_file)
+
+    def _send_notice(self, rank: Rank) -> None:
+        if rank.notified:
+            return
+        rank.notified = True
+        notice = asyncio.create_task(self._notify(rank))
+        self._notices.add(notice)
+        notice.add_done_callback(self._notices.discard)
+
+    def _stop_rank(self, rank: Rank, reason: str) -> None:
+        """Stops a rank at the end of the job: an empty stop file (a local rank exits 0 at
+        once), the notice through the remote shell, SIGTERM now and SIGKILL after
+        ``--stop-grace``. A rank already unassigned keeps its reason but is hurried too."""
+        if not rank.alive:
+            return
+        if rank.stopping is None:
+            rank.stopping = reason
+        self._write_stop_file(rank, "")
+        if rank.running:
+            self._send_notice(rank)
+        if rank.proc is not None:
+            self._schedule_signal(rank, 0.0)
 
     async def _notify(self, rank: Rank) -> None:
         """Removes the rank's alive file where it runs, through the remote shell.
@@ -901,6 +1067,8 @@ class Driver:
             _signal_group(rank.proc, sig)
 
     async def _stop_all(self, reason: str) -> None:
+        for killer in set(self._killers):
+            killer.cancel()  # the safety nets of unassigned ranks: all are signalled now
         for entry in self._hosts.values():
             for rank in entry.ranks.values():
                 self._stop_rank(rank, reason)
@@ -982,6 +1150,13 @@ def build_parser() -> argparse.ArgumentParser:
     mk.add_argument("--log-file", help="also append the event lines here")
     mk.add_argument("--work-dir", help="where per-rank stop files live (default: a temp dir)")
     mk.add_argument("--stop-grace", type=float, default=5.0, help="SIGTERM to SIGKILL, seconds")
+    mk.add_argument(
+        "--commit-interval",
+        type=float,
+        default=1.0,
+        help="seconds between the job's commits (passed to ranks), where host updates, "
+        "failures and successes take effect",
+    )
     parser.add_argument(
         "command", nargs=argparse.REMAINDER, help="the training command (recorded, not run)"
     )
@@ -1019,6 +1194,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         log_file=ns.log_file,
         work_dir=ns.work_dir,
         stop_grace=ns.stop_grace,
+        commit_interval=ns.commit_interval,
         rank_kubeconfig=ns.rank_kubeconfig,
         rank_namespace=ns.rank_namespace,
         rank_kubectl=ns.rank_kubectl,

@@ -20,6 +20,8 @@ HOST_ADDED: Final = "host_added"
 RANK_STARTED: Final = "rank_started"
 RANK_RUNNING: Final = "rank_running"
 HOST_REMOVED: Final = "host_removed"
+RESET: Final = "reset"
+RANK_UNASSIGNED: Final = "rank_unassigned"
 RANK_STOPPED: Final = "rank_stopped"
 RANK_EXITED: Final = "rank_exited"
 RANK_FAILED: Final = "rank_failed"
@@ -43,6 +45,8 @@ ALL_EVENTS: Final = frozenset(
         RANK_STARTED,
         RANK_RUNNING,
         HOST_REMOVED,
+        RESET,
+        RANK_UNASSIGNED,
         RANK_STOPPED,
         RANK_EXITED,
         RANK_FAILED,

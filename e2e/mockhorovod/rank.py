@@ -19,13 +19,21 @@ outlives its fake pod, so with ``--kubeconfig`` the rank *emulates* that kubelet
   replaced by a new pod of the same name (uid changed). A pod that is merely terminating
   does not kill it: it keeps training, so the driver can let it go gracefully first.
 
-Ending a rank on purpose takes more than a signal, because killing the ``kubectl exec``
-client does not necessarily end the remote command on KWOK. The driver passes
-``--stop-file`` (a per-rank file in the driver's work dir) and ``--driver-pid``; when the
-stop file's directory exists here, the rank shares the driver's machine and also exits 0
-once the stop file appears, the directory vanishes (the driver cleaned up) or the driver's
-pid is gone (the driver was killed). Where the directory does not exist (a real pod) those
-checks are off: another machine's pid means nothing here.
+The rank commits every ``--commit-interval`` seconds (Horovod's ``state.commit()``), and
+that is where it learns that it has no assignment any more (rank -1, its host left
+discovery, was blacklisted or lost slots): its ``--alive-file`` was removed by the driver
+through the remote shell, or, on the driver's machine, its stop file holds the removal
+mark. It then exits 134 with Horovod's "... has been removed from elastic job", an exit
+the driver ignores. Until that commit it keeps running, and so does the remote shell
+(``kubexec.sh <host> ...``) the driver started it through.
+
+Ending a rank at the end of the job takes more than a signal, because killing the
+``kubectl exec`` client does not necessarily end the remote command on KWOK. The driver
+passes ``--stop-file`` (a per-rank file in the driver's work dir) and ``--driver-pid``;
+when the stop file's directory exists here, the rank shares the driver's machine and also
+exits 0 at once when the stop file appears empty, the directory vanishes (the driver
+cleaned up) or the driver's pid is gone (the driver was killed). Where the directory does
+not exist (a real pod) those checks are off: another machine's pid means nothing here.
 
 A test makes a rank crash, on KWOK and in a real pod alike, by creating
 ``/tmp/mockhorovod-crash-<rank id>`` where the rank runs (``kubectl exec <worker> -- touch
@@ -56,6 +64,9 @@ from e2e.mockhorovod import (
     KILLED_EXIT_CODE,
     RANK_ANNOTATION_PREFIX,
     RANK_STARTED_MARKER,
+    REMOVED_EXIT_CODE,
+    REMOVED_MARK,
+    REMOVED_MESSAGE,
 )
 
 PodState = Literal["alive", "terminating", "gone", "unknown"]
@@ -223,9 +234,19 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def removal_marked(stop_file: Path) -> bool:
+    """Whether the driver wrote the removal mark into the stop file (rank -1)."""
+    try:
+        return stop_file.read_text().strip() == REMOVED_MARK
+    except OSError:
+        return False
+
+
 def local_stop_reason(stop_file: Path, driver_pid: int | None) -> str | None:
-    """Why a rank on the driver's machine should end quietly now, if it should."""
-    if stop_file.exists():
+    """Why a rank on the driver's machine should end quietly now, if it should.
+
+    A stop file with the removal mark is not one: the rank learns of that at its commit."""
+    if stop_file.exists() and not removal_marked(stop_file):
         return "stop file present"
     if not stop_file.parent.is_dir():
         return "driver work dir removed"
@@ -280,10 +301,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--namespace", help="the pod's namespace (default: the context's)")
     parser.add_argument("--kubectl", default="kubectl")
     parser.add_argument("--poll-interval", type=float, default=0.5)
+    parser.add_argument(
+        "--commit-interval",
+        type=float,
+        default=1.0,
+        help="seconds between commits, where the rank learns it was removed (exit 134)",
+    )
     parser.add_argument("--kubectl-timeout", type=float, default=5.0)
     parser.add_argument("--stop-file", help="exit 0 when it appears (same machine only)")
     parser.add_argument("--driver-pid", type=int, help="exit 0 when it is gone (same machine)")
-    parser.add_argument("--alive-file", help="created at start; exit 0 when it is removed (let go)")
+    parser.add_argument(
+        "--alive-file", help="created at start; removed: no assignment, exit 134 at the commit"
+    )
     parser.add_argument("--kill-exit-code", type=int, default=KILLED_EXIT_CODE)
     return parser
 
@@ -339,15 +368,28 @@ def run(args: argparse.Namespace) -> int:
         known_uid: str | None = None
         last_error_report = 0.0
         told_terminating = False
+        commit_interval = max(0.01, float(args.commit_interval))
+        next_commit = time.monotonic() + commit_interval
         while True:
             if local and stop_file is not None:
                 reason = local_stop_reason(stop_file, args.driver_pid)
                 if reason is not None:
                     _err(args, f"{reason}: exiting 0")
                     return 0
-            if alive is not None and not alive.exists():
-                _err(args, f"{alive} removed: let go, exiting 0")
-                return 0
+            if time.monotonic() >= next_commit:
+                # state.commit(): where a hosts-updated notice reaches the rank.
+                while next_commit <= time.monotonic():
+                    next_commit += commit_interval
+                removed = (alive is not None and not alive.exists()) or (
+                    local and stop_file is not None and removal_marked(stop_file)
+                )
+                if removed:
+                    _err(
+                        args,
+                        f"rank {args.rank_id} on {args.host} {REMOVED_MESSAGE} "
+                        f"(no assignment at the commit), exiting {REMOVED_EXIT_CODE}",
+                    )
+                    return REMOVED_EXIT_CODE
             if crash is not None and crash.exists():
                 with contextlib.suppress(OSError):
                     crash.unlink()
@@ -377,11 +419,12 @@ def run(args: argparse.Namespace) -> int:
                 elif time.monotonic() - last_error_report > ERROR_REPORT_INTERVAL:
                     last_error_report = time.monotonic()
                     _err(args, f"pod check failed, still running: {verdict.reason}")
+            pause = max(0.0, min(args.poll_interval, next_commit - time.monotonic()))
             if watcher is None:
-                time.sleep(args.poll_interval)
+                time.sleep(pause)
                 continue
             try:
-                code = watcher.wait(timeout=args.poll_interval)
+                code = watcher.wait(timeout=pause)
             except subprocess.TimeoutExpired:
                 continue
             if code == 0:

@@ -3,7 +3,8 @@
 The driver is driven with a discovery script the test rewrites, a fake remote shell that
 runs the command here (or refuses a host the way the API server refuses an exec), and a
 fake rank that exits 137 when a marker file appears, which is what a rank reports when its
-pod is deleted under it. The rank's kill emulation is tested against a fake kubectl.
+pod is deleted under it, 134 when the driver's removal mark reaches it, and 0 when it is
+told to finish. The rank's kill emulation is tested against a fake kubectl.
 """
 
 from __future__ import annotations
@@ -25,7 +26,15 @@ from typing import Any
 
 import pytest
 
-from e2e.mockhorovod import CRASH_EXIT_CODE, CRASH_FILE, KILLED_EXIT_CODE, RANK_STARTED_MARKER
+from e2e.mockhorovod import (
+    CRASH_EXIT_CODE,
+    CRASH_FILE,
+    KILLED_EXIT_CODE,
+    RANK_STARTED_MARKER,
+    REMOVED_EXIT_CODE,
+    REMOVED_MARK,
+    REMOVED_MESSAGE,
+)
 from e2e.mockhorovod import events as ev
 from e2e.mockhorovod.driver import (
     ConfigError,
@@ -46,12 +55,18 @@ REPO = Path(__file__).resolve().parents[2]
 Event = dict[str, Any]
 
 FAKE_RANK = f"""#!/bin/sh
-# $1 host, $2 stop file, $3 marker dir: exits 137 once "$3/kill-$1" exists.
+# $1 host, $2 stop file, $3 marker dir, $4 local rank: exits 137 once "$3/kill-$1" or
+# "$3/kill-$1-$4" exists (its pod deleted), 0 once "$3/done-$1-$4" does (training done),
+# 134 once its stop file holds the removal mark (no assignment), 0 on an empty one.
 echo {RANK_STARTED_MARKER}
 trap 'exit 0' TERM
 while :; do
-  if [ -e "$3/kill-$1" ]; then echo "pod $1 deleted" >&2; exit 137; fi
-  if [ -e "$2" ]; then exit 0; fi
+  if [ -e "$3/kill-$1" ] || [ -e "$3/kill-$1-$4" ]; then echo "pod $1 deleted" >&2; exit 137; fi
+  if [ -e "$3/done-$1-$4" ]; then exit 0; fi
+  if [ -e "$2" ]; then
+    if [ "$(cat "$2")" = {REMOVED_MARK} ]; then echo "{REMOVED_MESSAGE}" >&2; exit 134; fi
+    exit 0
+  fi
   sleep 0.05
 done
 """
@@ -118,15 +133,19 @@ class Rig:
     def set_discovery(self, body: str) -> None:
         write_script(self.discovery, "#!/bin/sh\n" + body + "\n")
 
-    def kill(self, host: str) -> None:
-        (self.tmp / f"kill-{host}").touch()
+    def kill(self, host: str, local_rank: int | None = None) -> None:
+        suffix = "" if local_rank is None else f"-{local_rank}"
+        (self.tmp / f"kill-{host}{suffix}").touch()
+
+    def done(self, host: str, local_rank: int = 0) -> None:
+        (self.tmp / f"done-{host}-{local_rank}").touch()
 
     def config(self, **overrides: Any) -> DriverConfig:
         fake_rank = write_script(self.tmp / "fake_rank.sh", FAKE_RANK)
         rsh = write_script(self.tmp / "kubexec.sh", FAKE_RSH.format(forbid=self.forbid))
         template = (
             f"exec /bin/sh {shlex.quote(str(fake_rank))} {{host}} {{stop_file}} "
-            f"{shlex.quote(str(self.tmp))}"
+            f"{shlex.quote(str(self.tmp))} {{local_rank}}"
         )
         base = DriverConfig(
             np=1,
@@ -137,6 +156,7 @@ class Rig:
             discovery_interval=0.1,
             discovery_timeout=2.0,
             stop_grace=1.0,
+            commit_interval=0.3,
             work_dir=str(self.tmp / "work"),
         )
         return replace(base, **overrides)
@@ -174,6 +194,17 @@ async def wait_for(rig: Rig, predicate: Callable[[], bool], what: str, within: f
             seen = [(e["event"], e.get("host")) for e in rig.events]
             raise AssertionError(f"timed out waiting for {what}; events: {seen}")
         await asyncio.sleep(0.02)
+
+
+async def after_commit(rig: Rig, run: Running) -> None:
+    """Returns just after the job's next commit, so a test knows a whole commit interval
+    lies ahead of it."""
+    seen = run.driver.commits
+    await wait_for(rig, lambda: run.driver.commits > seen, "the next commit")
+
+
+def index_of(rig: Rig, record: Event) -> int:
+    return next(i for i, e in enumerate(rig.events) if e is record)
 
 
 def running_on(rig: Rig, host: str) -> int:
@@ -290,7 +321,8 @@ async def test_host_leaving_discovery_is_graceful(rig: Rig) -> None:
     (removed,) = rig.of(ev.HOST_REMOVED)
     assert removed["host"] == "b"
     assert removed["graceful"] is True
-    assert rig.of(ev.RANK_STOPPED, host="b")[0]["reason"] == "host_removed"
+    (stopped,) = rig.of(ev.RANK_STOPPED, host="b")
+    assert (stopped["reason"], stopped["exit_code"]) == ("host_removed", REMOVED_EXIT_CODE)
     # The pod that hosted b is deleted only now, after the driver let go: no failure.
     rig.kill("b")
 
@@ -314,6 +346,8 @@ touch "$alive"
 trap '' TERM
 echo {RANK_STARTED_MARKER}
 while [ -e "$alive" ]; do sleep 0.05; done
+echo "{REMOVED_MESSAGE}" >&2
+exit {REMOVED_EXIT_CODE}
 """
 
 
@@ -332,10 +366,12 @@ async def test_removed_host_is_notified_through_the_remote_shell(rig: Rig) -> No
     removed_at = time.monotonic()
     rig.set_hosts("a:1")
     await wait_for(rig, lambda: bool(rig.of(ev.RANK_STOPPED, host="b")), "b stopped", 20)
-    # It left on the notice, with exit 0, well before the driver's SIGTERM would come.
+    # It left on the notice, with exit 134, well before the driver's SIGTERM would come.
     assert time.monotonic() - removed_at < 4.0
     (stopped,) = rig.of(ev.RANK_STOPPED, host="b")
-    assert (stopped["reason"], stopped["exit_code"]) == ("host_removed", 0)
+    assert (stopped["reason"], stopped["exit_code"]) == ("host_removed", REMOVED_EXIT_CODE)
+    assert stopped["rsh_exit_code"] == REMOVED_EXIT_CODE  # the shell lived until the rank left
+    assert stopped["ignored"] is True
     assert await run.finish() == 0
     assert_no_failures(rig)
     assert list(rig.tmp.glob("alive-*")) == []  # the shutdown let the rank on a go too
@@ -377,28 +413,213 @@ async def test_rank_dying_while_listed_blacklists_the_host(rig: Rig) -> None:
     assert exit_event["failures"] == len(failed) >= 1
 
 
+def stubborn_template(rig: Rig) -> str:
+    """A fake rank that ignores its stop file (as on another machine): it stays until the
+    driver's safety-net signal, or until killed."""
+    stop_block = FAKE_RANK[FAKE_RANK.index('  if [ -e "$2" ]') : FAKE_RANK.index("  sleep 0.05")]
+    stubborn = write_script(rig.tmp / "stubborn.sh", FAKE_RANK.replace(stop_block, ""))
+    return f"exec /bin/sh {stubborn} {{host}} {{stop_file}} {rig.tmp} {{local_rank}}"
+
+
 async def test_rank_killed_while_its_host_is_leaving_is_a_failure(rig: Rig) -> None:
-    # A removed host's ranks leave at their next commit; until then they hold their
-    # assignment, so a pod deleted under them first is a failure, as in Horovod. This rank
-    # ignores the stop file (as on another machine), so it is still there when killed.
-    stubborn = write_script(
-        rig.tmp / "stubborn.sh",
-        FAKE_RANK.replace('  if [ -e "$2" ]; then exit 0; fi\n', ""),
-    )
-    template = f"exec /bin/sh {stubborn} {{host}} {{stop_file}} {rig.tmp}"
+    # A removed host's ranks leave at the next commit; until then they hold their
+    # assignment, so a pod deleted under them first is a failure, as in Horovod (the
+    # upstream order, or a drain shorter than the poll plus the next commit).
     rig.set_hosts("a:1", "b:1")
-    run = await start(rig, np=2, min_np=1, rank_command=template, stop_grace=5.0)
+    run = await start(rig, np=2, min_np=1, rank_command=stubborn_template(rig), commit_interval=2.0)
     await wait_for(rig, lambda: running_on(rig, "b") == 1, "rank on b")
+    await after_commit(rig, run)
 
     rig.set_hosts("a:1")
     await wait_for(rig, lambda: bool(rig.of(ev.HOST_REMOVED, host="b")), "b leaving")
     rig.kill("b")
+    await wait_for(rig, lambda: bool(rig.of(ev.RANK_FAILED, host="b")), "b failed")
+    assert rig.of(ev.RANK_UNASSIGNED) == []  # the commit had not come yet
     await wait_for(rig, lambda: bool(rig.of(ev.HOST_BLACKLISTED, host="b")), "b blacklisted")
     (failed,) = rig.of(ev.RANK_FAILED, host="b")
     assert failed["exit_code"] == KILLED_EXIT_CODE
     assert failed["listed"] is False
     assert rig.of(ev.RANK_STOPPED, host="b") == []
     assert await run.finish() == 0
+    assert rig.of(ev.DRIVER_EXIT)[0]["hosts_removed"] == 0  # blacklisted, not removed
+
+
+def kubexec_processes(host: str) -> list[int]:
+    """Pids of processes whose command line is ``... kubexec.sh <host> ...``: what the
+    controller looks for from the launcher's side."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [w.decode(errors="replace") for w in argv]
+        text = " ".join(words)
+        if f"kubexec.sh {host} " in text or f"kubexec.sh' '{host}' " in text:
+            found.append(int(proc.name))
+    return found
+
+
+# kubexec.sh's real shape: the rank runs under `/bin/sh -c`, not exec'd, so the
+# `kubexec.sh <host>` process lives exactly as long as the rank.
+KUBEXEC_LIKE = """#!/bin/sh
+POD_NAME=$1
+shift
+/bin/sh -c "$*"
+"""
+
+
+async def test_removed_rank_exits_134_at_the_next_commit_and_is_ignored(rig: Rig) -> None:
+    rsh = write_script(rig.tmp / "kubexec.sh", KUBEXEC_LIKE)
+    interval = 1.5
+    rig.set_hosts("a:1", "b:1")
+    seen: dict[str, list[int]] = {}
+
+    def snapshot(record: Event) -> None:
+        rig.events.append(record)
+        if record.get("host") == "b" and record["event"] in (
+            ev.HOST_REMOVED,
+            ev.RANK_UNASSIGNED,
+        ):
+            seen[record["event"]] = kubexec_processes("b")
+
+    cfg = replace(
+        rig.config(np=2, min_np=1, commit_interval=interval),
+        rank_command=DriverConfig(np=1, min_np=1).rank_command,  # the real rank
+        rsh_agent=str(rsh),
+    )
+    run = Running(driver := Driver(cfg, on_event=snapshot), asyncio.create_task(driver.run()))
+    await wait_for(rig, lambda: running_on(rig, "b") == 1, "rank on b", within=10)
+    await after_commit(rig, run)
+
+    rig.set_hosts("a:1")
+    await wait_for(rig, lambda: bool(rig.of(ev.RANK_STOPPED, host="b")), "b gone", within=10)
+    (removed,) = rig.of(ev.HOST_REMOVED, host="b")
+    (reset,) = rig.of(ev.RESET)
+    (unassigned,) = rig.of(ev.RANK_UNASSIGNED, host="b")
+    (stopped,) = rig.of(ev.RANK_STOPPED, host="b")
+    # Nothing at once: the rank and its remote shell were there when the driver noticed,
+    # and still there when the commit took the assignment away.
+    assert seen[ev.HOST_REMOVED]
+    assert seen[ev.RANK_UNASSIGNED]
+    assert removed["ts"] < reset["ts"] <= unassigned["ts"] < stopped["ts"]
+    assert reset["reasons"] == ["hosts_updated"]
+    assert unassigned["commit"] == reset["commit"]
+    assert unassigned["reason"] == "host_removed"
+    # It exited 134 by itself (not by a signal: the shell ended with it) within a commit.
+    assert (stopped["exit_code"], stopped["rsh_exit_code"]) == (134, 134)
+    assert (stopped["reason"], stopped["ignored"]) == ("host_removed", True)
+    assert stopped["ts"] - unassigned["ts"] < interval + 1.0
+    assert kubexec_processes("b") == []
+    assert running_on(rig, "a") == 1
+    assert not rig.of(ev.RANK_STOPPED, host="a")
+
+    assert await run.finish() == 0
+    assert_no_failures(rig)
+    assert rig.of(ev.DRIVER_EXIT)[0]["hosts_removed"] == 1
+
+
+async def test_removed_rank_killed_after_the_commit_is_ignored_not_blacklisted(
+    rig: Rig,
+) -> None:
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=1, rank_command=stubborn_template(rig), stop_grace=5.0)
+    await wait_for(rig, lambda: running_on(rig, "b") == 1, "rank on b")
+    rig.set_hosts("a:1")
+    await wait_for(rig, lambda: bool(rig.of(ev.RANK_UNASSIGNED, host="b")), "b unassigned")
+    rig.kill("b")  # its pod deleted after the commit: no assignment, so ignored
+    await wait_for(rig, lambda: bool(rig.of(ev.RANK_STOPPED, host="b")), "b gone")
+    (stopped,) = rig.of(ev.RANK_STOPPED, host="b")
+    assert (stopped["exit_code"], stopped["ignored"]) == (KILLED_EXIT_CODE, True)
+    await asyncio.sleep(0.7)  # two more commits: still no blacklist
+    assert await run.finish() == 0
+    assert_no_failures(rig)
+
+
+async def test_failure_is_recorded_at_once_and_blacklisted_at_the_next_commit(rig: Rig) -> None:
+    interval = 1.5
+    rig.set_hosts("a:1", "b:2")
+    run = await start(rig, np=3, min_np=1, commit_interval=interval)
+    await wait_for(rig, lambda: running_on(rig, "a") == 1 and running_on(rig, "b") == 2, "ranks")
+    await after_commit(rig, run)
+
+    rig.kill("b", 0)  # one rank of b dies while b is listed
+    await wait_for(rig, lambda: bool(rig.of(ev.RANK_FAILED)), "the failure")
+    (failed,) = rig.of(ev.RANK_FAILED)
+    await asyncio.sleep(0.5)
+    assert rig.of(ev.HOST_BLACKLISTED) == []  # FAILURE recorded, no blacklist yet
+    assert rig.of(ev.RESET) == []
+
+    await wait_for(rig, lambda: bool(rig.of(ev.HOST_BLACKLISTED)), "blacklist", within=4)
+    (black,) = rig.of(ev.HOST_BLACKLISTED)
+    (reset,) = rig.of(ev.RESET)
+    assert reset["reasons"] == ["failure"]
+    assert black["commit"] == reset["commit"]
+    assert (black["host"], black["failed_ranks"]) == ("b", [failed["rank_id"]])
+    assert black["line"] == "blacklist failing host: b"
+    assert index_of(rig, failed) < index_of(rig, reset) < index_of(rig, black)
+    assert black["ts"] - failed["ts"] > 0.5
+    # b's surviving rank loses its assignment at that commit and leaves, ignored.
+    await wait_for(rig, lambda: bool(rig.of(ev.RANK_STOPPED, host="b")), "b's other rank")
+    (other,) = rig.of(ev.RANK_STOPPED, host="b")
+    assert (other["local_rank"], other["reason"], other["exit_code"]) == (1, "blacklisted", 134)
+    assert len(rig.of(ev.RANK_FAILED)) == 1
+    assert await run.finish() == 0
+    assert rig.of(ev.DRIVER_EXIT)[0]["failures"] == 1
+
+
+async def test_new_host_gets_ranks_only_at_the_next_commit(rig: Rig) -> None:
+    interval = 1.5
+    rig.set_hosts("a:1")
+    run = await start(rig, np=1, min_np=1, commit_interval=interval)
+    await wait_for(rig, lambda: running_on(rig, "a") == 1, "rank on a")
+    assert rig.of(ev.RESET) == []  # the first ranks start at once, no commit needed
+    await after_commit(rig, run)
+
+    rig.set_hosts("a:1", "b:1")
+    await wait_for(rig, lambda: "b" in rig.of(ev.DISCOVERY)[-1]["hosts"], "b discovered")
+    (discovered,) = [e for e in rig.of(ev.DISCOVERY) if "b" in e["hosts"]]
+    await asyncio.sleep(0.5)
+    assert rig.of(ev.HOST_ADDED, host="b") == []
+    assert rig.of(ev.RANK_STARTED, host="b") == []
+
+    await wait_for(rig, lambda: running_on(rig, "b") == 1, "rank on b", within=4)
+    (reset,) = rig.of(ev.RESET)
+    (added,) = rig.of(ev.HOST_ADDED, host="b")
+    (started,) = rig.of(ev.RANK_STARTED, host="b")
+    assert reset["reasons"] == ["hosts_updated"]
+    assert index_of(rig, discovered) < index_of(rig, reset) < index_of(rig, added)
+    assert index_of(rig, added) < index_of(rig, started)
+    assert added["ts"] - discovered["ts"] > 0.5
+    assert await run.finish() == 0
+    assert_no_failures(rig)
+
+
+async def test_assigned_rank_exiting_0_ends_the_job_at_the_next_commit(rig: Rig) -> None:
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=1, commit_interval=1.0)
+    await wait_for(rig, lambda: running_on(rig, "b") == 1, "rank on b")
+    await after_commit(rig, run)
+
+    rig.done("a")
+    await wait_for(rig, lambda: bool(rig.of(ev.RANK_EXITED)), "a's success")
+    (success,) = rig.of(ev.RANK_EXITED)
+    assert (success["host"], success["exit_code"], success["success"]) == ("a", 0, True)
+    await asyncio.sleep(0.3)
+    assert not run.task.done()  # the job ends at the commit, not at once
+
+    assert await asyncio.wait_for(run.task, 5) == 0
+    (reset,) = rig.of(ev.RESET)
+    assert reset["reasons"] == ["success"]
+    assert reset["ts"] > success["ts"]
+    assert rig.of(ev.STOP_REQUESTED)[0]["reason"] == "success"
+    (stopped,) = rig.of(ev.RANK_STOPPED)
+    assert (stopped["host"], stopped["reason"]) == ("b", "shutdown")
+    (exit_event,) = rig.of(ev.DRIVER_EXIT)
+    assert (exit_event["exit_code"], exit_event["reason"]) == (0, "success")
+    assert_no_failures(rig)
 
 
 async def test_refused_exec_is_an_exec_failure(rig: Rig) -> None:
@@ -838,21 +1059,54 @@ def test_rank_crashes_when_its_crash_file_appears(tmp_path: Path) -> None:
     assert not crash.exists()  # it cleans up after itself
 
 
-def test_rank_leaves_when_its_alive_file_is_removed(tmp_path: Path) -> None:
-    alive = tmp_path / "alive-r1"
-    proc = rank_process(tmp_path, "--alive-file", str(alive), "--poll-interval", "0.05")
+def exits_removed_at_its_commit(
+    proc: subprocess.Popen[str], notice: Callable[[], None], interval: float
+) -> str:
+    """Starts the rank, gives it the removal notice, and asserts it exits 134 within about
+    a commit interval (not at its next poll, and not never); returns its stderr."""
     try:
         wait_marker(proc)
-        assert alive.exists()
         with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(timeout=0.3)
-        alive.unlink()  # what the driver's notice does through the remote shell
-        assert proc.wait(timeout=5) == 0
+        notice()
+        noticed = time.monotonic()
+        assert proc.wait(timeout=interval + 3) == REMOVED_EXIT_CODE
+        assert time.monotonic() - noticed < interval + 0.5
     finally:
         if proc.poll() is None:
             proc.kill()
         _, err = proc.communicate()
-    assert "let go" in err
+    assert REMOVED_MESSAGE in err
+    return err
+
+
+def test_rank_exits_134_at_its_commit_when_its_alive_file_is_removed(tmp_path: Path) -> None:
+    alive = tmp_path / "alive-r1"
+    args = ["--alive-file", str(alive), "--poll-interval", "0.05", "--commit-interval", "0.5"]
+    proc = rank_process(tmp_path, *args)
+    # What the driver's notice does through the remote shell.
+    exits_removed_at_its_commit(proc, alive.unlink, 0.5)
+
+
+def test_rank_learns_removal_only_at_its_commit(tmp_path: Path) -> None:
+    """A removal mark in the local stop file is read at the commit, not at the next poll:
+    with commits 1.5 s apart, the rank is still there half a second after the mark."""
+    stop = tmp_path / "stop-r1"
+    args = ["--stop-file", str(stop), "--poll-interval", "0.05", "--commit-interval", "1.5"]
+    proc = rank_process(tmp_path, *args)
+    try:
+        wait_marker(proc)
+        started = time.monotonic()
+        stop.write_text(REMOVED_MARK)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.5 - (time.monotonic() - started))  # before its first commit
+        assert proc.wait(timeout=5) == REMOVED_EXIT_CODE
+        assert 1.3 < time.monotonic() - started < 2.5
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate()
+    assert REMOVED_MESSAGE in err
 
 
 def test_rank_ignores_transient_kubectl_errors(tmp_path: Path) -> None:
