@@ -20,8 +20,8 @@ from mpijob_elastic.ranks import PROBE_TIMEOUT_SECONDS, RankSnapshot, remote_she
 log = logging.getLogger("mpijob_elastic.rankprobe")
 
 Key = tuple[str, str]
-# (namespace, pod, container, timeout) -> the command's stdout.
-Execute = Callable[[str, str, str | None, float], Awaitable[bytes]]
+# (namespace, pod, container) -> the probe command's stdout, within PROBE_TIMEOUT_SECONDS.
+Execute = Callable[[str, str, str | None], Awaitable[bytes]]
 
 
 class RankProbes:
@@ -57,8 +57,9 @@ class RankProbes:
     async def _read(self, key: Key, probe: Probe) -> None:
         at = datetime.now(UTC)
         try:
+            # Bounded here too: an executor that ignores its own timeout cannot hang a job.
             output = await asyncio.wait_for(
-                self._execute(key[0], probe.pod, probe.container, PROBE_TIMEOUT_SECONDS),
+                self._execute(key[0], probe.pod, probe.container),
                 PROBE_TIMEOUT_SECONDS + 1,
             )
         except asyncio.CancelledError:

@@ -24,6 +24,9 @@ from mpijob_elastic.actions import Observed
 from mpijob_elastic.informer import Informer
 from mpijob_elastic.kube import RESOURCES, ApiError, Kube
 from mpijob_elastic.plan import plan
+from mpijob_elastic.podexec import PodExec
+from mpijob_elastic.rankprobe import RankProbes
+from mpijob_elastic.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
 from mpijob_elastic.settings import Settings
 from mpijob_elastic.spec import managed_by
 from mpijob_elastic.workqueue import ShutDownError, WorkQueue
@@ -108,6 +111,8 @@ class Controller:
                 )
                 self.caches.add(kind, ns, informer)
         self.writer = Writer(self.kube, self._cache)
+        self.pod_exec = PodExec(api.configuration)
+        self.probes = RankProbes(self._read_launcher, self.queue.add)
         self._job_signatures: dict[Key, tuple[Any, ...]] = {}
         self._workers: list[asyncio.Task[None]] = []
 
@@ -160,6 +165,8 @@ class Controller:
         for task in self._workers:
             task.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
+        await self.probes.stop()
+        await self.pod_exec.close()
         await asyncio.gather(*(i.stop() for i in self.caches.all()))
 
     async def _worker(self) -> None:
@@ -220,6 +227,7 @@ class Controller:
             role_binding=named("RoleBinding", launcher),
             deleting=memory.deleting(pods, now),
             conflicts=memory.taken(now),
+            ranks=self.probes.answer((ns, meta["name"])),
         )
 
     async def reconcile(self, key: Key) -> float | None:
@@ -229,12 +237,24 @@ class Controller:
         job = jobs.get(namespace, name) if jobs else None
         if job is None or not manages(job, self.settings):
             self.writer.forget(key)
+            self.probes.forget(key)
             return None
         the_plan = plan(self.observe(job), self.settings)
         await self.writer.run(job, the_plan)
+        if the_plan.probe is not None:
+            self.probes.request(key, the_plan.probe)
         retry = self.writer.of(key).next_retry(time.monotonic())
         requeue = [t for t in (the_plan.requeue_after, retry) if t is not None]
         return min(requeue) if requeue else None
+
+    async def _read_launcher(self, namespace: str, pod: str, container: str | None) -> bytes:
+        result = await self.pod_exec.run(
+            namespace, pod, container, PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
+        )
+        if not result.succeeded:
+            # The probe command always exits 0: this is a shell or runtime that failed.
+            raise RuntimeError(result.failure or f"exit status {result.exit_code}")
+        return result.stdout
 
     def _cache(self, obj: Obj) -> None:
         cache = self.caches.pick(obj.get("kind", ""), obj["metadata"]["namespace"])

@@ -1,0 +1,192 @@
+"""Membership on the real local cluster (issue 12): a fresh name after a crash, a Pending
+victim removed first and at once, a named scale-in, and a drain that ends when the
+launcher no longer reaches the victim.
+
+On KWOK an exec into the launcher runs on this machine, so the launcher's remote shells
+are played by local processes whose command line is the one ``kubexec.sh`` has in a real
+launcher (``/bin/sh /etc/mpi/kubexec.sh <worker> <command>``); ending one is a rank that
+left. The controller reads them through the API server's ``pods/exec``, as it would in a
+real cluster.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from mpijob_elastic import names
+from tests.cluster import Cluster
+from tests.controller import StartController, wait_for
+from tests.integration.test_controller import Job, elastic_job
+
+pytestmark = pytest.mark.usefixtures("crd")
+
+NODES = [f"kwok-node-{i}" for i in range(4)]
+
+
+class RemoteShells:
+    """Stand-ins for the launcher's ``kubexec.sh <worker> ...`` processes."""
+
+    def __init__(self) -> None:
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, worker: str) -> None:
+        # argv as the launcher's shell runs kubexec.sh; the script itself is never read.
+        code = "import time; time.sleep(600)"
+        self.procs[worker] = subprocess.Popen(
+            [sys.executable, "-c", code, "/etc/mpi/kubexec.sh", worker, "python train.py"]
+        )
+
+    def end(self, worker: str) -> float:
+        proc = self.procs.pop(worker)
+        proc.kill()
+        proc.wait()
+        return time.monotonic()
+
+    def close(self) -> None:
+        for worker in list(self.procs):
+            self.end(worker)
+
+
+@pytest.fixture
+def shells() -> Iterator[RemoteShells]:
+    found = RemoteShells()
+    yield found
+    found.close()
+
+
+@pytest.fixture
+def job(cluster: Cluster, namespace: str) -> Job:
+    # A name no other test uses: the remote shells are this machine's processes.
+    return Job(cluster, namespace, "member")
+
+
+def running_launcher(job: Job) -> None:
+    wait_for(
+        lambda: any(
+            (p.get("status") or {}).get("phase") == "Running"
+            for p in job.pods(names.ROLE_LAUNCHER).values()
+        ),
+        30,
+        "launcher running",
+    )
+
+
+def hosts(job: Job, *indexes: int) -> list[str]:
+    return [f"{job.name}-worker-{i}:1" for i in indexes]
+
+
+def test_a_crashed_worker_is_replaced_under_a_fresh_name(
+    cluster: Cluster, job: Job, start_controller: StartController
+) -> None:
+    start_controller(job.ns)
+    manifest = elastic_job(job.name, 3)
+    manifest["spec"]["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = "OnFailure"
+    job.create(manifest)
+    job.wait_hosts(3)
+    cluster.kubectl(
+        "annotate",
+        "pod",
+        f"{job.name}-worker-1",
+        "-n",
+        job.ns,
+        "kwok.mpijob-elastic.io/exit-code=137",
+    )
+    wait_for(lambda: job.hosts() == hosts(job, 0, 2, 3), 20, "worker-3 in place of worker-1")
+    cm = cluster.raw(
+        "GET", f"/api/v1/namespaces/{job.ns}/configmaps/{names.config_map_name(job.name)}"
+    )
+    assert cm is not None
+    assert cm["metadata"]["annotations"][names.ANN_RETIRED_WORKERS] == "1"
+    assert job.get()["status"]["elastic"]["retired"] == "1"
+    reasons = [r for _, r, _ in job.events()]
+    assert "WorkerRetired" in reasons
+    # A later scale-up never hands the retired name out again.
+    job.set_workers(4)
+    wait_for(lambda: job.hosts() == hosts(job, 0, 2, 3, 4), 20, "scaled up to 4")
+
+
+def test_a_pending_victim_goes_first_and_at_once(
+    cluster: Cluster, job: Job, start_controller: StartController
+) -> None:
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 2, drain="60"))
+    job.wait_hosts(2)
+    try:
+        for node in NODES:
+            cluster.kubectl("cordon", node)
+        job.set_workers(3)
+        wait_for(lambda: f"{job.name}-worker-2" in job.workers(), 10, "worker-2 created")
+        time.sleep(1)
+        assert (job.pods()[f"{job.name}-worker-2"].get("status") or {}).get("phase") == "Pending"
+        edited = time.monotonic()
+        job.set_workers(2)
+        wait_for(lambda: f"{job.name}-worker-2" not in job.workers(), 10, "Pending victim gone")
+        took = time.monotonic() - edited
+    finally:
+        for node in NODES:
+            cluster.kubectl("uncordon", node)
+    print(f"FIGURE pending victim deleted {took:.2f}s after the edit (drain 60s)")
+    assert took < 10
+    assert job.hosts() == hosts(job, 0, 1)
+    assert job.workers() == [f"{job.name}-worker-0", f"{job.name}-worker-1"]
+
+
+def test_a_named_scale_in_removes_exactly_the_named_workers(
+    job: Job, start_controller: StartController, shells: RemoteShells
+) -> None:
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 4, drain="30"))
+    job.wait_hosts(4)
+    uids = job.uids()
+    named = [f"{job.name}-worker-0", f"{job.name}-worker-2"]
+    job.patch(
+        {
+            "metadata": {"annotations": {names.ANN_REMOVE_WORKERS: ",".join(named)}},
+            "spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 2}}},
+        }
+    )
+    wait_for(lambda: job.hosts() == hosts(job, 1, 3), 10, "named workers out of discovery")
+    cond = job.condition("Scaling")
+    assert cond is not None
+    assert f"{named[0]} (named for removal, until" in cond["message"]
+    # No remote shell of the launcher reaches them (none runs at all here: signal
+    # unreadable), so they wait out their drain; the others are never touched.
+    wait_for(lambda: sorted(job.uids()) == sorted(set(uids) - set(named)), 45, "named deleted")
+    assert job.uids() == {n: u for n, u in uids.items() if n not in named}
+
+
+def test_a_drain_ends_once_the_launcher_no_longer_reaches_the_victim(
+    job: Job, start_controller: StartController, shells: RemoteShells
+) -> None:
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 3, drain="30"))
+    job.wait_hosts(3)
+    running_launcher(job)
+    for i in range(3):
+        shells.start(f"{job.name}-worker-{i}")
+    job.set_workers(1)
+    edited = time.monotonic()
+    wait_for(lambda: job.hosts() == hosts(job, 0), 10, "victims out of discovery")
+    # worker-1's rank leaves at once; worker-2's stays for a while.
+    left = shells.end(f"{job.name}-worker-1")
+    wait_for(lambda: f"{job.name}-worker-1" not in job.workers(), 15, "worker-1 deleted")
+    gone = time.monotonic()
+    assert f"{job.name}-worker-2" in job.workers(), "a victim still reached was deleted"
+    time.sleep(3)
+    assert f"{job.name}-worker-2" in job.workers(), "a victim still reached was deleted"
+    left2 = shells.end(f"{job.name}-worker-2")
+    wait_for(lambda: f"{job.name}-worker-2" not in job.workers(), 15, "worker-2 deleted")
+    gone2 = time.monotonic()
+    print(
+        f"FIGURE drain 30s: worker-1 deleted {gone - edited:.2f}s after the edit, "
+        f"{gone - left:.2f}s after its rank left; worker-2 {gone2 - left2:.2f}s after its "
+        f"rank left ({gone2 - edited:.2f}s after the edit)"
+    )
+    assert gone - edited < 10
+    assert gone2 - left2 < 5
+    assert job.workers() == [f"{job.name}-worker-0"]
