@@ -156,6 +156,7 @@ def set_worker_status(cluster: Cluster, namespace: str, job: str, active: int) -
                     "labelSelector": {"matchLabels": names.labels(job, names.ROLE_WORKER)},
                 },
             },
+            "elastic": {"listed": active - 1, "draining": 1, "retired": ""},
             "startTime": "2025-01-01T00:00:00Z",
             "lastReconcileTime": "2025-01-01T00:00:02Z",
         }
@@ -185,12 +186,13 @@ def test_sample_is_stored_with_its_pod_templates_unpruned(
 
 def test_get_shows_printer_columns(cluster: Cluster, namespace: str, sample: str) -> None:
     before = cluster.kubectl("get", "-n", namespace, "mpijob", sample).stdout.splitlines()
-    assert before[0].split() == ["NAME", "DESIRED", "READY", "STATE", "AGE"]
+    assert before[0].split() == ["NAME", "DESIRED", "READY", "DRAINING", "STATE", "AGE"]
     assert before[1].split()[:2] == [sample, "2"]
 
+    # Two pods running, one of them draining: ready (listed) 1, draining 1.
     set_worker_status(cluster, namespace, sample, active=2)
     after = cluster.kubectl("get", "-n", namespace, "mpijob", sample).stdout.splitlines()
-    assert after[1].split()[:4] == [sample, "2", "2", "Running"]
+    assert after[1].split()[:5] == [sample, "2", "1", "1", "Running"]
 
 
 def test_status_keeps_fields_the_controller_adds(
