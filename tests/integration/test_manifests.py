@@ -253,7 +253,7 @@ GRANTED = [
     *[(v, "mpijobs.kubeflow.org", "status") for v in ("update", "patch")],
     ("update", "mpijobs.kubeflow.org", "finalizers"),
     *[(v, "pods", "") for v in ("get", "list", "watch", "create", "delete", "patch")],
-    ("create", "pods", "exec"),
+    *[(v, "pods", "exec") for v in ("get", "create")],
     *[
         (v, r, "")
         for r in ("configmaps", "serviceaccounts")
