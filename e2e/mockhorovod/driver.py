@@ -562,7 +562,9 @@ class Driver:
                 self.emit(
                     ev.HOST_REMOVED,
                     host=host,
-                    graceful=True,
+                    # Not graceful when a FAILURE of it is already recorded: the next
+                    # commit blacklists it rather than letting its ranks go.
+                    graceful=host not in self._pending_failures,
                     ranks=[r.rank_id for r in live],
                 )
             # Oldest hosts first, as Horovod orders its assignments, so a newcomer never
