@@ -41,6 +41,7 @@ from mpijob_elastic.ranks import (
     DRAIN_FLOOR_SECONDS,
     PROBE_INTERVAL_SECONDS,
     RANK_FREE_GRACE_SECONDS,
+    RANK_WATCH_SECONDS,
 )
 from mpijob_elastic.settings import Settings
 from mpijob_elastic.spec import InvalidSpec, JobSpec, parse
@@ -209,6 +210,7 @@ class _Builder:
             main=main,
             failed_kept=failed_kept,
             deleting=self.observed.deleting,
+            lost=self.observed.ranks.lost if self.observed.ranks else (),
         )
         if any(w.uid in self.observed.deleting and not w.terminating for w in workers):
             # Accepted deletes the cache has yet to show: look again once the acceptance
@@ -263,6 +265,9 @@ class _Builder:
             new_launcher = render.launcher_pod(spec, self.settings, hash_, needed)
         if launcher is not None and (launcher.get("status") or {}).get("phase") == "Running":
             s.set(RUNNING, True, "MPIJobRunning", f"MPIJob {spec.name} is running.")
+            if hosts:
+                # Watch for ranks that die under a live pod (ranks.py).
+                self.want_probe(spec, launcher, RANK_WATCH_SECONDS)
 
         # A pod template the API server refused stays reported until a pod create goes
         # through, which a plan without pod creates implies.
@@ -351,9 +356,8 @@ class _Builder:
                     action = "delete"
                     grace = RANK_FREE_GRACE_SECONDS
                 else:
-                    self.want_probe(spec, launcher)
-                    remaining = (deadline - self.now).total_seconds()
-                    self.requeue(min(remaining, PROBE_INTERVAL_SECONDS))
+                    self.want_probe(spec, launcher, PROBE_INTERVAL_SECONDS)
+                    self.requeue((deadline - self.now).total_seconds())
             if action == "delete" and len(due) >= POD_WRITES_PER_TURN:
                 self.requeue(0)
                 action = None
@@ -385,11 +389,18 @@ class _Builder:
                 )
         return victims
 
-    def want_probe(self, spec: JobSpec, launcher: Mapping[str, Any] | None) -> None:
+    def want_probe(self, spec: JobSpec, launcher: Mapping[str, Any] | None, every: float) -> None:
+        """Read the launcher if the last read is ``every`` seconds old; come back then."""
         if launcher is None or launcher["metadata"].get("deletionTimestamp"):
             return
         if (launcher.get("status") or {}).get("phase") != "Running":
             return
+        last = self.observed.ranks
+        age = (self.now - last.at).total_seconds() if last is not None else every
+        if age < every:
+            self.requeue(every - age)
+            return
+        self.requeue(every)
         containers = (launcher.get("spec") or {}).get("containers") or []
         index = render.main_container_index(spec, containers) if containers else None
         container = containers[index].get("name") if index is not None else None

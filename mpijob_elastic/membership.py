@@ -120,12 +120,15 @@ def plan_membership(
     main: str | None,
     failed_kept: Collection[str] = (),
     deleting: Collection[str] = (),
+    lost: Collection[str] = (),
 ) -> Membership:
     """Decide the job's members.
 
     ``listed``: names in the ``discover_hosts.sh`` the launcher last saw (ours, observed).
     ``retired``: indexes already retired. ``named``: worker names the user asked to remove.
     ``taken``: worker names held by objects the job does not control.
+    ``lost``: workers whose remote shell from the launcher ended while others went on
+    (ranks.py): their ranks died under a live pod.
     ``deleting``: UIDs of pods whose delete the server accepted (gone, for our purposes).
     ``failed_kept``: failed workers the restart policy keeps as they are (they hold their
     place, as in v1, until the job ends or they are chosen as victims); every other failed
@@ -140,7 +143,7 @@ def plan_membership(
         index = worker_index(job_name, name)
         if index is None or index in retired:
             continue
-        if ranks_may_have_died(by_name.get(name), main):
+        if name in lost or ranks_may_have_died(by_name.get(name), main):
             newly.add(index)
     all_retired = frozenset(retired) | newly
 

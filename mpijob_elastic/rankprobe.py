@@ -10,6 +10,7 @@ the signal cannot be read, and the drain falls back to its deadline.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -33,6 +34,12 @@ class RankProbes:
 
     def answer(self, key: Key) -> RankSnapshot | None:
         return self._answers.get(key)
+
+    def acted_on(self, key: Key, snapshot: RankSnapshot | None) -> None:
+        """The planner's writes for ``snapshot`` went through: its losses are handled."""
+        current = self._answers.get(key)
+        if snapshot is not None and current is not None and snapshot.lost:
+            self._answers[key] = dataclasses.replace(current, lost=current.lost - snapshot.lost)
 
     def request(self, key: Key, probe: Probe) -> None:
         """Start a read unless one for this job is under way."""
@@ -75,5 +82,12 @@ class RankProbes:
             snapshot = RankSnapshot(
                 at, hosts, "" if hosts is not None else "no kubexec.sh process in the launcher"
             )
+        previous = self._answers.get(key)
+        if previous is not None:
+            lost = previous.lost
+            if previous.hosts and snapshot.hosts:
+                # All gone at once is the launcher ending its run, not ranks failing.
+                lost |= previous.hosts - snapshot.hosts
+            snapshot = dataclasses.replace(snapshot, lost=lost)
         self._answers[key] = snapshot
         self._on_answer(key)

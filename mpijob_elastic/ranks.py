@@ -13,6 +13,12 @@ that decides (the driver), not from the workers, where only a guess at which pro
 are ranks would be possible. The controller holds ``pods/exec`` already (it must, to
 grant it to the launcher).
 
+The same read, repeated every ``RANK_WATCH_SECONDS`` while a job runs, catches a rank
+that died while its worker pod lives on (a crash, an OOM kill of the rank process: ranks
+are exec'd beside the container's main process, so the pod does not notice): the remote
+shell into a listed worker is gone while others remain. Horovod has blacklisted that
+name, so the worker is retired and replaced (``membership.py``).
+
 When the signal cannot be read (no launcher, exec refused, timed out, no ``/proc``, or
 no ``kubexec.sh`` process at all, which means the launcher does not use our remote shell,
 e.g. ssh), the drain falls back to its full ``drain-seconds``.
@@ -34,6 +40,9 @@ DRAIN_FLOOR_SECONDS = 3.0
 # How often a job with victims in their drain window reads the launcher.
 PROBE_INTERVAL_SECONDS = 1.0
 PROBE_TIMEOUT_SECONDS = 5.0
+# How often a running job's launcher is read for ranks that died under a live pod: one
+# exec per running job per period, no write.
+RANK_WATCH_SECONDS = 15.0
 # A victim whose ranks have left is deleted with this grace period rather than the pod's
 # own: nothing of the training runs there any more, and a `sleep` that ignores SIGTERM
 # would hold its GPUs for the pod's full grace period (30 s by default).
@@ -50,6 +59,9 @@ class RankSnapshot:
     hosts: frozenset[str] | None
     # Why it could not be read, for the log.
     error: str = ""
+    # Workers an earlier read showed reached and a later one did not, while others stayed
+    # reached, since the planner last acted on a read: their ranks ended.
+    lost: frozenset[str] = frozenset()
 
 
 def remote_shell_hosts(output: bytes) -> frozenset[str] | None:

@@ -239,8 +239,10 @@ class Controller:
             self.writer.forget(key)
             self.probes.forget(key)
             return None
-        the_plan = plan(self.observe(job), self.settings)
+        observed = self.observe(job)
+        the_plan = plan(observed, self.settings)
         await self.writer.run(job, the_plan)
+        self.probes.acted_on(key, observed.ranks)
         if the_plan.probe is not None:
             self.probes.request(key, the_plan.probe)
         retry = self.writer.of(key).next_retry(time.monotonic())

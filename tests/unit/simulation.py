@@ -39,7 +39,7 @@ from mpijob_elastic import writer as writer_module
 from mpijob_elastic.actions import Emit, Observed, Plan
 from mpijob_elastic.kube import ApiError, Kube
 from mpijob_elastic.plan import plan
-from mpijob_elastic.ranks import DRAIN_FLOOR_SECONDS, RankSnapshot
+from mpijob_elastic.ranks import DRAIN_FLOOR_SECONDS, RANK_WATCH_SECONDS, RankSnapshot
 from mpijob_elastic.reconciler import _job_signature
 from mpijob_elastic.render import exec_names
 from mpijob_elastic.settings import KubectlDelivery, Settings
@@ -616,7 +616,7 @@ class Cluster:
             self.run_pods()
             self.finalize_deletions()
             p = self.plan()
-            if not p.actions and p.requeue_after is None:
+            if not p.actions and resting(p, self.pods):
                 return
             self.apply(p)
             if p.probe is not None:
@@ -970,9 +970,20 @@ class Sim:
             self.settings,
             self.world.now,
         )
-        if left.actions or left.requeue_after is not None:
+        if left.actions or not resting(left, self.world.pods):
             problems.append(f"{name} still plans {left}")
         return problems
+
+
+def resting(p: Plan, pods: list[Obj]) -> bool:
+    """Nothing left to do but watch a running job's ranks (ranks.RANK_WATCH_SECONDS):
+    no drain or deletion under way."""
+    leaving = any(
+        names.ANN_DRAINING_SINCE in (pod["metadata"].get("annotations") or {})
+        or pod["metadata"].get("deletionTimestamp")
+        for pod in pods
+    )
+    return p.requeue_after is None or (p.requeue_after <= RANK_WATCH_SECONDS and not leaving)
 
 
 def replicas(job: Mapping[str, Any]) -> int:
