@@ -225,8 +225,9 @@ class ElasticRun:
     def hosts(self, n: int) -> list[str]:
         return [names.worker_name(self.job, i) for i in range(n)]
 
-    def wait_for_ranks_on(self, n: int, timeout: float = 60) -> None:
-        want = set(self.hosts(n))
+    def wait_for_ranks_on(self, n: int | set[str], timeout: float = 60) -> None:
+        """Ranks on exactly these workers (the first ``n``, or a set of names)."""
+        want = set(self.hosts(n)) if isinstance(n, int) else n
         wait_for(
             lambda: self.ranks_running_on() == want and set(self.discovered()) == want,
             timeout,

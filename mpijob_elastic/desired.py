@@ -42,6 +42,7 @@ from mpijob_elastic.ranks import (
     PROBE_INTERVAL_SECONDS,
     RANK_FREE_GRACE_SECONDS,
     RANK_WATCH_SECONDS,
+    RANK_WATCH_STARTING_SECONDS,
 )
 from mpijob_elastic.settings import Settings
 from mpijob_elastic.spec import InvalidSpec, JobSpec, parse
@@ -267,7 +268,12 @@ class _Builder:
             s.set(RUNNING, True, "MPIJobRunning", f"MPIJob {spec.name} is running.")
             if hosts:
                 # Watch for ranks that die under a live pod (ranks.py).
-                self.want_probe(spec, launcher, RANK_WATCH_SECONDS)
+                starts = [t for w in m.keep if (t := w.running_since(main)) is not None]
+                starting = any(
+                    (self.now - t).total_seconds() < RANK_WATCH_STARTING_SECONDS for t in starts
+                )
+                every = PROBE_INTERVAL_SECONDS if starting else RANK_WATCH_SECONDS
+                self.want_probe(spec, launcher, every)
 
         # A pod template the API server refused stays reported until a pod create goes
         # through, which a plan without pod creates implies.

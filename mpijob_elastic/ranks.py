@@ -43,6 +43,10 @@ PROBE_TIMEOUT_SECONDS = 5.0
 # How often a running job's launcher is read for ranks that died under a live pod: one
 # exec per running job per period, no write.
 RANK_WATCH_SECONDS = 15.0
+# A rank seen by no read is never missed, so while a worker's main container started less
+# than this long ago (its ranks are starting, and a crash at start-up is likely) the
+# launcher is read every PROBE_INTERVAL_SECONDS instead.
+RANK_WATCH_STARTING_SECONDS = 30.0
 # A victim whose ranks have left is deleted with this grace period rather than the pod's
 # own: nothing of the training runs there any more, and a `sleep` that ignores SIGTERM
 # would hold its GPUs for the pod's full grace period (30 s by default).

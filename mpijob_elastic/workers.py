@@ -80,6 +80,13 @@ class Worker:
         status = self._main_status(main)
         return status is not None and "running" in (status.get("state") or {})
 
+    def running_since(self, main: str | None) -> datetime | None:
+        """When the main container last started running (None: not running, or unknown)."""
+        if not self.main_running(main):
+            return None
+        running = ((self._main_status(main) or {}).get("state") or {}).get("running") or {}
+        return parse_time(running.get("startedAt"))
+
     def can_take_ranks(self, main: str | None) -> bool:
         """Whether Horovod may exec ranks into this worker now.
 

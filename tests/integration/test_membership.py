@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from mpijob_elastic import names
+from mpijob_elastic.ranks import RANK_WATCH_SECONDS
 from tests.cluster import Cluster
 from tests.controller import StartController, wait_for
 from tests.integration.test_controller import Job, elastic_job
@@ -190,3 +191,24 @@ def test_a_drain_ends_once_the_launcher_no_longer_reaches_the_victim(
     assert gone - edited < 10
     assert gone2 - left2 < 5
     assert job.workers() == [f"{job.name}-worker-0"]
+
+
+def test_a_rank_that_dies_under_a_live_pod_retires_its_worker(
+    job: Job, start_controller: StartController, shells: RemoteShells
+) -> None:
+    """A rank process crashes (an OOM kill of the rank, not of the container): the pod runs
+    on and stays listed, but Horovod has blacklisted its name. The controller's watch of
+    the launcher sees the remote shell into it end while the others go on."""
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 3, drain="30"))
+    job.wait_hosts(3)
+    running_launcher(job)
+    for i in range(3):
+        shells.start(f"{job.name}-worker-{i}")
+    # Let one watch read see all three reached.
+    time.sleep(RANK_WATCH_SECONDS + 2)
+    crashed = shells.end(f"{job.name}-worker-1")
+    wait_for(lambda: job.hosts() == hosts(job, 0, 2, 3), RANK_WATCH_SECONDS + 10, "replaced")
+    print(f"FIGURE dead rank's worker replaced {time.monotonic() - crashed:.2f}s after")
+    assert f"{job.name}-worker-1" not in job.workers()
+    assert "WorkerRetired" in [r for _, r, _ in job.events()]
