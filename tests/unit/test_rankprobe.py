@@ -1,0 +1,115 @@
+"""RankProbes: background reads of the launcher, and what they remember between reads."""
+
+from __future__ import annotations
+
+import asyncio
+
+from mpijob_elastic.actions import Probe
+from mpijob_elastic.rankprobe import RankProbes
+
+KEY = ("ns", "job")
+PROBE = Probe("job-launcher", "main")
+
+
+def shells(*hosts: str) -> bytes:
+    return b"".join(f"/bin/sh\0/etc/mpi/kubexec.sh\0{h}\0cmd\0".encode() for h in hosts)
+
+
+async def read(probes: RankProbes, answered: asyncio.Event) -> None:
+    answered.clear()
+    probes.request(KEY, PROBE)
+    await asyncio.wait_for(answered.wait(), 5)
+
+
+def test_a_shell_that_ends_while_others_go_on_is_lost_until_acted_on() -> None:
+    outputs = [shells("w-0", "w-1", "w-2"), shells("w-0", "w-2"), shells("w-0", "w-2")]
+
+    async def main() -> None:
+        answered = asyncio.Event()
+
+        async def execute(ns: str, pod: str, container: str | None) -> bytes:
+            assert (ns, pod, container) == ("ns", "job-launcher", "main")
+            return outputs.pop(0)
+
+        probes = RankProbes(execute, lambda _key: answered.set())
+        await read(probes, answered)
+        first = probes.answer(KEY)
+        assert first is not None
+        assert first.hosts == frozenset({"w-0", "w-1", "w-2"})
+        assert first.lost == frozenset()
+        await read(probes, answered)
+        second = probes.answer(KEY)
+        assert second is not None
+        assert second.lost == {"w-1"}
+        # A read before the planner acted keeps the loss.
+        await read(probes, answered)
+        third = probes.answer(KEY)
+        assert third is not None
+        assert third.lost == {"w-1"}
+        probes.acted_on(KEY, third)
+        acted = probes.answer(KEY)
+        assert acted is not None
+        assert acted.lost == frozenset()
+        await probes.stop()
+
+    asyncio.run(main())
+
+
+def test_all_shells_ending_at_once_is_the_run_ending_not_failures() -> None:
+    outputs = [shells("w-0", "w-1"), b"python\0train.py\0"]
+
+    async def main() -> None:
+        answered = asyncio.Event()
+
+        async def execute(ns: str, pod: str, container: str | None) -> bytes:
+            return outputs.pop(0)
+
+        probes = RankProbes(execute, lambda _key: answered.set())
+        await read(probes, answered)
+        await read(probes, answered)
+        snapshot = probes.answer(KEY)
+        assert snapshot is not None
+        assert snapshot.hosts is None
+        assert snapshot.lost == frozenset()
+
+    asyncio.run(main())
+
+
+def test_a_failed_read_is_an_answer_that_cannot_be_read() -> None:
+    async def main() -> None:
+        answered = asyncio.Event()
+
+        async def execute(ns: str, pod: str, container: str | None) -> bytes:
+            raise PermissionError("403 Forbidden: cannot get pods/exec")
+
+        probes = RankProbes(execute, lambda _key: answered.set())
+        await read(probes, answered)
+        snapshot = probes.answer(KEY)
+        assert snapshot is not None
+        assert snapshot.hosts is None
+        assert "403 Forbidden" in snapshot.error
+
+    asyncio.run(main())
+
+
+def test_one_read_at_a_time_per_job() -> None:
+    async def main() -> None:
+        started = 0
+        release = asyncio.Event()
+
+        async def execute(ns: str, pod: str, container: str | None) -> bytes:
+            nonlocal started
+            started += 1
+            await release.wait()
+            return shells("w-0")
+
+        probes = RankProbes(execute, lambda _key: None)
+        for _ in range(5):
+            probes.request(KEY, PROBE)
+        await asyncio.sleep(0.05)
+        assert started == 1
+        release.set()
+        await asyncio.sleep(0.05)
+        await probes.stop()
+
+    asyncio.run(main())
