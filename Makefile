@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: test unit integration e2e e2e-kind lint demo bench bench-kind bench-planning binaries cluster-up cluster-down venv clean
+.PHONY: test unit integration e2e e2e-kind lint demo bench bench-kind bench-kind-drain bench-planning binaries cluster-up cluster-down venv clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -81,6 +81,15 @@ bench-kind: venv binaries
 	@kubeconfig=$$(hack/kind-up.sh) && eval "$$(hack/images.sh | sed 's/^/export /')" && \
 	  PATH="$$(hack/build-binaries.sh):$$PATH" $(PY) -m bench.kind_refresh \
 	  --kubeconfig "$$kubeconfig" --image "$$E2E_WORKER_IMAGE"
+
+# Scale-in edit -> victim pod gone on kind, drains ended by the launcher read vs the fixed
+# drain (see docs/benchmarks.md). Needs the controller installed on the kind cluster
+# (hack/e2e-kind.sh with KEEP_CLUSTER=1); leaves the cluster up.
+bench-kind-drain: venv binaries
+	@kubeconfig=$$(hack/kind-up.sh) && eval "$$(hack/images.sh | sed 's/^/export /')" && \
+	  PATH="$$(hack/build-binaries.sh):$$PATH" $(PY) -m bench.kind_drain \
+	  --kubeconfig "$$kubeconfig" --launcher-image "$$E2E_LAUNCHER_IMAGE" \
+	  --worker-image "$$E2E_WORKER_IMAGE"
 
 # How long one plan holds the event loop, for jobs up to the worker cap (no cluster).
 bench-planning: venv
