@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -176,8 +176,17 @@ class Running:
 
 
 @pytest.fixture
-def rig(tmp_path: Path) -> Rig:
-    return Rig(tmp_path)
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    yield Rig(tmp_path)
+    # A stubborn fake rank may outlive its driver; left running, its `kubexec.sh <host>`
+    # command line would show up in every later KWOK test's read of a "launcher" (an exec
+    # there runs on this machine) as a remote shell of that test's job.
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(tmp_path).encode() in cmdline.read_bytes():
+                os.kill(int(cmdline.parent.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
 
 
 async def start(rig: Rig, **overrides: Any) -> Running:
