@@ -164,10 +164,9 @@ class _Builder:
             return requested
         # Refuse the value: keep as many workers as the job had (its last hostfile, so a
         # worker lost meanwhile is still replaced), or, for a new job, the nearest bound.
-        data = (self.observed.config_map or {}).get("data")
-        members = {h for h in listed_hosts({names.HOSTFILE: (data or {}).get(names.HOSTFILE)})} - {
-            names.launcher_name(spec.name)
-        }
+        data = (self.observed.config_map or {}).get("data") or {}
+        members = listed_hosts({names.HOSTFILE: data.get(names.HOSTFILE)})
+        members.discard(names.launcher_name(spec.name))
         held = [w for w in workers if not w.terminating and not w.marked]
         had = len(members) or len(held)
         keep = spec.bounds.clamp(had if had else requested)
