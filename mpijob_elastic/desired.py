@@ -151,9 +151,13 @@ class _Builder:
             if s.set(INVALID, True, "InvalidSpec", str(err)):
                 self.event("Warning", "InvalidSpec", str(err))
             return self.frozen()
-        if s.is_true(SUCCEEDED) or s.is_true(FAILED):
-            return self.frozen(self.clean_up(spec, workers, launcher))
-        if launcher is not None and self.launcher_finished(launcher):
+        if (s.is_true(SUCCEEDED) or s.is_true(FAILED)) or (
+            launcher is not None and self.launcher_finished(launcher)
+        ):
+            # Nothing is listed or draining once the job has finished.
+            elastic = s.observed.get("elastic")
+            if isinstance(elastic, Mapping):
+                s.fields["elastic"] = {**elastic, "listed": 0, "draining": 0}
             return self.frozen(self.clean_up(spec, workers, launcher))
         return self.scale(spec, workers, launcher, self.target(spec, workers))
 

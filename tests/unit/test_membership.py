@@ -238,3 +238,11 @@ def test_zero_drain_warns_that_horovod_counts_failures() -> None:
     c.set_replicas(1)
     c.apply(c.plan())
     assert "DrainDisabled" in [e.reason for e in c.events if e.type == "Warning"]
+
+
+def test_a_finished_job_lists_and_drains_nobody() -> None:
+    c = started(2)
+    assert c.job["status"]["elastic"]["listed"] == 2
+    c.objects[("Pod", "job-launcher")]["status"] = {"phase": "Succeeded"}
+    c.apply(c.plan())
+    assert c.job["status"]["elastic"] == {"listed": 0, "draining": 0, "retired": ""}
