@@ -16,7 +16,8 @@ brand-new pod. So a worker's name is its membership in Horovod's eyes, and:
   scale-ins, familiar.
 
 Victims of a scale-in are chosen, in order: the workers the user named, those not in
-discovery (not running yet, failed, not ready, or already draining), then the newest.
+discovery (not running yet, failed, not ready, or already draining), those whose pod is
+about to be disrupted (the ``DisruptionTarget`` condition), then the newest.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 # Why a worker leaves, as the Scaling condition and the Draining Event say it.
 NAMED = "named for removal"
 NOT_LISTED = "not in discovery"
+DISRUPTED = "being disrupted (DisruptionTarget)"
 NEWEST = "newest"
 
 
@@ -164,8 +166,10 @@ def plan_membership(
             group = 0
         elif w.name not in listed:
             group = 1
-        else:
+        elif w.disrupted:
             group = 2
+        else:
+            group = 3
         runs = 0 if not w.main_running(main) else 1
         return (group, runs, -w.created, -w.index)
 
@@ -202,6 +206,8 @@ def _why(w: Worker, named: Collection[str], listed: Collection[str]) -> str:
         return NAMED
     if w.name not in listed:
         return NOT_LISTED
+    if w.disrupted:
+        return DISRUPTED
     return NEWEST
 
 

@@ -49,6 +49,15 @@ class Worker:
         return t.timestamp() if t else 0.0
 
     @property
+    def disrupted(self) -> bool:
+        """The pod carries ``DisruptionTarget`` (an eviction, preemption or taint-based
+        deletion is about to take it): a worker to give up first."""
+        for condition in (self.pod.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+                return True
+        return False
+
+    @property
     def reason(self) -> str:
         return str((self.pod.get("status") or {}).get("reason", ""))
 

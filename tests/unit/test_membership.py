@@ -11,6 +11,7 @@ import pytest
 from mpijob_elastic import names
 from mpijob_elastic.actions import AnnotatePod, Create, DeletePod
 from mpijob_elastic.membership import (
+    DISRUPTED,
     NAMED,
     NEWEST,
     NOT_LISTED,
@@ -246,3 +247,12 @@ def test_a_finished_job_lists_and_drains_nobody() -> None:
     c.objects[("Pod", "job-launcher")]["status"] = {"phase": "Succeeded"}
     c.apply(c.plan())
     assert c.job["status"]["elastic"] == {"listed": 0, "draining": 0, "retired": ""}
+
+
+def test_a_worker_about_to_be_disrupted_goes_before_the_newest() -> None:
+    workers = [pod(0, created=1), pod(1, created=2), pod(2, created=3)]
+    workers[0].pod["status"]["conditions"] = [
+        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+    ]
+    m = members(workers, 2, listed={w.name for w in workers})
+    assert [(v.worker.name, v.why) for v in m.leaving] == [("job-worker-0", DISRUPTED)]
