@@ -42,6 +42,13 @@ def _settings_args(parser: argparse.ArgumentParser) -> None:
         help=f"drain period for jobs without the {names.ANN_DRAIN_SECONDS} annotation",
     )
     parser.add_argument(
+        "--default-scale-out-timeout-seconds",
+        type=float,
+        default=DEFAULTS.default_scale_out_timeout_seconds,
+        help="how long a new worker may take to run, for jobs without the "
+        f"{names.ANN_SCALE_OUT_TIMEOUT} annotation (0: wait forever)",
+    )
+    parser.add_argument(
         "--max-workers-per-job",
         type=int,
         default=DEFAULTS.max_workers_per_job,
@@ -58,6 +65,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         kubectl_delivery=KubectlDelivery(args.kubectl_delivery),
         kubectl_image=args.kubectl_image,
         default_drain_seconds=args.default_drain_seconds,
+        default_scale_out_timeout_seconds=args.default_scale_out_timeout_seconds,
         max_workers_per_job=args.max_workers_per_job,
         reconcile_workers=getattr(args, "workers", DEFAULTS.reconcile_workers),
     )

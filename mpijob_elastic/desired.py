@@ -44,6 +44,7 @@ from mpijob_elastic.ranks import (
     RANK_WATCH_SECONDS,
     RANK_WATCH_STARTING_SECONDS,
 )
+from mpijob_elastic.scaleout import Backoff, next_backoff, parse_backoff, stuck, why_not_running
 from mpijob_elastic.settings import Settings
 from mpijob_elastic.spec import InvalidSpec, JobSpec, parse
 from mpijob_elastic.status import (
@@ -145,6 +146,7 @@ class _Builder:
                 self.job,
                 self.settings.default_drain_seconds,
                 max_workers=self.settings.max_workers_per_job,
+                default_scale_out_timeout=self.settings.default_scale_out_timeout_seconds,
             )
         except InvalidSpec as err:
             # Leave every child as it is: a typo must not cost the job its workers.
@@ -203,13 +205,25 @@ class _Builder:
             for w in workers
             if w.phase == "Failed" and not w.terminating and not self.replace_failed(spec, w)
         ]
+        requested = target
+        backoff, given_up = self.scale_out(spec, workers, target, old_annotations)
+        if backoff is not None and self.now < backoff.retry_at:
+            # Running below the requested size until the backoff is over: no new workers.
+            gone = {w.name for w in given_up}
+            present = [
+                w
+                for w in workers
+                if not w.terminating and w.uid not in self.observed.deleting and w.name not in gone
+            ]
+            target = min(target, len(present))
+            self.requeue((backoff.retry_at - self.now).total_seconds())
         m = plan_membership(
             spec.name,
             workers,
             target,
             listed=discovered_hosts(old_data),
             retired=parse_indexes(old_annotations.get(names.ANN_RETIRED_WORKERS)),
-            named=spec.remove,
+            named=spec.remove | {w.name for w in given_up},
             taken={name for kind, name in self.observed.conflicts if kind == "Pod"},
             main=main,
             failed_kept=failed_kept,
@@ -244,13 +258,19 @@ class _Builder:
         ]
         victims = self.drain(spec, m.leaving, listed_hosts(old_data), launcher)
         retired = m.retired | {v.worker.index for v in victims if v.retire}
+        if backoff is not None and len(hosts) >= requested:
+            backoff = None  # every requested worker runs: the scale-out succeeded
+        state = {
+            names.ANN_RETIRED_WORKERS: format_indexes(retired),
+            names.ANN_SCALE_OUT_BACKOFF: backoff.format() if backoff is not None else "",
+        }
         data = render.config_data(spec, self.settings, members, hosts)
         hash_ = render.config_hash(data)
         objects = {
             "ServiceAccount": render.service_account(spec),
             "Role": render.role(spec, role_names),
             "RoleBinding": render.role_binding(spec),
-            "ConfigMap": render.config_map(spec, data, format_indexes(retired)),
+            "ConfigMap": render.config_map(spec, data, {k: v for k, v in state.items() if v}),
         }
         self.report_membership(spec, m, create_now, old_data, target)
 
@@ -288,7 +308,7 @@ class _Builder:
             and not (invalid.get("reason") == POD_REJECTED and creating)
         ):
             s.clear(INVALID, "SpecValid", "The spec is valid.")
-        self.report_scaling(spec, target, hosts, victims)
+        self.report_scaling(spec, requested, hosts, victims, backoff)
         s.fields["elastic"] = {
             "listed": len(hosts),
             "draining": sum(1 for v in victims if v.deadline is not None or v.action == "mark"),
@@ -398,6 +418,40 @@ class _Builder:
                 )
         return victims
 
+    def scale_out(
+        self,
+        spec: JobSpec,
+        workers: Sequence[Worker],
+        target: int,
+        annotations: Mapping[str, Any],
+    ) -> tuple[Backoff | None, list[Worker]]:
+        """The scale-out backoff in force, and the new workers to give up on now."""
+        backoff = parse_backoff(annotations.get(names.ANN_SCALE_OUT_BACKOFF))
+        # Only an elastic job can run below its requested size: one without min-replicas
+        # needs every worker (v1), so it waits for them however long it takes.
+        timeout = spec.scale_out_timeout if spec.bounds.min is not None else 0.0
+        main = spec.main_container
+        given_up = []
+        for w in workers:
+            if w.uid in self.observed.deleting:
+                continue
+            if stuck(w, main, self.now, timeout):
+                given_up.append(w)
+            elif timeout > 0 and not w.terminating and not w.main_running(main) and w.created:
+                self.requeue(w.created + timeout - self.now.timestamp())
+        if given_up:
+            why = why_not_running(given_up[0], main)
+            backoff = next_backoff(backoff, self.now, timeout, why)
+            self.event(
+                "Warning",
+                "ScaleOutTimedOut",
+                f"worker pods {', '.join(w.name for w in given_up)} were not running within "
+                f"{timeout:g}s ({why}): deleting them; the job runs below its requested "
+                f"{target} workers and tries again at {format_time(backoff.retry_at)} "
+                f"(attempt {backoff.attempts}); Worker replicas is left as it is",
+            )
+        return backoff, given_up
+
     def want_probe(self, spec: JobSpec, launcher: Mapping[str, Any] | None, every: float) -> None:
         """Read the launcher if the last read is ``every`` seconds old; come back then."""
         if launcher is None or launcher["metadata"].get("deletionTimestamp"):
@@ -477,10 +531,24 @@ class _Builder:
             self.event("Warning", REFUSED, message)
 
     def report_scaling(
-        self, spec: JobSpec, target: int, hosts: Sequence[str], victims: Sequence[Victim]
+        self,
+        spec: JobSpec,
+        target: int,
+        hosts: Sequence[str],
+        victims: Sequence[Victim],
+        backoff: Backoff | None,
     ) -> None:
         s = self.status
-        if len(hosts) < target:
+        if backoff is not None and self.now < backoff.retry_at:
+            s.set(
+                SCALING,
+                True,
+                "ScaleOutBackoff",
+                f"running {len(hosts)} of {target} workers: new workers were not running "
+                f"within {spec.scale_out_timeout:g}s ({backoff.reason}); trying again at "
+                f"{format_time(backoff.retry_at)} (attempt {backoff.attempts + 1})",
+            )
+        elif len(hosts) < target:
             s.set(
                 SCALING,
                 True,

@@ -59,23 +59,31 @@ _OWNED_KEYS = {
 }
 
 
+# Annotations that are ours to set and to remove; any other is left as it is.
+_OWNED_ANNOTATIONS = (names.ANN_RETIRED_WORKERS, names.ANN_SCALE_OUT_BACKOFF)
+
+
 def _ensure(desired: Obj, observed: Mapping[str, Any] | None, keys: Sequence[str]) -> Action | None:
-    """Create the object, or replace it if any of ``keys`` or our labels drifted."""
+    """Create the object, or replace it if any of ``keys``, our labels or our annotations
+    drifted."""
     if observed is None:
         return Create(desired)
     meta = observed["metadata"]
     # Our labels and annotations are merged in; others' are left as they are.
+    others = {
+        k: v for k, v in (meta.get("annotations") or {}).items() if k not in _OWNED_ANNOTATIONS
+    }
     merged = {
-        field: {**(meta.get(field) or {}), **(desired["metadata"].get(field) or {})}
-        for field in ("labels", "annotations")
+        "labels": {**(meta.get("labels") or {}), **desired["metadata"]["labels"]},
+        "annotations": {**others, **(desired["metadata"].get("annotations") or {})},
     }
     drifted = any(observed.get(k) != desired.get(k) for k in keys) or any(
-        (meta.get(field) or {}) != value for field, value in merged.items() if value
+        (meta.get(field) or {}) != value for field, value in merged.items()
     )
     if not drifted:
         return None
     updated = {**observed, **{k: desired[k] for k in keys}}
-    updated["metadata"] = {**meta, **{field: value for field, value in merged.items() if value}}
+    updated["metadata"] = {**meta, **merged}
     return Replace(updated)
 
 

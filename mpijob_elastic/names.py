@@ -31,6 +31,8 @@ ROLE_WORKER: Final = "worker"
 ANN_MIN_REPLICAS: Final = "mpijob-elastic.io/min-replicas"
 ANN_MAX_REPLICAS: Final = "mpijob-elastic.io/max-replicas"
 ANN_DRAIN_SECONDS: Final = "mpijob-elastic.io/drain-seconds"
+# How long a new worker may take to run before it is given up (0: wait forever).
+ANN_SCALE_OUT_TIMEOUT: Final = "mpijob-elastic.io/scale-out-timeout-seconds"
 # Worker pod names to remove gracefully, comma-separated (a named scale-in).
 ANN_REMOVE_WORKERS: Final = "mpijob-elastic.io/remove-workers"
 
@@ -39,6 +41,8 @@ ANN_DRAINING_SINCE: Final = "mpijob-elastic.io/draining-since"
 ANN_CONFIG_HASH: Final = "mpijob-elastic.io/config-hash"
 # On the ConfigMap: worker indexes never to use again (Horovod may have blacklisted them).
 ANN_RETIRED_WORKERS: Final = "mpijob-elastic.io/retired-workers"
+# On the ConfigMap: a scale-out that timed out, "<attempts> <retry at> <why>".
+ANN_SCALE_OUT_BACKOFF: Final = "mpijob-elastic.io/scale-out-backoff"
 
 CONFIG_MOUNT: Final = "/etc/mpi"
 HOSTFILE: Final = "hostfile"

@@ -197,14 +197,16 @@ def config_hash(data: Mapping[str, str]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def config_map(spec: JobSpec, data: Mapping[str, str], retired: str = "") -> Obj:
-    """``retired``: the job's retired worker indexes (membership.py), kept here because
-    this object is written before any pod that could reuse one is created."""
+def config_map(
+    spec: JobSpec, data: Mapping[str, str], annotations: Mapping[str, str] | None = None
+) -> Obj:
+    """``annotations``: the job's state that must be stored before any pod create (the
+    retired worker indexes, a scale-out backoff), which this object is."""
     meta = _metadata(spec, names.config_map_name(spec.name), names.ROLE_LAUNCHER)
     # The ConfigMap is the job's, not the launcher's: it carries no role label in v1.
     del meta["labels"][names.LABEL_ROLE]
-    if retired:
-        meta["annotations"] = {names.ANN_RETIRED_WORKERS: retired}
+    if annotations:
+        meta["annotations"] = dict(annotations)
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": dict(data)}
 
 

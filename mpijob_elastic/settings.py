@@ -31,6 +31,9 @@ class Settings:
     # refreshed at once by the config-hash annotation, and Horovod polls discovery every
     # second) and for the ranks to reach their next commit and leave on their own.
     default_drain_seconds: float = 30.0
+    # How long a new worker may take to run before it is given up (0: wait forever). Long
+    # enough for a cluster autoscaler to bring up a GPU node and pull a large image.
+    default_scale_out_timeout_seconds: float = 600.0
     reconcile_workers: int = 4
     # A job asking for more (Worker.replicas or either bound annotation) gets InvalidSpec, so
     # the work of planning one job and the objects it writes stay bounded: a job asking for

@@ -107,6 +107,8 @@ class JobSpec:
     worker: ReplicaSpec
     bounds: Bounds
     drain_seconds: float
+    # 0: wait forever for new workers to run.
+    scale_out_timeout: float = Settings.default_scale_out_timeout_seconds
     # Worker pod names the user asked to remove (mpijob-elastic.io/remove-workers).
     remove: frozenset[str] = frozenset()
 
@@ -154,13 +156,13 @@ def _annotation_int(
     return value
 
 
-def _drain_seconds(
-    annotations: Mapping[str, Any], default: float, errors: list[FieldError]
+def _seconds(
+    annotations: Mapping[str, Any], key: str, default: float, errors: list[FieldError]
 ) -> float:
-    raw = annotations.get(names.ANN_DRAIN_SECONDS)
+    raw = annotations.get(key)
     if not isinstance(raw, str):
         return default  # unset, or already reported as not a string
-    field = f"metadata.annotations[{names.ANN_DRAIN_SECONDS}]"
+    field = f"metadata.annotations[{key}]"
     if not _DECIMAL.fullmatch(raw):
         errors.append(
             FieldError(
@@ -254,6 +256,7 @@ def parse(
     default_drain_seconds: float,
     *,
     max_workers: int = Settings.max_workers_per_job,
+    default_scale_out_timeout: float = Settings.default_scale_out_timeout_seconds,
 ) -> JobSpec:
     """Return the job's typed spec, or raise InvalidSpec listing every field to fix.
 
@@ -333,7 +336,10 @@ def parse(
                 f"min-replicas {bounds.min} is greater than max-replicas {bounds.max}",
             )
         )
-    drain = _drain_seconds(annotations, default_drain_seconds, errors)
+    drain = _seconds(annotations, names.ANN_DRAIN_SECONDS, default_drain_seconds, errors)
+    scale_out_timeout = _seconds(
+        annotations, names.ANN_SCALE_OUT_TIMEOUT, default_scale_out_timeout, errors
+    )
     remove = _remove_workers(annotations, name, errors)
 
     if name is not None and not _DNS_LABEL.match(name):
@@ -387,5 +393,6 @@ def parse(
         worker=worker,
         bounds=bounds,
         drain_seconds=drain,
+        scale_out_timeout=scale_out_timeout,
         remove=remove,
     )
