@@ -279,22 +279,24 @@ def patch_replicas(run: ElasticRun, n: int, label: str) -> Step:
 
 def test_a_pending_worker_is_the_first_victim_and_goes_at_once(run: ElasticRun) -> None:
     nodes = run.kubectl("get", "nodes", "-o", "name").split()
+    # A taint nobody tolerates, which says nothing about the node going away: new pods
+    # stay Pending, running ones stay (a cordon would make the job move its workers).
     try:
         for node in nodes:
-            run.kubectl("cordon", node)
-        patch_replicas(run, 3, "nodes cordoned: scale to 3, the new worker stays Pending")
+            run.kubectl("taint", node, "example.com/full=:NoSchedule")
+        patch_replicas(run, 3, "nodes full: scale to 3, the new worker stays Pending")
         # Not 0 or 4 (still named for removal), nor the retired 1 and 2.
         pending = names.worker_name(run.job, 6)
         wait_for(lambda: pending in run.worker_pods(), 20, f"{pending} created")
         time.sleep(2)
         phase = run.kubectl("get", "pod", pending, "-o", "jsonpath={.status.phase}")
         assert phase == "Pending"
-        step = patch_replicas(run, 2, f"nodes cordoned: scale to 2, {pending} Pending")
+        step = patch_replicas(run, 2, f"nodes full: scale to 2, {pending} Pending")
         wait_for(lambda: pending not in run.worker_pods(), 10, f"{pending} deleted at once")
         print(f"FIGURE Pending {pending} gone {time.time() - step.started:.2f}s after the edit")
     finally:
         for node in nodes:
-            run.kubectl("uncordon", node)
+            run.kubectl("taint", node, "example.com/full-", check=False)
     assert set(run.worker_pods()) == worker(run, 3, 5)
     run.wait_for_ranks_on(worker(run, 3, 5))
     no_failures(run, since=step.started)

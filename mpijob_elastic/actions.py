@@ -85,6 +85,8 @@ class Observed:
     conflicts: Mapping[tuple[str, str], str] = field(default_factory=dict)
     # The last read of which workers the launcher's remote shells reach (ranks.py).
     ranks: RankSnapshot | None = None
+    # Nodes that are going away (nodes.py), with why.
+    leaving_nodes: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,12 @@ def _settings_args(parser: argparse.ArgumentParser) -> None:
         f"{names.ANN_SCALE_OUT_TIMEOUT} annotation (0: wait forever)",
     )
     parser.add_argument(
+        "--leaving-node-taints",
+        default=",".join(DEFAULTS.leaving_node_taints),
+        help="comma-separated taint keys that mean a node is going away; elastic jobs move "
+        "their workers off such nodes (and cordoned ones) gracefully (docs/spot.md)",
+    )
+    parser.add_argument(
         "--max-workers-per-job",
         type=int,
         default=DEFAULTS.max_workers_per_job,
@@ -66,6 +72,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         kubectl_image=args.kubectl_image,
         default_drain_seconds=args.default_drain_seconds,
         default_scale_out_timeout_seconds=args.default_scale_out_timeout_seconds,
+        leaving_node_taints=tuple(t for t in args.leaving_node_taints.split(",") if t),
         max_workers_per_job=args.max_workers_per_job,
         reconcile_workers=getattr(args, "workers", DEFAULTS.reconcile_workers),
     )

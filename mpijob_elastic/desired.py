@@ -122,6 +122,8 @@ class _Builder:
         self.events: list[Emit] = []
         self.requeue_after: float | None = None
         self.probe: Probe | None = None
+        # Workers on going nodes that stay until their replacements run, with why.
+        self.moving: Mapping[str, str] = {}
 
     def event(self, type_: str, reason: str, message: str) -> None:
         self.events.append(Emit(type_, reason, message))
@@ -217,6 +219,16 @@ class _Builder:
             ]
             target = min(target, len(present))
             self.requeue((backoff.retry_at - self.now).total_seconds())
+        relocate = self.relocate(spec, workers)
+        elsewhere = sum(1 for w in workers if w.name not in relocate and w.can_take_ranks(main))
+        if relocate and elsewhere < target:
+            # Make before break: the workers on going nodes stay until their replacements
+            # take ranks elsewhere (their eviction, if it comes first, is a graceful leave
+            # of its own), so a cordon with nowhere to go costs the job nothing.
+            if backoff is None or self.now >= backoff.retry_at:
+                target += len(relocate)
+            self.moving = relocate
+            relocate = {}
         m = plan_membership(
             spec.name,
             workers,
@@ -229,6 +241,7 @@ class _Builder:
             failed_kept=failed_kept,
             deleting=self.observed.deleting,
             lost=self.observed.ranks.lost if self.observed.ranks else (),
+            relocate=relocate,
         )
         if any(w.uid in self.observed.deleting and not w.terminating for w in workers):
             # Accepted deletes the cache has yet to show: look again once the acceptance
@@ -418,6 +431,19 @@ class _Builder:
                 )
         return victims
 
+    def relocate(self, spec: JobSpec, workers: Sequence[Worker]) -> dict[str, str]:
+        """Workers of an elastic job on nodes that are going away: they leave gracefully
+        and are replaced elsewhere, keeping the job at its size. A job without elastic
+        bounds (v1) cannot lose a worker gracefully, so it is left as it is."""
+        leaving = self.observed.leaving_nodes
+        if spec.bounds.min is None or not leaving:
+            return {}
+        return {
+            w.name: f"node {node} {leaving[node]}"
+            for w in workers
+            if (node := w.node) is not None and node in leaving and not w.terminating
+        }
+
     def scale_out(
         self,
         spec: JobSpec,
@@ -539,7 +565,16 @@ class _Builder:
         backoff: Backoff | None,
     ) -> None:
         s = self.status
-        if backoff is not None and self.now < backoff.retry_at:
+        if self.moving:
+            moving = ", ".join(f"{name} ({why})" for name, why in sorted(self.moving.items()))
+            s.set(
+                SCALING,
+                True,
+                "Relocating",
+                f"moving workers {moving} to other nodes: they stay until their replacements "
+                f"take ranks ({len(hosts)} of {target} workers listed)",
+            )
+        elif backoff is not None and self.now < backoff.retry_at:
             s.set(
                 SCALING,
                 True,
@@ -548,15 +583,7 @@ class _Builder:
                 f"within {spec.scale_out_timeout:g}s ({backoff.reason}); trying again at "
                 f"{format_time(backoff.retry_at)} (attempt {backoff.attempts + 1})",
             )
-        elif len(hosts) < target:
-            s.set(
-                SCALING,
-                True,
-                "ScalingUp",
-                f"scaling workers from {len(hosts)} to {target}: "
-                f"{target - len(hosts)} not running yet",
-            )
-        elif victims:
+        elif len(hosts) < target or victims:
             parts = []
             for v in victims:
                 deadline = v.deadline
@@ -564,13 +591,20 @@ class _Builder:
                     deadline = self.now + timedelta(seconds=spec.drain_seconds)
                 until = f", until {format_time(deadline)} at the latest" if deadline else ""
                 parts.append(f"{v.worker.name} ({v.why}{until})")
-            s.set(
-                SCALING,
-                True,
-                "ScalingDown",
-                f"scaling workers from {len(hosts) + len(victims)} to {target}: "
-                f"removing {', '.join(parts)}",
-            )
+            removing = f"removing {', '.join(parts)}" if parts else ""
+            if len(hosts) < target:
+                starting = f"{target - len(hosts)} not running yet"
+                message = f"scaling workers from {len(hosts)} to {target}: " + "; ".join(
+                    p for p in (starting, removing) if p
+                )
+                s.set(SCALING, True, "ScalingUp", message)
+            else:
+                s.set(
+                    SCALING,
+                    True,
+                    "ScalingDown",
+                    f"scaling workers from {len(hosts) + len(victims)} to {target}: {removing}",
+                )
         elif s.get(SCALING) is not None:
             s.set(SCALING, False, "ScalingComplete", f"{target} workers ready")
 

@@ -123,6 +123,7 @@ def plan_membership(
     failed_kept: Collection[str] = (),
     deleting: Collection[str] = (),
     lost: Collection[str] = (),
+    relocate: Mapping[str, str] | None = None,
 ) -> Membership:
     """Decide the job's members.
 
@@ -131,6 +132,8 @@ def plan_membership(
     ``taken``: worker names held by objects the job does not control.
     ``lost``: workers whose remote shell from the launcher ended while others went on
     (ranks.py): their ranks died under a live pod.
+    ``relocate``: workers to move elsewhere (their node is going away), with why: they
+    leave like named ones, and are replaced.
     ``deleting``: UIDs of pods whose delete the server accepted (gone, for our purposes).
     ``failed_kept``: failed workers the restart policy keeps as they are (they hold their
     place, as in v1, until the job ends or they are chosen as victims); every other failed
@@ -158,7 +161,8 @@ def plan_membership(
     )
     gone = {w.name for w in replace}
     candidates = [w for w in workers if not w.terminating and w.name not in gone]
-    named_set = set(named)
+    relocate = relocate or {}
+    named_set = set(named) | set(relocate)
 
     def removal_order(w: Worker) -> tuple[int, int, float, int]:
         # Lower sorts first: removed before the others.
@@ -177,13 +181,13 @@ def plan_membership(
     surplus = max(len(candidates) - target, 0)
     named_count = sum(1 for w in candidates if w.name in named_set)
     remove = ordered[: max(surplus, named_count)]
-    leaving = tuple(Leaving(w, _why(w, named_set, listed)) for w in remove)
+    leaving = tuple(Leaving(w, relocate.get(w.name) or _why(w, named_set, listed)) for w in remove)
     keep = tuple(sorted((w for w in ordered[len(remove) :]), key=lambda w: w.index))
 
     blocked = (
         held
         | all_retired
-        | {i for n in (*named_set, *taken) if (i := worker_index(job_name, n)) is not None}
+        | {i for n in (*named, *taken) if (i := worker_index(job_name, n)) is not None}
     )
     new: list[int] = []
     index = 0

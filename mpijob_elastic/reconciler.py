@@ -19,7 +19,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 
-from mpijob_elastic import names
+from mpijob_elastic import names, nodes
 from mpijob_elastic.actions import Observed
 from mpijob_elastic.informer import Informer
 from mpijob_elastic.kube import RESOURCES, ApiError, Kube
@@ -110,6 +110,13 @@ class Controller:
                     label_selector=CHILD_SELECTOR,
                 )
                 self.caches.add(kind, ns, informer)
+        # Nodes are cluster-wide; only whether each is going away is kept (nodes.py).
+        self.caches.add(
+            "Node",
+            None,
+            Informer(watches, "/api/v1", "nodes", self._on_node, transform=nodes.slim),
+        )
+        self._leaving_nodes: dict[str, str] = {}
         self.writer = Writer(self.kube, self._cache)
         self.pod_exec = PodExec(api.configuration)
         self.probes = RankProbes(self._read_launcher, self.queue.add)
@@ -139,6 +146,21 @@ class Controller:
                 and ref.get("apiVersion", "").startswith(f"{names.GROUP}/")
             ):
                 self.queue.add((meta["namespace"], ref["name"]))
+
+    def _on_node(self, type_: str, node: Obj) -> None:
+        name = node["metadata"]["name"]
+        why = None if type_ == "DELETED" else nodes.leaving(node, self.settings.leaving_node_taints)
+        if self._leaving_nodes.get(name) == why:
+            return
+        if why is None:
+            self._leaving_nodes.pop(name, None)
+        else:
+            self._leaving_nodes[name] = why
+        # The jobs with workers there move them (or stop moving them).
+        for cache in self.caches.by_kind.get("Pod", {}).values():
+            for pod in cache.list():
+                if (pod.get("spec") or {}).get("nodeName") == name:
+                    self._on_child("MODIFIED", pod)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -228,6 +250,7 @@ class Controller:
             deleting=memory.deleting(pods, now),
             conflicts=memory.taken(now),
             ranks=self.probes.answer((ns, meta["name"])),
+            leaving_nodes=dict(self._leaving_nodes),
         )
 
     async def reconcile(self, key: Key) -> float | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from mpijob_elastic.nodes import DEFAULT_LEAVING_TAINTS
+
 
 class KubectlDelivery(StrEnum):
     """How the launcher gets the kubectl that ``kubexec.sh`` runs.
@@ -34,6 +36,9 @@ class Settings:
     # How long a new worker may take to run before it is given up (0: wait forever). Long
     # enough for a cluster autoscaler to bring up a GPU node and pull a large image.
     default_scale_out_timeout_seconds: float = 600.0
+    # Node taints that mean the node is going away (nodes.py): elastic jobs move their
+    # workers off such a node, and off a cordoned one, before it goes.
+    leaving_node_taints: tuple[str, ...] = DEFAULT_LEAVING_TAINTS
     reconcile_workers: int = 4
     # A job asking for more (Worker.replicas or either bound annotation) gets InvalidSpec, so
     # the work of planning one job and the objects it writes stay bounded: a job asking for

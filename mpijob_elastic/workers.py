@@ -49,6 +49,11 @@ class Worker:
         return t.timestamp() if t else 0.0
 
     @property
+    def node(self) -> str | None:
+        node = (self.pod.get("spec") or {}).get("nodeName")
+        return node if isinstance(node, str) and node else None
+
+    @property
     def disrupted(self) -> bool:
         """The pod carries ``DisruptionTarget`` (an eviction, preemption or taint-based
         deletion is about to take it): a worker to give up first."""

@@ -131,3 +131,39 @@ def start_controller(
         proc.stop()
         # Shown by pytest only for a failing test.
         print(f"--- controller log ({proc.namespaces}) ---\n{proc.logs()[-20000:]}")
+
+
+# On KWOK an exec into a launcher pod runs on this machine, so the launcher's remote shells
+# are played by local processes whose command line is the one ``kubexec.sh`` has in a real
+# launcher (``/bin/sh /etc/mpi/kubexec.sh <worker> <command>``); ending one is a rank that
+# left. The controller reads them through the API server's ``pods/exec``, as it would in a
+# real cluster. Tests using them give their job a name no other test uses.
+class RemoteShells:
+    """Stand-ins for the launcher's ``kubexec.sh <worker> ...`` processes."""
+
+    def __init__(self) -> None:
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, worker: str) -> None:
+        # argv as the launcher's shell runs kubexec.sh; the script itself is never read.
+        code = "import time; time.sleep(600)"
+        self.procs[worker] = subprocess.Popen(
+            [sys.executable, "-c", code, "/etc/mpi/kubexec.sh", worker, "python train.py"]
+        )
+
+    def end(self, worker: str) -> float:
+        proc = self.procs.pop(worker)
+        proc.kill()
+        proc.wait()
+        return time.monotonic()
+
+    def close(self) -> None:
+        for worker in list(self.procs):
+            self.end(worker)
+
+
+@pytest.fixture
+def shells() -> Iterator[RemoteShells]:
+    found = RemoteShells()
+    yield found
+    found.close()

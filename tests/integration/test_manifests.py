@@ -59,6 +59,8 @@ def test_kustomize_default_renders_every_object(cluster: Cluster) -> None:
         ("ServiceAccount", "mpijob-elastic"),
         ("ClusterRole", "mpijob-elastic-controller"),
         ("ClusterRoleBinding", "mpijob-elastic-controller"),
+        ("ClusterRole", "mpijob-elastic-nodes"),
+        ("ClusterRoleBinding", "mpijob-elastic-nodes"),
         ("Deployment", "mpijob-elastic"),
     }
 
@@ -71,6 +73,8 @@ def test_namespaced_overlay_binds_per_namespace(
     found = kinds(docs)
     assert ("ClusterRoleBinding", "mpijob-elastic-controller") not in found
     assert ("ClusterRole", "mpijob-elastic-controller") in found
+    # Nodes belong to no namespace: their read stays bound cluster-wide.
+    assert ("ClusterRoleBinding", "mpijob-elastic-nodes") in found
     bindings = [d for d in docs if d["kind"] == "RoleBinding"]
     watched = {b["metadata"]["namespace"] for b in bindings}
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
@@ -266,6 +270,7 @@ GRANTED = [
     ],
     ("create", "events", ""),
     ("patch", "events", ""),
+    *[(v, "nodes", "") for v in ("list", "watch")],
 ]
 DENIED = [
     ("create", "mpijobs.kubeflow.org", ""),

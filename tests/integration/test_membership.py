@@ -2,62 +2,37 @@
 victim removed first and at once, a named scale-in, and a drain that ends when the
 launcher no longer reaches the victim.
 
-On KWOK an exec into the launcher runs on this machine, so the launcher's remote shells
-are played by local processes whose command line is the one ``kubexec.sh`` has in a real
-launcher (``/bin/sh /etc/mpi/kubexec.sh <worker> <command>``); ending one is a rank that
-left. The controller reads them through the API server's ``pods/exec``, as it would in a
-real cluster.
+The launcher's remote shells are played by ``RemoteShells`` (tests/controller.py).
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from mpijob_elastic import names
 from mpijob_elastic.ranks import RANK_WATCH_SECONDS
 from tests.cluster import Cluster
-from tests.controller import StartController, wait_for
+from tests.controller import RemoteShells, StartController, wait_for
 from tests.integration.test_controller import Job, elastic_job
 
 pytestmark = pytest.mark.usefixtures("crd")
 
 NODES = [f"kwok-node-{i}" for i in range(4)]
+# A taint no pod tolerates and that says nothing about the node going away: new pods stay
+# Pending, running ones stay (a cordon would make elastic jobs move their workers).
+FULL = "example.com/full=:NoSchedule"
 
 
-class RemoteShells:
-    """Stand-ins for the launcher's ``kubexec.sh <worker> ...`` processes."""
-
-    def __init__(self) -> None:
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, worker: str) -> None:
-        # argv as the launcher's shell runs kubexec.sh; the script itself is never read.
-        code = "import time; time.sleep(600)"
-        self.procs[worker] = subprocess.Popen(
-            [sys.executable, "-c", code, "/etc/mpi/kubexec.sh", worker, "python train.py"]
-        )
-
-    def end(self, worker: str) -> float:
-        proc = self.procs.pop(worker)
-        proc.kill()
-        proc.wait()
-        return time.monotonic()
-
-    def close(self) -> None:
-        for worker in list(self.procs):
-            self.end(worker)
+def fill(cluster: Cluster) -> None:
+    for node in NODES:
+        cluster.kubectl("taint", "node", node, FULL)
 
 
-@pytest.fixture
-def shells() -> Iterator[RemoteShells]:
-    found = RemoteShells()
-    yield found
-    found.close()
+def unfill(cluster: Cluster) -> None:
+    for node in NODES:
+        cluster.kubectl("taint", "node", node, "example.com/full-", check=False)
 
 
 @pytest.fixture
@@ -118,8 +93,7 @@ def test_a_pending_victim_goes_first_and_at_once(
     job.create(elastic_job(job.name, 2, drain="60"))
     job.wait_hosts(2)
     try:
-        for node in NODES:
-            cluster.kubectl("cordon", node)
+        fill(cluster)
         job.set_workers(3)
         wait_for(lambda: f"{job.name}-worker-2" in job.workers(), 10, "worker-2 created")
         time.sleep(1)
@@ -129,8 +103,7 @@ def test_a_pending_victim_goes_first_and_at_once(
         wait_for(lambda: f"{job.name}-worker-2" not in job.workers(), 10, "Pending victim gone")
         took = time.monotonic() - edited
     finally:
-        for node in NODES:
-            cluster.kubectl("uncordon", node)
+        unfill(cluster)
     print(f"FIGURE pending victim deleted {took:.2f}s after the edit (drain 60s)")
     assert took < 10
     assert job.hosts() == hosts(job, 0, 1)

@@ -1,6 +1,7 @@
-"""Scale-out timeout on the real local cluster (issue 13, part 2): with every node
-cordoned the scheduler cannot place a new worker; it is given up after the job's timeout
-with the scheduler's own message, and tried again once the backoff is over."""
+"""Capacity on the real local cluster (issue 13): with every node full the scheduler
+cannot place a new worker, which is given up after the job's timeout with the scheduler's
+own message and tried again once the backoff is over; a node that is cordoned or tainted
+as going away has its workers moved off gracefully."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import pytest
 
 from mpijob_elastic import names
 from tests.cluster import Cluster
-from tests.controller import StartController, wait_for
+from tests.controller import RemoteShells, StartController, wait_for
 from tests.integration.test_controller import Job, elastic_job
-from tests.integration.test_membership import NODES, hosts
+from tests.integration.test_membership import fill, hosts, running_launcher, unfill
+from tests.manifests import mpijob
 
 pytestmark = pytest.mark.usefixtures("crd")
 
@@ -32,8 +34,7 @@ def test_an_unschedulable_worker_is_given_up_then_tried_again(
     job.wait_hosts(2)
     new = names.worker_name(job.name, 2)
     try:
-        for node in NODES:
-            cluster.kubectl("cordon", node)
+        fill(cluster)
         job.set_workers(3)
         wait_for(lambda: new in job.workers(), 10, f"{new} created")
         created = time.monotonic()
@@ -52,8 +53,7 @@ def test_an_unschedulable_worker_is_given_up_then_tried_again(
         assert warnings
         assert "were not running within 3s" in warnings[0]
     finally:
-        for node in NODES:
-            cluster.kubectl("uncordon", node)
+        unfill(cluster)
     # The next attempt, after the 3 s backoff, finds room.
     wait_for(lambda: job.hosts() == hosts(job, 0, 1, 2), 30, "scaled out on the retry")
     retried = time.monotonic() - created
@@ -63,3 +63,62 @@ def test_an_unschedulable_worker_is_given_up_then_tried_again(
         "Scaling complete",
     )
     print(f"FIGURE given up {given_up:.2f}s after create (timeout 3s); running {retried:.2f}s")
+
+
+@pytest.mark.parametrize("notice", ["cordon", "taint"])
+def test_workers_move_off_a_node_that_is_going_away(
+    cluster: Cluster, job: Job, start_controller: StartController, shells: RemoteShells, notice: str
+) -> None:
+    """A node is cordoned (``kubectl drain`` does that first) or tainted as going away:
+    the worker there leaves discovery, its replacement starts on another node at once, and
+    the old worker goes once its rank left. The job keeps its size throughout."""
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 3, drain="30"))
+    job.wait_hosts(3)
+    running_launcher(job)
+    for i in range(3):
+        shells.start(names.worker_name(job.name, i))
+    victim = names.worker_name(job.name, 1)
+    node = job.pods()[victim]["spec"]["nodeName"]
+    try:
+        started = time.monotonic()
+        if notice == "cordon":
+            cluster.kubectl("cordon", node)
+        else:
+            cluster.kubectl("taint", "node", node, "karpenter.sh/disrupted=:NoSchedule")
+        wait_for(lambda: f"{victim}:1" not in job.hosts(), 10, f"{victim} out of discovery")
+        unlisted = time.monotonic() - started
+        replacement = names.worker_name(job.name, 3)
+        wait_for(lambda: f"{replacement}:1" in job.hosts(), 15, "the replacement listed")
+        assert job.pods()[replacement]["spec"]["nodeName"] != node
+        assert victim in job.workers(), "deleted before its rank left"
+        left = shells.end(victim)
+        wait_for(lambda: victim not in job.workers(), 15, f"{victim} deleted")
+        gone = time.monotonic()
+    finally:
+        if notice == "cordon":
+            cluster.kubectl("uncordon", node)
+        else:
+            cluster.kubectl("taint", "node", node, "karpenter.sh/disrupted-", check=False)
+    assert job.hosts() == hosts(job, 0, 2, 3)
+    print(
+        f"FIGURE {notice}: {victim} out of discovery {unlisted:.2f}s after the notice; "
+        f"deleted {gone - left:.2f}s after its rank left"
+    )
+
+
+def test_a_job_without_elastic_bounds_stays_on_a_cordoned_node(
+    cluster: Cluster, job: Job, start_controller: StartController
+) -> None:
+    start_controller(job.ns)
+    job.create(mpijob(job.name, 2))
+    job.wait_hosts(2)
+    node = job.pods()[names.worker_name(job.name, 1)]["spec"]["nodeName"]
+    uids = job.uids()
+    try:
+        cluster.kubectl("cordon", node)
+        time.sleep(3)
+        assert job.uids() == uids
+        assert len(job.hosts()) == 2
+    finally:
+        cluster.kubectl("uncordon", node)
