@@ -278,12 +278,12 @@ def patch_replicas(run: ElasticRun, n: int, label: str) -> Step:
 
 
 def test_a_pending_worker_is_the_first_victim_and_goes_at_once(run: ElasticRun) -> None:
-    nodes = run.kubectl("get", "nodes", "-o", "name").split()
+    nodes = [n.split("/", 1)[1] for n in run.kubectl("get", "nodes", "-o", "name").split()]
     # A taint nobody tolerates, which says nothing about the node going away: new pods
     # stay Pending, running ones stay (a cordon would make the job move its workers).
     try:
         for node in nodes:
-            run.kubectl("taint", node, "example.com/full=:NoSchedule")
+            run.kubectl("taint", "nodes", node, "example.com/full=:NoSchedule")
         patch_replicas(run, 3, "nodes full: scale to 3, the new worker stays Pending")
         # Not 0 or 4 (still named for removal), nor the retired 1 and 2.
         pending = names.worker_name(run.job, 6)
@@ -296,7 +296,7 @@ def test_a_pending_worker_is_the_first_victim_and_goes_at_once(run: ElasticRun) 
         print(f"FIGURE Pending {pending} gone {time.time() - step.started:.2f}s after the edit")
     finally:
         for node in nodes:
-            run.kubectl("taint", node, "example.com/full-", check=False)
+            run.kubectl("taint", "nodes", node, "example.com/full-", check=False)
     assert set(run.worker_pods()) == worker(run, 3, 5)
     run.wait_for_ranks_on(worker(run, 3, 5))
     no_failures(run, since=step.started)
