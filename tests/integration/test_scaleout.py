@@ -79,31 +79,42 @@ def test_workers_move_off_a_node_that_is_going_away(
     for i in range(3):
         shells.start(names.worker_name(job.name, i))
     victim = names.worker_name(job.name, 1)
-    node = job.pods()[victim]["spec"]["nodeName"]
+    pods = job.pods()
+    node = pods[victim]["spec"]["nodeName"]
+    # The scheduler may have put more than one worker there: all of them move.
+    moving = sorted(n for n, p in pods.items() if p["spec"].get("nodeName") == node)
+    staying = sorted(set(pods) - set(moving))
     try:
         started = time.monotonic()
         if notice == "cordon":
             cluster.kubectl("cordon", node)
         else:
             cluster.kubectl("taint", "node", node, "karpenter.sh/disrupted=:NoSchedule")
-        wait_for(lambda: f"{victim}:1" not in job.hosts(), 10, f"{victim} out of discovery")
+
+        def moved_out() -> bool:
+            listed = job.hosts()
+            return len(listed) == 3 and not {f"{n}:1" for n in moving} & set(listed)
+
+        wait_for(moved_out, 20, f"{moving} replaced in discover_hosts.sh")
         unlisted = time.monotonic() - started
-        replacement = names.worker_name(job.name, 3)
-        wait_for(lambda: f"{replacement}:1" in job.hosts(), 15, "the replacement listed")
-        assert job.pods()[replacement]["spec"]["nodeName"] != node
-        assert victim in job.workers(), "deleted before its rank left"
-        left = shells.end(victim)
-        wait_for(lambda: victim not in job.workers(), 15, f"{victim} deleted")
+        assert set(moving) <= set(job.workers()), "deleted before its rank left"
+        for name in job.workers():
+            if name not in moving:
+                assert job.pods()[name]["spec"]["nodeName"] != node
+        left = max(shells.end(n) for n in moving)
+        wait_for(lambda: not set(moving) & set(job.workers()), 15, f"{moving} deleted")
         gone = time.monotonic()
     finally:
         if notice == "cordon":
             cluster.kubectl("uncordon", node)
         else:
             cluster.kubectl("taint", "node", node, "karpenter.sh/disrupted-", check=False)
-    assert job.hosts() == hosts(job, 0, 2, 3)
+    listed = [h.rsplit(":", 1)[0] for h in job.hosts()]
+    assert len(listed) == 3
+    assert set(staying) <= set(listed), "a worker on another node was moved"
     print(
-        f"FIGURE {notice}: {victim} out of discovery {unlisted:.2f}s after the notice; "
-        f"deleted {gone - left:.2f}s after its rank left"
+        f"FIGURE {notice}: {moving} replaced in discovery {unlisted:.2f}s after the notice; "
+        f"deleted {gone - left:.2f}s after their ranks left"
     )
 
 
