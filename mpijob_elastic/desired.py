@@ -60,7 +60,13 @@ from mpijob_elastic.status import (
     replica_statuses,
 )
 from mpijob_elastic.times import format_time
-from mpijob_elastic.workers import Worker, discovered_hosts, listed_hosts, split_pods
+from mpijob_elastic.workers import (
+    Worker,
+    discovered_hosts,
+    hostfile_workers,
+    listed_hosts,
+    split_pods,
+)
 
 Obj = dict[str, Any]
 
@@ -172,9 +178,7 @@ class _Builder:
             return requested
         # Refuse the value: keep as many workers as the job had (its last hostfile, so a
         # worker lost meanwhile is still replaced), or, for a new job, the nearest bound.
-        data = (self.observed.config_map or {}).get("data") or {}
-        members = listed_hosts({names.HOSTFILE: data.get(names.HOSTFILE)})
-        members.discard(names.launcher_name(spec.name))
+        members = hostfile_workers(spec.name, (self.observed.config_map or {}).get("data"))
         held = [w for w in workers if not w.terminating and not w.marked]
         had = len(members) or len(held)
         keep = spec.bounds.clamp(had if had else requested)
@@ -253,22 +257,10 @@ class _Builder:
 
         # Exec rights only on pods the job controls or creates in this turn: never on a
         # name that someone else's pod holds.
-        role_names = [
-            name
-            for _, name in sorted(
-                [(w.index, w.name) for w in workers]
-                + [(i, names.worker_name(spec.name, i)) for i in create_now]
-            )
-        ]
+        role_names = _by_index(spec.name, workers, create_now)
         granted = render.exec_names(self.observed.role)
         hosts = [w.name for w in m.keep if w.can_take_ranks(main) and w.name in granted]
-        members = [
-            name
-            for _, name in sorted(
-                [(w.index, w.name) for w in m.keep]
-                + [(i, names.worker_name(spec.name, i)) for i in m.new_indexes]
-            )
-        ]
+        members = _by_index(spec.name, m.keep, m.new_indexes)
         victims = self.drain(spec, m.leaving, listed_hosts(old_data), launcher)
         retired = m.retired | {v.worker.index for v in victims if v.retire}
         if backoff is not None and len(hosts) >= requested:
@@ -527,11 +519,7 @@ class _Builder:
                 "Horovod blacklists such names, so their replacements get names never used "
                 "in this job",
             )
-        previous = sum(
-            1
-            for host in listed_hosts({names.HOSTFILE: (old_data or {}).get(names.HOSTFILE)})
-            if host.startswith(f"{spec.name}-worker-")
-        )
+        previous = len(hostfile_workers(spec.name, old_data))
         growth = max(target - previous, 0)
         new = [names.worker_name(spec.name, i) for i in create_now]
         if new[:growth]:
@@ -645,6 +633,13 @@ class _Builder:
         if len(doomed) > POD_WRITES_PER_TURN:
             self.requeue(0)
         return doomed[:POD_WRITES_PER_TURN]
+
+
+def _by_index(job_name: str, workers: Sequence[Worker], new: Sequence[int]) -> list[str]:
+    """The names of ``workers`` and of the workers to create at ``new``, in index order."""
+    pairs = [(w.index, w.name) for w in workers]
+    pairs += [(i, names.worker_name(job_name, i)) for i in new]
+    return [name for _, name in sorted(pairs)]
 
 
 def _gone_why(victim: Victim) -> str:

@@ -182,7 +182,7 @@ def plan_membership(
     named_count = sum(1 for w in candidates if w.name in named_set)
     remove = ordered[: max(surplus, named_count)]
     leaving = tuple(Leaving(w, relocate.get(w.name) or _why(w, named_set, listed)) for w in remove)
-    keep = tuple(sorted((w for w in ordered[len(remove) :]), key=lambda w: w.index))
+    keep = tuple(sorted(ordered[len(remove) :], key=lambda w: w.index))
 
     blocked = (
         held

@@ -166,14 +166,20 @@ def discovered_hosts(config_data: Mapping[str, Any] | None) -> set[str]:
     return hosts
 
 
+def hostfile_workers(job_name: str, config_data: Mapping[str, Any] | None) -> set[str]:
+    """The workers the ``hostfile`` we last wrote names: the job's members then."""
+    text = str((config_data or {}).get(names.HOSTFILE) or "")
+    hosts = {line.split()[0] for line in text.splitlines() if line.strip()}
+    hosts.discard(names.launcher_name(job_name))
+    return hosts
+
+
 def listed_hosts(config_data: Mapping[str, Any] | None) -> set[str]:
     """Every host the launcher can see in the files we wrote: hostfile and discovery.
 
     A worker named here has not begun to drain, whatever its pod's mark says.
     """
-    data = config_data or {}
-    hosts = discovered_hosts(data)
-    for line in str(data.get(names.HOSTFILE) or "").splitlines():
-        if line.strip():
-            hosts.add(line.split()[0])
-    return hosts
+    text = str((config_data or {}).get(names.HOSTFILE) or "")
+    return discovered_hosts(config_data) | {
+        line.split()[0] for line in text.splitlines() if line.strip()
+    }

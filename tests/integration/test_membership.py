@@ -52,6 +52,19 @@ def running_launcher(job: Job) -> None:
     )
 
 
+def running_with_shells(
+    job: Job, start_controller: StartController, shells: RemoteShells, workers: int
+) -> None:
+    """An elastic job with a 30 s drain, its launcher running, a remote shell into each
+    worker."""
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, workers, drain="30"))
+    job.wait_hosts(workers)
+    running_launcher(job)
+    for i in range(workers):
+        shells.start(names.worker_name(job.name, i))
+
+
 def hosts(job: Job, *indexes: int) -> list[str]:
     return [f"{job.name}-worker-{i}:1" for i in indexes]
 
@@ -137,12 +150,7 @@ def test_a_named_scale_in_removes_exactly_the_named_workers(
 def test_a_drain_ends_once_the_launcher_no_longer_reaches_the_victim(
     job: Job, start_controller: StartController, shells: RemoteShells
 ) -> None:
-    start_controller(job.ns)
-    job.create(elastic_job(job.name, 3, drain="30"))
-    job.wait_hosts(3)
-    running_launcher(job)
-    for i in range(3):
-        shells.start(f"{job.name}-worker-{i}")
+    running_with_shells(job, start_controller, shells, 3)
     job.set_workers(1)
     edited = time.monotonic()
     wait_for(lambda: job.hosts() == hosts(job, 0), 10, "victims out of discovery")
@@ -172,12 +180,7 @@ def test_a_rank_that_dies_under_a_live_pod_retires_its_worker(
     """A rank process crashes (an OOM kill of the rank, not of the container): the pod runs
     on and stays listed, but Horovod has blacklisted its name. The controller's watch of
     the launcher sees the remote shell into it end while the others go on."""
-    start_controller(job.ns)
-    job.create(elastic_job(job.name, 3, drain="30"))
-    job.wait_hosts(3)
-    running_launcher(job)
-    for i in range(3):
-        shells.start(f"{job.name}-worker-{i}")
+    running_with_shells(job, start_controller, shells, 3)
     # Let one watch read see all three reached.
     time.sleep(RANK_WATCH_SECONDS + 2)
     crashed = shells.end(f"{job.name}-worker-1")

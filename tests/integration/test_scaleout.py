@@ -13,7 +13,7 @@ from mpijob_elastic import names
 from tests.cluster import Cluster
 from tests.controller import RemoteShells, StartController, wait_for
 from tests.integration.test_controller import Job, elastic_job
-from tests.integration.test_membership import fill, hosts, running_launcher, unfill
+from tests.integration.test_membership import fill, hosts, running_with_shells, unfill
 from tests.manifests import mpijob
 
 pytestmark = pytest.mark.usefixtures("crd")
@@ -72,12 +72,7 @@ def test_workers_move_off_a_node_that_is_going_away(
     """A node is cordoned (``kubectl drain`` does that first) or tainted as going away:
     the worker there leaves discovery, its replacement starts on another node at once, and
     the old worker goes once its rank left. The job keeps its size throughout."""
-    start_controller(job.ns)
-    job.create(elastic_job(job.name, 3, drain="30"))
-    job.wait_hosts(3)
-    running_launcher(job)
-    for i in range(3):
-        shells.start(names.worker_name(job.name, i))
+    running_with_shells(job, start_controller, shells, 3)
     victim = names.worker_name(job.name, 1)
     pods = job.pods()
     node = pods[victim]["spec"]["nodeName"]
