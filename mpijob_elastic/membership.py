@@ -164,7 +164,9 @@ def plan_membership(
     relocate = relocate or {}
     named_set = set(named) | set(relocate)
 
-    def removal_order(w: Worker) -> tuple[int, int, float, int]:
+    cohort = _cohorts(candidates)
+
+    def removal_order(w: Worker) -> tuple[int, int, int, int]:
         # Lower sorts first: removed before the others.
         if w.name in named_set:
             group = 0
@@ -175,7 +177,7 @@ def plan_membership(
         else:
             group = 3
         runs = 0 if not w.main_running(main) else 1
-        return (group, runs, -w.created, -w.index)
+        return (group, runs, -cohort[w.name], -w.index)
 
     ordered = sorted(candidates, key=removal_order)
     surplus = max(len(candidates) - target, 0)
@@ -203,6 +205,25 @@ def plan_membership(
         newly_retired=frozenset(newly),
         new_indexes=tuple(new),
     )
+
+
+# Workers created this close together came from one scale-up: the same age.
+COHORT_SECONDS = 2.0
+
+
+def _cohorts(workers: Sequence[Worker]) -> dict[str, int]:
+    """Each worker's age rank, newest highest. creationTimestamp has 1 s resolution, so
+    the pods of one scale-up can straddle a second; grouping creations that follow each
+    other within COHORT_SECONDS keeps them one cohort, ordered among themselves by index
+    (the highest leaves first), whatever second each landed in."""
+    ranks: dict[str, int] = {}
+    cohort, last = 0, None
+    for w in sorted(workers, key=lambda w: (w.created, w.index)):
+        if last is not None and w.created - last > COHORT_SECONDS:
+            cohort += 1
+        ranks[w.name] = cohort
+        last = w.created
+    return ranks
 
 
 def _why(w: Worker, named: Collection[str], listed: Collection[str]) -> str:

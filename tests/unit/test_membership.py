@@ -256,3 +256,10 @@ def test_a_worker_about_to_be_disrupted_goes_before_the_newest() -> None:
     ]
     m = members(workers, 2, listed={w.name for w in workers})
     assert [(v.worker.name, v.why) for v in m.leaving] == [("job-worker-0", DISRUPTED)]
+
+
+def test_one_scale_up_straddling_a_second_is_one_cohort() -> None:
+    # worker-0 and worker-1 came from one batch of creates that crossed a second boundary.
+    workers = [pod(0, created=11), pod(1, created=10), pod(2, created=40)]
+    m = members(workers, 1, listed={w.name for w in workers})
+    assert [v.worker.name for v in m.leaving] == ["job-worker-2", "job-worker-1"]
