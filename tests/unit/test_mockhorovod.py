@@ -1083,7 +1083,7 @@ def exits_removed_at_its_commit(
         notice()
         noticed = time.monotonic()
         assert proc.wait(timeout=interval + 3) == REMOVED_EXIT_CODE
-        assert time.monotonic() - noticed < interval + 0.5
+        assert time.monotonic() - noticed < interval + 1.5  # slack for a loaded machine
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -1102,18 +1102,19 @@ def test_rank_exits_134_at_its_commit_when_its_alive_file_is_removed(tmp_path: P
 
 def test_rank_learns_removal_only_at_its_commit(tmp_path: Path) -> None:
     """A removal mark in the local stop file is read at the commit, not at the next poll:
-    with commits 1.5 s apart, the rank is still there half a second after the mark."""
+    with the mark there from the start, polls every 0.05 s and commits 1.5 s apart, the rank
+    cannot exit before its first commit, which is 1.5 s after it was started at the
+    earliest. (Bounding from the process start rather than from a mark written after the
+    started line keeps this true however late a loaded machine reads that line.)"""
     stop = tmp_path / "stop-r1"
+    stop.write_text(REMOVED_MARK)
     args = ["--stop-file", str(stop), "--poll-interval", "0.05", "--commit-interval", "1.5"]
+    launched = time.monotonic()
     proc = rank_process(tmp_path, *args)
     try:
         wait_marker(proc)
-        started = time.monotonic()
-        stop.write_text(REMOVED_MARK)
-        with pytest.raises(subprocess.TimeoutExpired):
-            proc.wait(timeout=0.5 - (time.monotonic() - started))  # before its first commit
-        assert proc.wait(timeout=5) == REMOVED_EXIT_CODE
-        assert 1.3 < time.monotonic() - started < 2.5
+        assert proc.wait(timeout=10) == REMOVED_EXIT_CODE
+        assert time.monotonic() - launched >= 1.5
     finally:
         if proc.poll() is None:
             proc.kill()
