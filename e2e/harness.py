@@ -58,13 +58,68 @@ def in_cluster_job(job: dict[str, Any], launcher_image: str, worker_image: str) 
     return job
 
 
+def spread_workers(job: dict[str, Any]) -> dict[str, Any]:
+    """The job's workers spread over the nodes where the scheduler can, as a job on spot
+    capacity asks for: a node that goes away then takes one worker, not the whole job.
+    A preference only, so a scale-out never waits for an empty node."""
+    name = job["metadata"]["name"]
+    pod_spec = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"].setdefault("spec", {})
+    pod_spec["topologySpreadConstraints"] = [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": names.labels(name, names.ROLE_WORKER)},
+        }
+    ]
+    return job
+
+
 @dataclass
 class Step:
     """One user action and everything observed after it."""
 
     label: str
     started: float
+    # Figures worked out after the step, printed under its timeline.
     lines: list[str] = field(default_factory=list)
+    # Moments only the user sees (a command returning), as (time, text) for the timeline.
+    marks: list[tuple[float, str]] = field(default_factory=list)
+
+
+@dataclass
+class Drain:
+    """What one ``kubectl drain`` did."""
+
+    node: str
+    returncode: int
+    output: str
+    # Evictions the API server refused for the disruption budget (429); kubectl retries
+    # each one every 5 s until the timeout.
+    refused: int
+
+
+@dataclass
+class Move:
+    """When one worker leaving a node passed each mark, in seconds since its step began."""
+
+    worker: str
+    node: str
+    out_of_discovery: float | None = None
+    deleted: float | None = None
+    rank_left: float | None = None
+    gone: float | None = None
+
+
+@dataclass
+class Arrival:
+    """When one new worker passed each mark, in seconds since its step began."""
+
+    worker: str
+    node: str | None
+    running: float | None = None
+    listed: float | None = None
+    rank_running: float | None = None
 
 
 @dataclass
@@ -222,6 +277,16 @@ class ElasticRun:
             if r["host"] == host and r["rank_id"] not in ended
         }
 
+    def wait_for_size(self, n: int, timeout: float = 60) -> set[str]:
+        """Ranks on exactly the listed workers, ``n`` of them, whatever their names."""
+
+        def settled() -> set[str] | None:
+            listed = set(self.discovered())
+            return listed if len(listed) == n and self.ranks_running_on() == listed else None
+
+        found: set[str] = wait_for(settled, timeout, f"ranks on {n} listed workers")
+        return found
+
     def hosts(self, n: int) -> list[str]:
         return [names.worker_name(self.job, i) for i in range(n)]
 
@@ -241,6 +306,48 @@ class ElasticRun:
         pods = [line.split("/", 1)[1] for line in out.split()]
         return sorted(pods, key=lambda p: int(p.rsplit("-", 1)[1]))
 
+    def pod_nodes(self, selector: str, namespace: str | None = None) -> dict[str, str]:
+        """The node of each scheduled, not terminating pod matching the selector (every
+        pod of the namespace for an empty one)."""
+        match = ["-l", selector] if selector else []
+        pods = json.loads(
+            self.cluster.kubectl(
+                "get", "pods", "-n", namespace or self.namespace, *match, "-o", "json"
+            ).stdout
+        )
+        return {
+            p["metadata"]["name"]: p["spec"]["nodeName"]
+            for p in pods["items"]
+            if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
+        }
+
+    def worker_nodes(self) -> dict[str, str]:
+        return self.pod_nodes(names.selector(self.job, names.ROLE_WORKER))
+
+    def launcher_node(self) -> str | None:
+        return self.pod_nodes(names.selector(self.job, names.ROLE_LAUNCHER)).get(
+            names.launcher_name(self.job)
+        )
+
+    def node_to_drain(self, keep_namespaces: tuple[str, ...] = ()) -> tuple[str, str | None]:
+        """A node holding some of the job's workers, to drain, and the pod selector the
+        drain needs (None: the whole node). A node with the launcher or a pod of
+        ``keep_namespaces`` (the controller's) is drained only of the job's workers:
+        the walk is about the workers, not about the launcher or the controller
+        restarting. A node holding every worker comes last: with all of them evicted at
+        once the job would have nobody left to train."""
+        placement = self.worker_nodes()
+        keep = {self.launcher_node()}
+        for namespace in keep_namespaces:
+            keep |= set(self.pod_nodes("", namespace).values())
+        counts: dict[str, int] = {}
+        for node in placement.values():
+            counts[node] = counts.get(node, 0) + 1
+        # Whole nodes first, then nodes that leave a worker elsewhere, then more workers.
+        node = min(counts, key=lambda n: (n in keep, counts[n] == len(placement), -counts[n], n))
+        selector = names.selector(self.job, names.ROLE_WORKER) if node in keep else None
+        return node, selector
+
     # -- user actions -----------------------------------------------------------------------
 
     def begin(self, label: str) -> Step:
@@ -256,6 +363,81 @@ class ElasticRun:
             patch = {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": n}}}}
             self.kubectl("patch", "mpijob", self.job, "--type=merge", "-p", json.dumps(patch))
         return step
+
+    def drain(self, step: Step, node: str, pod_selector: str | None, timeout: int = 120) -> Drain:
+        """``kubectl drain`` as an operator runs it, waiting for it to finish: it cordons
+        the node, evicts its pods through the eviction API (retrying those a disruption
+        budget refuses) and waits until they are gone."""
+        args = [
+            self.cluster.kubectl_path, "--kubeconfig", self.cluster.kubeconfig, "drain", node,
+            "--ignore-daemonsets", "--delete-emptydir-data", "--force", f"--timeout={timeout}s",
+            *([f"--pod-selector={pod_selector}"] if pod_selector else []),
+        ]  # fmt: skip
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout + 60)
+        output = proc.stdout + proc.stderr
+        step.marks.append((time.time(), f"kubectl drain returned, exit {proc.returncode}"))
+        return Drain(node, proc.returncode, output, output.count("disruption budget"))
+
+    def moves(self, step: Step, leaving: dict[str, str]) -> list[Move]:
+        """When each worker that left (name to node) was unlisted, deleted, let go by the
+        driver and gone from the API, as the observers recorded it."""
+        since = step.started
+
+        def first(records: list[dict[str, Any]], **match: Any) -> float | None:
+            times = [
+                r["ts"] - since
+                for r in records
+                if r["ts"] >= since and all(r.get(k) == v for k, v in match.items())
+            ]
+            return min(times, default=None)
+
+        discoveries = [e for e in self.driver_events(ev.DISCOVERY) if e["ts"] >= since]
+        moves = []
+        for worker, node in sorted(leaving.items()):
+            unlisted = [e["ts"] - since for e in discoveries if worker not in e["hosts"]]
+            moves.append(
+                Move(
+                    worker,
+                    node,
+                    out_of_discovery=min(unlisted, default=None),
+                    deleted=first(self.volume_events("pod_deleted"), pod=worker),
+                    rank_left=first(self.driver_events(ev.RANK_STOPPED), host=worker),
+                    gone=first(self.volume_events("pod_removed"), pod=worker),
+                )
+            )
+        return moves
+
+    def arrivals(self, step: Step, before: set[str]) -> list[Arrival]:
+        """When each worker that is new since ``before`` ran, was listed and got a rank."""
+        since = step.started
+        nodes = self.worker_nodes()
+        running = {
+            e["pod"]: e["ts"] - since
+            for e in self.volume_events("pod_running")
+            if e["ts"] >= since and e["pod"] not in before
+        }
+        arrivals = []
+        for worker, at in sorted(running.items(), key=lambda kv: kv[1]):
+            listed = [
+                e["ts"] - since
+                for e in self.driver_events(ev.DISCOVERY)
+                if e["ts"] >= since and worker in e["hosts"]
+            ]
+            ranks = [
+                e["ts"] - since
+                for e in self.driver_events(ev.RANK_RUNNING)
+                if e["ts"] >= since and e["host"] == worker
+            ]
+            arrivals.append(
+                Arrival(
+                    worker,
+                    nodes.get(worker),
+                    running=at,
+                    listed=min(listed, default=None),
+                    rank_running=min(ranks, default=None),
+                )
+            )
+        return arrivals
 
     def crash_rank(self, host: str, rank_id: str) -> Step:
         """Makes one rank crash, where it runs: inside the worker (on KWOK, this machine)."""
@@ -292,9 +474,14 @@ class ElasticRun:
         """What happened after a step, in seconds since it, from every observer."""
         end = until or time.time()
         rows = sorted(
-            (r["ts"], describe(r))
-            for r in [*self.volume_events(), *self.driver_events()]
-            if step.started <= r["ts"] <= end and r["event"] in TIMELINE_TEXT
+            [
+                *(
+                    (r["ts"], describe(r))
+                    for r in [*self.volume_events(), *self.driver_events()]
+                    if step.started <= r["ts"] <= end and r["event"] in TIMELINE_TEXT
+                ),
+                *((ts, text) for ts, text in step.marks if ts <= end),
+            ]
         )
         return [(ts - step.started, text) for ts, text in rows]
 
@@ -333,4 +520,25 @@ def describe(record: dict[str, Any]) -> str:
 def format_timeline(step: Step, rows: list[tuple[float, str]]) -> str:
     lines = [f"== {step.label}"]
     lines += [f"   +{offset:6.2f}s  {text}" for offset, text in rows]
+    lines += [f"   {line}" for line in step.lines]
     return "\n".join(lines)
+
+
+def seconds(offset: float | None) -> str:
+    return "never" if offset is None else f"+{offset:.2f}s"
+
+
+def describe_moves(moves: list[Move], arrivals: list[Arrival]) -> list[str]:
+    """One line per worker that left and per worker that came, for the step's figures."""
+    lines = [
+        f"{m.worker} on {m.node}: out of discover_hosts.sh {seconds(m.out_of_discovery)}, "
+        f"deleted (Terminating) {seconds(m.deleted)}, rank left {seconds(m.rank_left)}, "
+        f"gone from the API {seconds(m.gone)}"
+        for m in moves
+    ]
+    lines += [
+        f"replacement {a.worker} on {a.node or '?'}: Running {seconds(a.running)}, listed "
+        f"{seconds(a.listed)}, rank running {seconds(a.rank_running)}"
+        for a in arrivals
+    ]
+    return lines

@@ -3,7 +3,9 @@
 The steps run in order on one job, as a user would walk them: submit with 2 workers
 (bounds 1..5), scale to 4, to 1, back to 3, delete a worker with a grace period (a
 graceful removal), crash a rank (a failure), try an out-of-range edit,
-`kubectl scale`, let the training finish, delete the job. After each step the driver's
+`kubectl scale`, a named scale-in, a Pending worker removed, `kubectl drain` of a node
+with workers and a node tainted as going away (spot), let the training finish, delete
+the job. After each step the driver's
 own record says what Horovod would have seen: hosts gained, hosts removed gracefully,
 failures and blacklists. Every scale step's timeline goes to stdout and to e2e/out/.
 """
@@ -19,7 +21,14 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.harness import ElasticRun, Step, format_timeline, in_cluster_job
+from e2e.harness import (
+    ElasticRun,
+    Step,
+    describe_moves,
+    format_timeline,
+    in_cluster_job,
+    spread_workers,
+)
 from e2e.mockhorovod import CRASH_EXIT_CODE
 from e2e.mockhorovod import events as ev
 from mpijob_elastic import names
@@ -46,6 +55,7 @@ def sample_job() -> dict[str, Any]:
     job: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
     job["metadata"]["annotations"][names.ANN_DRAIN_SECONDS] = str(DRAIN_SECONDS)
     job["spec"].setdefault("runPolicy", {})["cleanPodPolicy"] = "Running"
+    spread_workers(job)
     if IN_CLUSTER:
         in_cluster_job(job, os.environ["E2E_LAUNCHER_IMAGE"], os.environ["E2E_WORKER_IMAGE"])
     return job
@@ -300,6 +310,123 @@ def test_a_pending_worker_is_the_first_victim_and_goes_at_once(run: ElasticRun) 
     assert set(run.worker_pods()) == worker(run, 3, 5)
     run.wait_for_ranks_on(worker(run, 3, 5))
     no_failures(run, since=step.started)
+
+
+# kubectl drain waits until the evicted pods are gone (a worker's ranks hold it up to its
+# grace period, the default 30 s) and, when a disruption budget refuses an eviction,
+# retries every 5 s until the replacements are Ready. Generous: not a timing check.
+DRAIN_TIMEOUT_SECONDS = 120
+# The controller's namespace in config/default: on kind its node is drained of the job's
+# workers only, so the walk never waits on the controller restarting.
+CONTROLLER_NAMESPACE = "mpijob-elastic-system"
+# One of the controller's default --leaving-node-taints (mpijob_elastic/nodes.py).
+LEAVING_TAINT = "karpenter.sh/disrupted"
+
+
+def test_scale_to_3_for_the_node_steps(run: ElasticRun) -> None:
+    step = run.scale(3)
+    # The Pending worker-6 was never listed, so its name was not retired: it comes back.
+    run.wait_for_ranks_on(worker(run, 3, 5, 6))
+    no_failures(run, since=step.started)
+
+
+def gracefully_removed(run: ElasticRun, step: Step, workers: set[str]) -> None:
+    """Horovod let each of these hosts go (out of discovery first), and each rank there
+    left because its host was removed: no failure."""
+    removed = {
+        e["host"]
+        for e in run.driver_events(ev.HOST_REMOVED)
+        if e["ts"] >= step.started and e["graceful"]
+    }
+    assert workers <= removed, (workers, removed)
+    stopped = [e for e in run.driver_events(ev.RANK_STOPPED) if e["ts"] >= step.started]
+    for name in workers:
+        assert [e["reason"] for e in stopped if e["host"] == name] == ["host_removed"], name
+
+
+def test_kubectl_drain_moves_the_workers_off_gracefully(run: ElasticRun) -> None:
+    before = run.worker_nodes()
+    assert len(before) == 3, before
+    node, selector = run.node_to_drain((CONTROLLER_NAMESPACE,) if IN_CLUSTER else ())
+    leaving = {w: n for w, n in before.items() if n == node}
+    staying = set(before) - set(leaving)
+    how = f" --pod-selector=<{run.job}'s workers>" if selector else ""
+    step = run.begin(f"kubectl drain {node}{how}: {', '.join(sorted(leaving))} on it")
+    step.lines.append(
+        "placement before: "
+        + ", ".join(f"{w} on {n}" for w, n in sorted(before.items()))
+        + f"; launcher on {run.launcher_node()}"
+    )
+    try:
+        drained = run.drain(step, node, selector, DRAIN_TIMEOUT_SECONDS)
+        assert drained.returncode == 0, drained.output
+        listed = run.wait_for_size(3)
+        placement = run.worker_nodes()
+    finally:
+        run.cluster.kubectl("uncordon", node, check=False)
+    # The job kept its size, on other nodes, and only the drained node's workers moved.
+    assert not listed & set(leaving), listed
+    assert staying <= listed, (staying, listed)
+    assert all(placement[w] != node for w in listed), placement
+    assert not set(leaving) & set(run.worker_pods())
+    gracefully_removed(run, step, set(leaving))
+    no_failures(run, since=step.started)
+    moves = run.moves(step, leaving)
+    arrivals = run.arrivals(step, set(before))
+    assert {a.worker for a in arrivals} == listed - set(before), arrivals
+    step.lines += [
+        f"kubectl drain took {step.marks[-1][0] - step.started:.2f}s, "
+        f"{drained.refused} evictions refused by the disruption budget (retried)",
+        *describe_moves(moves, arrivals),
+    ]
+    for line in step.lines:
+        print(f"FIGURE drain: {line}")
+
+
+def test_a_leaving_taint_moves_the_workers_off_before_they_go(run: ElasticRun) -> None:
+    before = run.worker_nodes()
+    assert len(before) == 3, before
+    node, _ = run.node_to_drain((CONTROLLER_NAMESPACE,) if IN_CLUSTER else ())
+    leaving = {w: n for w, n in before.items() if n == node}
+    step = run.begin(
+        f"kubectl taint node {node} {LEAVING_TAINT}=:NoSchedule: {', '.join(sorted(leaving))} on it"
+    )
+    step.lines.append(
+        "placement before: " + ", ".join(f"{w} on {n}" for w, n in sorted(before.items()))
+    )
+
+    def moved() -> set[str] | None:
+        listed = set(run.discovered())
+        settled = len(listed) == 3 and run.ranks_running_on() == listed
+        gone = not set(leaving) & (listed | set(run.worker_pods()))
+        return listed if settled and gone else None
+
+    try:
+        run.cluster.kubectl("taint", "node", node, f"{LEAVING_TAINT}=:NoSchedule")
+        listed: set[str] = wait_for(moved, 60, f"{sorted(leaving)} moved off {node}")
+        placement = run.worker_nodes()
+    finally:
+        run.cluster.kubectl("taint", "node", node, f"{LEAVING_TAINT}-", check=False)
+    assert set(before) - set(leaving) <= listed
+    assert all(placement[w] != node for w in listed), placement
+    # Make before break: nothing was evicted, so the workers on the going node stayed
+    # listed until their replacements were; Horovod never had fewer hosts than asked for.
+    sizes = [len(e["hosts"]) for e in run.driver_events(ev.DISCOVERY) if e["ts"] >= step.started]
+    assert min(sizes) >= 3, sizes
+    gracefully_removed(run, step, set(leaving))
+    no_failures(run, since=step.started)
+    moves = run.moves(step, leaving)
+    arrivals = run.arrivals(step, set(before))
+    assert {a.worker for a in arrivals} == listed - set(before), arrivals
+    for m in moves:
+        # Deleted only once its rank had left (the launcher read), not while it ran.
+        assert m.out_of_discovery is not None, m
+        assert m.rank_left is not None, m
+        assert m.deleted is not None, m
+        assert m.out_of_discovery <= m.rank_left <= m.deleted, m
+    step.lines += describe_moves(moves, arrivals)
+    for line in step.lines:
+        print(f"FIGURE taint: {line}")
 
 
 def test_launcher_finishing_succeeds_the_job_and_cleans_up(run: ElasticRun) -> None:
