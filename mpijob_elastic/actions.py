@@ -47,6 +47,15 @@ class DeletePod:
 
 
 @dataclass(frozen=True)
+class DeleteObject:
+    """Delete a child that is not a pod and is no longer wanted, with a UID precondition."""
+
+    kind: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
 class Emit:
     type: str
     reason: str
@@ -59,7 +68,7 @@ class WriteStatus:
     resource_version: str
 
 
-Action = Create | Replace | AnnotatePod | DeletePod | Emit | WriteStatus
+Action = Create | Replace | AnnotatePod | DeletePod | DeleteObject | Emit | WriteStatus
 
 
 def is_child_write(action: Action) -> bool:
@@ -76,6 +85,7 @@ class Observed:
     service_account: Mapping[str, Any] | None = None
     role: Mapping[str, Any] | None = None
     role_binding: Mapping[str, Any] | None = None
+    disruption_budget: Mapping[str, Any] | None = None
     # UIDs of pods whose delete the server accepted while the cache still shows them
     # without a deletionTimestamp (a pod removed at once answers with a Status, not the
     # pod), for at most DELETE_MEMORY_SECONDS.

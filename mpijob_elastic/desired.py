@@ -56,10 +56,12 @@ from mpijob_elastic.status import (
     RUNNING,
     SCALING,
     SUCCEEDED,
+    SUSPENDED,
     StatusBuilder,
     replica_statuses,
 )
-from mpijob_elastic.times import format_time
+from mpijob_elastic.suspend import Suspension, intent, parse_suspension
+from mpijob_elastic.times import format_precise_time, format_time, parse_time
 from mpijob_elastic.workers import (
     Worker,
     discovered_hosts,
@@ -74,6 +76,7 @@ Obj = dict[str, Any]
 # several turns, and the jobs queued behind it get theirs in between instead of waiting
 # for a thousand round trips.
 POD_WRITES_PER_TURN = 100
+_BUDGET = "PodDisruptionBudget"
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,9 @@ class Desired:
     requeue_after: float | None
     # Read the launcher's remote shells: a victim's drain may end early (ranks.py).
     probe: Probe | None = None
+    # Kinds of ``objects`` the job must no longer have (its PodDisruptionBudget, once it
+    # is suspended, finished or no longer elastic).
+    obsolete: Sequence[str] = ()
 
 
 class _Builder:
@@ -139,8 +145,20 @@ class _Builder:
         if self.requeue_after is None or seconds < self.requeue_after:
             self.requeue_after = seconds
 
-    def frozen(self, deletes: Sequence[Worker] = ()) -> Desired:
-        return Desired({}, None, (), (), (), deletes, None, self.status.build(), self.events, None)
+    def frozen(self, deletes: Sequence[Worker] = (), obsolete: Sequence[str] = ()) -> Desired:
+        return Desired(
+            {},
+            None,
+            (),
+            (),
+            (),
+            deletes,
+            None,
+            self.status.build(),
+            self.events,
+            None,
+            obsolete=obsolete,
+        )
 
     def build(self) -> Desired:
         s = self.status
@@ -168,7 +186,8 @@ class _Builder:
             elastic = s.observed.get("elastic")
             if isinstance(elastic, Mapping):
                 s.fields["elastic"] = {**elastic, "listed": 0, "draining": 0}
-            return self.frozen(self.clean_up(spec, workers, launcher))
+            # Pods left running by cleanPodPolicy must not block a node's drain.
+            return self.frozen(self.clean_up(spec, workers, launcher), (_BUDGET,))
         return self.scale(spec, workers, launcher, self.target(spec, workers))
 
     def target(self, spec: JobSpec, workers: Sequence[Worker]) -> int:
@@ -212,7 +231,18 @@ class _Builder:
             if w.phase == "Failed" and not w.terminating and not self.replace_failed(spec, w)
         ]
         requested = target
-        backoff, given_up = self.scale_out(spec, workers, target, old_annotations)
+        backoff = parse_backoff(old_annotations.get(names.ANN_SCALE_OUT_BACKOFF))
+        suspension = parse_suspension(old_annotations.get(names.ANN_SUSPENDED))
+        if spec.bounds.min is None:
+            suspension = None  # no longer elastic: it runs as v1 does, once every worker is up
+        elif suspension is not None and suspension.intent != intent(self.job, spec):
+            # The user changed the job: that is a request for a new attempt now.
+            suspension = Suspension(suspension.since, intent(self.job, spec))
+            backoff = None
+        backoff, given_up = self.scale_out(spec, workers, target, backoff)
+        if suspension is not None and given_up:
+            # The attempt failed: release what it got, wait out the backoff.
+            return self.suspend(spec, workers, launcher, suspension, backoff, 0)
         if backoff is not None and self.now < backoff.retry_at:
             # Running below the requested size until the backoff is over: no new workers.
             gone = {w.name for w in given_up}
@@ -260,14 +290,30 @@ class _Builder:
         role_names = _by_index(spec.name, workers, create_now)
         granted = render.exec_names(self.observed.role)
         hosts = [w.name for w in m.keep if w.can_take_ranks(main) and w.name in granted]
+        below_since = self.below_min(spec, launcher, hosts, old_annotations, suspension)
+        if below_since is not None and suspension is None:
+            timeout = timedelta(seconds=spec.below_min_timeout)
+            if self.now - below_since >= timeout:
+                now = Suspension(self.now, intent(self.job, spec))
+                return self.suspend(spec, workers, launcher, now, None, len(hosts))
+            self.requeue((below_since + timeout - self.now).total_seconds())
         members = _by_index(spec.name, m.keep, m.new_indexes)
         victims = self.drain(spec, m.leaving, listed_hosts(old_data), launcher)
         retired = m.retired | {v.worker.index for v in victims if v.retire}
         if backoff is not None and len(hosts) >= requested:
             backoff = None  # every requested worker runs: the scale-out succeeded
+        # The launcher starts once every worker the job wants exists, none of its names is
+        # taken, and the workers the job minimally needs can take ranks; a suspended job,
+        # whose attempt may be in its backoff with no worker wanted, needs its minimum.
+        needed = target if spec.bounds.min is None else min(spec.bounds.min, target)
+        if suspension is not None:
+            needed = spec.bounds.min or 0
+        resuming = suspension is not None and launcher is None and len(hosts) >= needed
         state = {
             names.ANN_RETIRED_WORKERS: format_indexes(retired),
             names.ANN_SCALE_OUT_BACKOFF: backoff.format() if backoff is not None else "",
+            names.ANN_BELOW_MIN_SINCE: format_precise_time(below_since) if below_since else "",
+            names.ANN_SUSPENDED: suspension.format() if suspension and not resuming else "",
         }
         data = render.config_data(spec, self.settings, members, hosts)
         hash_ = render.config_hash(data)
@@ -277,11 +323,13 @@ class _Builder:
             "RoleBinding": render.role_binding(spec),
             "ConfigMap": render.config_map(spec, data, {k: v for k, v in state.items() if v}),
         }
+        obsolete: tuple[str, ...] = ()
+        if spec.bounds.min and suspension is None:
+            objects[_BUDGET] = render.disruption_budget(spec, spec.bounds.min)
+        else:
+            obsolete = (_BUDGET,)
         self.report_membership(spec, m, create_now, old_data, target)
 
-        # The launcher starts once every worker the job wants exists, none of its names is
-        # taken, and the workers the job minimally needs can take ranks.
-        needed = target if spec.bounds.min is None else min(spec.bounds.min, target)
         blocked = any(self.taken(kind, obj["metadata"]["name"]) for kind, obj in objects.items())
         new_launcher = None
         if (
@@ -292,6 +340,13 @@ class _Builder:
             and len(hosts) >= needed
         ):
             new_launcher = render.launcher_pod(spec, self.settings, hash_, needed)
+            if resuming:
+                message = (
+                    f"{len(hosts)} workers run, at least min-replicas {spec.bounds.min}: "
+                    "starting the launcher again; training continues from its last checkpoint"
+                )
+                s.set(SUSPENDED, False, "Resumed", message)
+                self.event("Normal", "Resumed", message)
         if launcher is not None and (launcher.get("status") or {}).get("phase") == "Running":
             s.set(RUNNING, True, "MPIJobRunning", f"MPIJob {spec.name} is running.")
             if hosts:
@@ -332,6 +387,91 @@ class _Builder:
             events=self.events,
             requeue_after=self.requeue_after,
             probe=self.probe,
+            obsolete=obsolete,
+        )
+
+    def below_min(
+        self,
+        spec: JobSpec,
+        launcher: Mapping[str, Any] | None,
+        hosts: Sequence[str],
+        annotations: Mapping[str, Any],
+        suspension: Suspension | None,
+    ) -> datetime | None:
+        """Since when the running job has had fewer than min-replicas workers listed, if
+        it has now and is to be suspended for it; None otherwise."""
+        if spec.below_min_timeout <= 0 or not spec.bounds.min or suspension is not None:
+            return None
+        # Only a launcher that runs has anything to lose; before its first start the
+        # scale-out timeout alone deals with capacity that does not come.
+        if launcher is None or launcher["metadata"].get("deletionTimestamp"):
+            return None
+        if len(hosts) >= spec.bounds.min:
+            return None
+        return parse_time(annotations.get(names.ANN_BELOW_MIN_SINCE)) or self.now
+
+    def suspend(
+        self,
+        spec: JobSpec,
+        workers: Sequence[Worker],
+        launcher: Mapping[str, Any] | None,
+        suspension: Suspension,
+        backoff: Backoff | None,
+        listed: int,
+    ) -> Desired:
+        """The launcher and every worker deleted, the job, ConfigMap and RBAC kept: on
+        entering the suspension (``listed`` workers were left), and when an attempt to
+        resume timed out (``backoff`` says when the next one is)."""
+        s = self.status
+        pods = list(workers) + ([Worker(-1, launcher)] if launcher is not None else [])
+        doomed = [w for w in pods if not w.terminating and w.uid not in self.observed.deleting]
+        if len(doomed) > POD_WRITES_PER_TURN:
+            self.requeue(0)
+        minimum = spec.bounds.min
+        if backoff is None:
+            message = (
+                f"only {listed} of the min-replicas {minimum} workers were listed for "
+                f"{spec.below_min_timeout:g}s ({names.ANN_BELOW_MIN_TIMEOUT}): launcher and "
+                f"workers deleted, the job, its ConfigMap and RBAC kept; creating "
+                f"{spec.worker.replicas} workers again now, resuming once {minimum} run"
+            )
+            self.event("Warning", "Suspended", message)
+            self.requeue(0)
+        else:
+            message = (
+                f"waiting for capacity: fewer than min-replicas {minimum} workers ran within "
+                f"{spec.scale_out_timeout:g}s ({backoff.reason}); trying again at "
+                f"{format_time(backoff.retry_at)} (attempt {backoff.attempts + 1})"
+            )
+            self.requeue((backoff.retry_at - self.now).total_seconds())
+        s.set(SUSPENDED, True, "WaitingForCapacity", message)
+        if s.get(RUNNING) is not None:
+            s.set(RUNNING, False, "MPIJobSuspended", f"MPIJob {spec.name} is suspended.")
+        s.clear(SCALING, "Suspended", "the job is suspended")
+        s.fields["elastic"] = {"listed": 0, "draining": 0, "retired": ""}
+        state = {names.ANN_SUSPENDED: suspension.format()}
+        if backoff is not None:
+            state[names.ANN_SCALE_OUT_BACKOFF] = backoff.format()
+        # A new launcher is a new Horovod job with an empty blacklist: names are fresh again.
+        data = render.config_data(spec, self.settings, [], [])
+        objects = {
+            "ServiceAccount": render.service_account(spec),
+            "Role": render.role(spec, []),
+            "RoleBinding": render.role_binding(spec),
+            "ConfigMap": render.config_map(spec, data, state),
+        }
+        return Desired(
+            objects=objects,
+            config_hash=None,
+            workers=(),
+            new_pods=(),
+            victims=(),
+            deletes=doomed[:POD_WRITES_PER_TURN],
+            launcher=None,
+            status=s.build(),
+            events=self.events,
+            requeue_after=self.requeue_after,
+            obsolete=(_BUDGET,),
         )
 
     def drain(
@@ -437,14 +577,9 @@ class _Builder:
         }
 
     def scale_out(
-        self,
-        spec: JobSpec,
-        workers: Sequence[Worker],
-        target: int,
-        annotations: Mapping[str, Any],
+        self, spec: JobSpec, workers: Sequence[Worker], target: int, backoff: Backoff | None
     ) -> tuple[Backoff | None, list[Worker]]:
         """The scale-out backoff in force, and the new workers to give up on now."""
-        backoff = parse_backoff(annotations.get(names.ANN_SCALE_OUT_BACKOFF))
         # Only an elastic job can run below its requested size: one without min-replicas
         # needs every worker (v1), so it waits for them however long it takes.
         timeout = spec.scale_out_timeout if spec.bounds.min is not None else 0.0

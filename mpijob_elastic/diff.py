@@ -4,7 +4,8 @@ The order is the safety argument, stated once, here. The shell executes the writ
 this order and stops at the first one refused, so every write may rely on the ones above
 it having landed:
 
-1. The ServiceAccount.
+1. The ServiceAccount, and the PodDisruptionBudget before any worker it protects exists
+   (or the budget's delete, once the job is suspended, finished or no longer elastic).
 2. The ConfigMap: victims leave the host lists before anything happens to them; a worker
    is listed only once the Role we wrote grants exec on it (``desired.py``).
 3. The launcher's config-hash annotation: its kubelet refreshes the mounted files now.
@@ -37,6 +38,7 @@ from mpijob_elastic.actions import (
     Action,
     AnnotatePod,
     Create,
+    DeleteObject,
     DeletePod,
     Observed,
     Plan,
@@ -56,11 +58,17 @@ _OWNED_KEYS = {
     "Role": ("rules",),
     "RoleBinding": ("subjects", "roleRef"),
     "ConfigMap": ("data",),
+    "PodDisruptionBudget": ("spec",),
 }
 
 
 # Annotations that are ours to set and to remove; any other is left as it is.
-_OWNED_ANNOTATIONS = (names.ANN_RETIRED_WORKERS, names.ANN_SCALE_OUT_BACKOFF)
+_OWNED_ANNOTATIONS = (
+    names.ANN_RETIRED_WORKERS,
+    names.ANN_SCALE_OUT_BACKOFF,
+    names.ANN_BELOW_MIN_SINCE,
+    names.ANN_SUSPENDED,
+)
 
 
 def _ensure(desired: Obj, observed: Mapping[str, Any] | None, keys: Sequence[str]) -> Action | None:
@@ -93,6 +101,7 @@ def _observed_object(observed: Observed, kind: str) -> Mapping[str, Any] | None:
         "Role": observed.role,
         "RoleBinding": observed.role_binding,
         "ConfigMap": observed.config_map,
+        "PodDisruptionBudget": observed.disruption_budget,
     }[kind]
 
 
@@ -104,7 +113,12 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
         action = _ensure(obj, _observed_object(observed, kind), _OWNED_KEYS[kind])
         return [] if action is None else [action]
 
-    writes = ensure("ServiceAccount") + ensure("ConfigMap")
+    writes = ensure("ServiceAccount") + ensure("PodDisruptionBudget") + ensure("ConfigMap")
+    for kind in want.obsolete:
+        gone = _observed_object(observed, kind)
+        if gone is not None and not gone["metadata"].get("deletionTimestamp"):
+            meta = gone["metadata"]
+            writes.append(DeleteObject(kind, meta["name"], str(meta.get("uid", ""))))
 
     job_name = str(observed.job["metadata"]["name"])
     launcher = next(

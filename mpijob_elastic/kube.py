@@ -22,6 +22,7 @@ RESOURCES: Final[Mapping[str, tuple[str, str]]] = {
     "Event": ("/api/v1", "events"),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     "MPIJob": ("/apis/kubeflow.org/v1", "mpijobs"),
 }
 

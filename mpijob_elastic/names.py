@@ -35,6 +35,9 @@ ANN_DRAIN_SECONDS: Final = "mpijob-elastic.io/drain-seconds"
 ANN_SCALE_OUT_TIMEOUT: Final = "mpijob-elastic.io/scale-out-timeout-seconds"
 # Worker pod names to remove gracefully, comma-separated (a named scale-in).
 ANN_REMOVE_WORKERS: Final = "mpijob-elastic.io/remove-workers"
+# How long a running elastic job may have fewer than min-replicas workers listed before it
+# is suspended until capacity returns (unset or 0: never).
+ANN_BELOW_MIN_TIMEOUT: Final = "mpijob-elastic.io/below-min-timeout-seconds"
 
 # State the controller keeps on the objects it owns, so a restart resumes where it was.
 ANN_DRAINING_SINCE: Final = "mpijob-elastic.io/draining-since"
@@ -43,6 +46,10 @@ ANN_CONFIG_HASH: Final = "mpijob-elastic.io/config-hash"
 ANN_RETIRED_WORKERS: Final = "mpijob-elastic.io/retired-workers"
 # On the ConfigMap: a scale-out that timed out, "<attempts> <retry at> <why>".
 ANN_SCALE_OUT_BACKOFF: Final = "mpijob-elastic.io/scale-out-backoff"
+# On the ConfigMap: since when a running job has had fewer than min-replicas workers listed.
+ANN_BELOW_MIN_SINCE: Final = "mpijob-elastic.io/below-min-since"
+# On the ConfigMap: the job is suspended for capacity, "<since> <what the user last set>".
+ANN_SUSPENDED: Final = "mpijob-elastic.io/suspended"
 
 CONFIG_MOUNT: Final = "/etc/mpi"
 HOSTFILE: Final = "hostfile"
@@ -60,6 +67,10 @@ def worker_name(job: str, index: int) -> str:
 
 def config_map_name(job: str) -> str:
     return f"{job}-config"
+
+
+def disruption_budget_name(job: str) -> str:
+    return f"{job}-workers"
 
 
 def selector(job: str, role: str) -> str:

@@ -40,7 +40,7 @@ Obj = dict[str, Any]
 # Children are all labelled with the job's name; watching only those keeps the caches to
 # the objects this controller can own, not every pod in the cluster.
 CHILD_SELECTOR = f"{names.LABEL_GROUP}={names.GROUP},{names.LABEL_JOB}"
-CHILD_KINDS = ("Pod", "ConfigMap", "ServiceAccount", "Role", "RoleBinding")
+CHILD_KINDS = ("Pod", "ConfigMap", "ServiceAccount", "Role", "RoleBinding", "PodDisruptionBudget")
 
 
 def _job_signature(job: Obj) -> tuple[Any, ...]:
@@ -247,6 +247,9 @@ class Controller:
             service_account=named("ServiceAccount", launcher),
             role=named("Role", launcher),
             role_binding=named("RoleBinding", launcher),
+            disruption_budget=named(
+                "PodDisruptionBudget", names.disruption_budget_name(meta["name"])
+            ),
             deleting=memory.deleting(pods, now),
             conflicts=memory.taken(now),
             ranks=self.probes.answer((ns, meta["name"])),

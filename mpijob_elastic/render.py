@@ -210,6 +210,24 @@ def config_map(
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": dict(data)}
 
 
+def disruption_budget(spec: JobSpec, min_available: int) -> Obj:
+    """Keeps voluntary disruptions (``kubectl drain``, the cluster autoscaler, Karpenter
+    consolidation: anything that evicts) from taking the job below ``min_available``
+    workers; our own deletes are not evictions and pass. A worker that is not Ready
+    (Pending, crash-looping) holds no rank, so it may always be evicted: it must never
+    block a node's drain."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(spec, names.disruption_budget_name(spec.name), names.ROLE_WORKER),
+        "spec": {
+            "minAvailable": min_available,
+            "selector": {"matchLabels": names.labels(spec.name, names.ROLE_WORKER)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
 def pod_restart_policy(replica: ReplicaSpec) -> str:
     # ExitCode is decided by the controller from the exit code, so the kubelet must not
     # restart the container itself.

@@ -111,6 +111,8 @@ class JobSpec:
     scale_out_timeout: float = Settings.default_scale_out_timeout_seconds
     # Worker pod names the user asked to remove (mpijob-elastic.io/remove-workers).
     remove: frozenset[str] = frozenset()
+    # 0: never suspended for lack of capacity (suspend.py).
+    below_min_timeout: float = 0.0
 
 
 def managed_by(job: Mapping[str, Any]) -> str | None:
@@ -341,6 +343,16 @@ def parse(
         annotations, names.ANN_SCALE_OUT_TIMEOUT, default_scale_out_timeout, errors
     )
     remove = _remove_workers(annotations, name, errors)
+    below_min_timeout = _seconds(annotations, names.ANN_BELOW_MIN_TIMEOUT, 0.0, errors)
+    if below_min_timeout > 0 and not bounds.min:
+        # Silently never suspending would leave the user believing the job is protected.
+        errors.append(
+            FieldError(
+                f"metadata.annotations[{names.ANN_BELOW_MIN_TIMEOUT}]",
+                f"needs {names.ANN_MIN_REPLICAS} of at least 1: only an elastic job has a "
+                "minimum to fall below",
+            )
+        )
 
     if name is not None and not _DNS_LABEL.match(name):
         errors.append(
@@ -395,4 +407,5 @@ def parse(
         drain_seconds=drain,
         scale_out_timeout=scale_out_timeout,
         remove=remove,
+        below_min_timeout=below_min_timeout,
     )

@@ -28,6 +28,7 @@ SCALING = "Scaling"
 RUNNING = "Running"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
+SUSPENDED = "Suspended"
 POD_REJECTED = "PodTemplateRejected"
 CONDITION_ORDER = (CREATED, INVALID, REFUSED, SCALING, RUNNING, "Restarting", SUCCEEDED, FAILED)
 
@@ -107,9 +108,15 @@ class StatusBuilder:
     def build(self) -> Obj:
         status = {**self.observed, **self.fields}
         order = {t: i for i, t in enumerate(CONDITION_ORDER)}
-        status["conditions"] = sorted(
-            self.conditions.values(), key=lambda c: order.get(c["type"], len(order))
-        )
+
+        def position(c: Obj) -> float:
+            if c["type"] == SUSPENDED:
+                # Last while it holds, so `kubectl get mpijob` shows it as the state; a job
+                # that resumed shows Running again.
+                return len(order) if c.get("status") == "True" else order[SCALING] + 0.5
+            return order.get(c["type"], len(order))
+
+        status["conditions"] = sorted(self.conditions.values(), key=position)
         return status
 
 

@@ -33,6 +33,7 @@ from mpijob_elastic.actions import (
     Action,
     AnnotatePod,
     Create,
+    DeleteObject,
     DeletePod,
     Emit,
     Plan,
@@ -84,6 +85,8 @@ def describe(action: Action) -> tuple[str, str, str]:
         return "annotate", "Pod", action.name
     if isinstance(action, DeletePod):
         return "delete", "Pod", action.name
+    if isinstance(action, DeleteObject):
+        return "delete", action.kind, action.name
     return "write", names.KIND, "status"
 
 
@@ -225,6 +228,16 @@ class Writer:
                     self._cache(result)
                 self.of(key).deletes[action.uid] = time.monotonic()
             log.info("deleted pod", extra={"job": "/".join(key), "pod": action.name})
+        elif isinstance(action, DeleteObject):
+            try:
+                await self.kube.delete(action.kind, ns, action.name, action.uid)
+            except ApiError as err:
+                if not (err.not_found or err.conflict):
+                    raise
+            log.info(
+                "deleted",
+                extra={"job": "/".join(key), "kind": action.kind, "object": action.name},
+            )
 
     async def _conflict(self, key: Key, job: Obj, action: Create, err: ApiError) -> None:
         """Learn who holds a name we wanted, unless it is our own object the cache missed."""

@@ -487,7 +487,7 @@ def test_deleting_the_job_leaves_nothing(
     def leftovers() -> str:
         return cluster.kubectl(
             "get",
-            "pods,configmaps,serviceaccounts,roles,rolebindings",
+            "pods,configmaps,serviceaccounts,roles,rolebindings,poddisruptionbudgets",
             "-n",
             job.ns,
             "-l",

@@ -271,6 +271,10 @@ GRANTED = [
     ("create", "events", ""),
     ("patch", "events", ""),
     *[(v, "nodes", "") for v in ("list", "watch")],
+    *[
+        (v, "poddisruptionbudgets.policy", "")
+        for v in ("list", "watch", "create", "update", "delete")
+    ],
 ]
 DENIED = [
     ("create", "mpijobs.kubeflow.org", ""),
@@ -299,6 +303,9 @@ DENIED = [
     ("get", "events", ""),
     ("create", "events.events.k8s.io", ""),
     ("create", "namespaces", ""),
+    ("get", "poddisruptionbudgets.policy", ""),
+    ("patch", "poddisruptionbudgets.policy", ""),
+    ("update", "poddisruptionbudgets.policy", "status"),
 ]
 
 

@@ -141,6 +141,9 @@ def observe(
         service_account=owned.get(("ServiceAccount", launcher)),
         role=owned.get(("Role", launcher)),
         role_binding=owned.get(("RoleBinding", launcher)),
+        disruption_budget=owned.get(
+            ("PodDisruptionBudget", names.disruption_budget_name(job_name))
+        ),
         deleting=memory.deleting(pods, seconds),
         conflicts=memory.taken(seconds),
         ranks=ranks,
@@ -302,6 +305,10 @@ class World:
         if current["metadata"]["uid"] != uid:
             raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {uid}")
         self._check_for(_controller_uid(current), kind, name)
+        if kind != "Pod":
+            # No finalizers on the other children: they go at once.
+            self._remove((kind, name))
+            return copy.deepcopy(current)
         self._pod_deleted(current)
         if not current["metadata"].get("deletionTimestamp"):
             # A kubelet with grace, like KWOK, marks the pod first and removes it later.

@@ -21,6 +21,7 @@ def test_render_prints_every_child(capsys: pytest.CaptureFixture[str]) -> None:
         ("Pod", "elastic-horovod-launcher"),
         ("Pod", "elastic-horovod-worker-0"),
         ("Pod", "elastic-horovod-worker-1"),
+        ("PodDisruptionBudget", "elastic-horovod-workers"),
         ("Role", "elastic-horovod-launcher"),
         ("RoleBinding", "elastic-horovod-launcher"),
         ("ServiceAccount", "elastic-horovod-launcher"),

@@ -1,0 +1,130 @@
+"""Issue 13 on the real local cluster: an elastic job's PodDisruptionBudget makes the
+eviction API (what `kubectl drain`, the cluster autoscaler and Karpenter use) refuse to
+take it below min-replicas; a job that stays below its minimum is suspended and resumes by
+itself once capacity returns."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from mpijob_elastic import names
+from tests.cluster import Cluster
+from tests.controller import StartController, wait_for
+from tests.integration.test_controller import Job, elastic_job
+from tests.integration.test_membership import fill, running_launcher, unfill
+
+pytestmark = pytest.mark.usefixtures("crd")
+
+
+@pytest.fixture
+def job(cluster: Cluster, namespace: str) -> Job:
+    return Job(cluster, namespace, "capacity")
+
+
+def budget(job: Job) -> dict[str, Any] | None:
+    path = (
+        f"/apis/policy/v1/namespaces/{job.ns}/poddisruptionbudgets/"
+        f"{names.disruption_budget_name(job.name)}"
+    )
+    return job.cluster.raw("GET", path)
+
+
+def evict(job: Job, pod: str) -> str:
+    """Ask the eviction API to evict the pod, as `kubectl drain` does; its error, or ""."""
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": pod, "namespace": job.ns},
+    }
+    done = job.cluster.kubectl(
+        "create",
+        "--raw",
+        f"/api/v1/namespaces/{job.ns}/pods/{pod}/eviction",
+        "-f",
+        "-",
+        input=json.dumps(eviction),
+        check=False,
+    )
+    return "" if done.returncode == 0 else done.stderr
+
+
+def allowed(job: Job, n: int) -> bool:
+    status = (budget(job) or {}).get("status") or {}
+    return status.get("disruptionsAllowed") == n and status.get("observedGeneration") is not None
+
+
+def test_evictions_stop_at_min_replicas(
+    cluster: Cluster, job: Job, start_controller: StartController
+) -> None:
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 2, min_replicas="2"))
+    job.wait_hosts(2)
+    wait_for(lambda: allowed(job, 0), 20, "the budget allows no disruption at the minimum")
+    spec = (budget(job) or {})["spec"]
+    assert spec["minAvailable"] == 2
+    victim = names.worker_name(job.name, 1)
+    refused = evict(job, victim)
+    assert "disruption budget" in refused, refused
+    assert victim in job.workers()
+
+    job.set_workers(3)
+    job.wait_hosts(3)
+    wait_for(lambda: allowed(job, 1), 20, "one disruption allowed above the minimum")
+    assert evict(job, victim) == ""
+    # The evicted worker is replaced under a fresh name and the job is back at its size.
+    wait_for(lambda: victim not in job.workers(), 20, f"{victim} evicted")
+    wait_for(lambda: len(job.hosts()) == 3 and f"{victim}:1" not in job.hosts(), 20, "back at 3")
+
+
+def test_below_the_minimum_the_job_is_suspended_and_resumes(
+    cluster: Cluster, job: Job, start_controller: StartController
+) -> None:
+    start_controller(job.ns)
+    manifest = elastic_job(job.name, 2, min_replicas="2")
+    annotations = manifest["metadata"]["annotations"]
+    annotations[names.ANN_BELOW_MIN_TIMEOUT] = "3"
+    annotations[names.ANN_SCALE_OUT_TIMEOUT] = "5"
+    job.create(manifest)
+    job.wait_hosts(2)
+    running_launcher(job)
+    lost = names.worker_name(job.name, 1)
+    try:
+        fill(cluster)
+        # The node went with the worker: its replacement finds no room.
+        cluster.kubectl("delete", "pod", lost, "-n", job.ns, "--grace-period=0", "--force")
+        started = time.monotonic()
+
+        def suspended() -> bool:
+            cond = job.condition("Suspended") or {}
+            return cond.get("status") == "True" and not job.pods(names.ROLE_LAUNCHER)
+
+        wait_for(suspended, 20, "the job suspended, its launcher gone")
+        took = time.monotonic() - started
+        cond = job.condition("Suspended") or {}
+        assert cond["reason"] == "WaitingForCapacity"
+        assert "of the min-replicas 2 workers were listed for 3s" in cond["message"]
+        assert (job.condition("Running") or {}).get("status") == "False"
+        assert job.get()["status"]["conditions"][-1]["type"] == "Suspended"
+        assert budget(job) is None, "a suspended job holds no budget"
+        assert job.config()[names.HOSTFILE] is not None, "the ConfigMap stays"
+        assert [r for _, r, _ in job.events() if r == "Suspended"]
+        # The probe: the job's workers exist (Pending) so an autoscaler can make room.
+        wait_for(lambda: len(job.workers()) == 2, 15, "the probe's workers created")
+    finally:
+        unfill(cluster)
+    wait_for(lambda: job.pods(names.ROLE_LAUNCHER), 60, "the launcher started again")
+    resumed = time.monotonic() - started
+    running_launcher(job)
+    cond = job.condition("Suspended") or {}
+    assert (cond.get("status"), cond.get("reason")) == ("False", "Resumed")
+    job.wait_hosts(2)
+    wait_for(lambda: (job.condition("Running") or {}).get("status") == "True", 15, "Running")
+    wait_for(lambda: budget(job) is not None, 15, "the budget back")
+    print(
+        f"FIGURE suspended {took:.2f}s after the worker was lost (below-min timeout 3s); "
+        f"launcher back {resumed:.2f}s after"
+    )
