@@ -105,6 +105,9 @@ start_dockerd() {
 }
 
 node_container() { echo "$cluster_name-control-plane"; }
+# Two nodes, both taking pods: a node can be drained while the job keeps its size on the
+# other (the e2e walk's kubectl drain). kind names them after their roles.
+node_containers=("$cluster_name-control-plane" "$cluster_name-worker")
 
 cluster_exists() { kind get clusters 2>/dev/null | grep -x "$cluster_name" >/dev/null; }
 
@@ -124,9 +127,14 @@ ensure_kubectl() {
 }
 
 cluster_healthy() {
-  [ "$(docker inspect -f '{{.State.Running}}' "$(node_container)" 2>/dev/null)" = true ] || return 1
+  local node
+  for node in "${node_containers[@]}"; do
+    [ "$(docker inspect -f '{{.State.Running}}' "$node" 2>/dev/null)" = true ] || return 1
+  done
   write_kubeconfig || return 1
-  k get --raw /readyz >/dev/null 2>&1
+  k get --raw /readyz >/dev/null 2>&1 || return 1
+  # A cluster made before it had a worker node has one node: made again.
+  [ "$(k get nodes -o name 2>/dev/null | wc -l)" = "${#node_containers[@]}" ]
 }
 
 # debootstrap once, then the Python base and the node base on top of it, side by side.
@@ -179,12 +187,21 @@ build_local_node_image() {
 }
 
 # Pod networking without kindnetd (an image we cannot pull): the ptp plugin with host-local
-# addresses from the node's pod range, mounted into the node. One node only.
+# addresses, mounted into each node: node i gets 10.244.i.0/24, and route_pod_ranges tells
+# every node where the others' ranges are.
+cni_config() { echo "$run_dir/cni/10-ptp-$1.conflist"; }
 write_cni_config() {
-  # Docker makes a missing bind-mount source a directory (a node restarted without it).
-  [ ! -d "$run_dir/cni/10-ptp.conflist" ] || rm -rf "$run_dir/cni/10-ptp.conflist"
+  local i f
   mkdir -p "$run_dir/cni"
-  cat >"$run_dir/cni/10-ptp.conflist" <<EOF
+  for i in "${!node_containers[@]}"; do
+    f=$(cni_config "$i")
+    # Docker makes a missing bind-mount source a directory (a node restarted without it).
+    [ ! -d "$f" ] || rm -rf "$f"
+    write_ptp_conflist "${pod_subnet%.0.0/16}.$i.0/24" >"$f"
+  done
+}
+write_ptp_conflist() {
+  cat <<EOF
 {
   "cniVersion": "0.4.0",
   "name": "kind-ptp",
@@ -195,7 +212,7 @@ write_cni_config() {
       "mtu": $(host_mtu),
       "ipam": {
         "type": "host-local",
-        "ranges": [[{"subnet": "${pod_subnet%.0.0/16}.0.0/24"}]],
+        "ranges": [[{"subnet": "$1"}]],
         "routes": [{"dst": "0.0.0.0/0"}]
       }
     },
@@ -206,22 +223,24 @@ EOF
 }
 
 write_kind_config() {
-  local f="$run_dir/kind-config-$cluster_name.yaml"
+  local f="$run_dir/kind-config-$cluster_name.yaml" i
   {
     echo "kind: Cluster"
     echo "apiVersion: kind.x-k8s.io/v1alpha4"
     echo "networking:"
     echo "  apiServerAddress: 127.0.0.1"
     echo "  podSubnet: $pod_subnet"
-    if [ "$node_mode" = local ]; then
-      echo "  disableDefaultCNI: true"
-      echo "nodes:"
-      echo "  - role: control-plane"
-      echo "    extraMounts:"
-      echo "      - hostPath: $run_dir/cni/10-ptp.conflist"
-      echo "        containerPath: /etc/cni/net.d/10-ptp.conflist"
-      echo "        readOnly: true"
-    fi
+    [ "$node_mode" != local ] || echo "  disableDefaultCNI: true"
+    echo "nodes:"
+    for i in "${!node_containers[@]}"; do
+      if [ "$i" = 0 ]; then echo "  - role: control-plane"; else echo "  - role: worker"; fi
+      if [ "$node_mode" = local ]; then
+        echo "    extraMounts:"
+        echo "      - hostPath: $(cni_config "$i")"
+        echo "        containerPath: /etc/cni/net.d/10-ptp.conflist"
+        echo "        readOnly: true"
+      fi
+    done
   } >"$f"
   echo "$f"
 }
@@ -238,19 +257,33 @@ ensure_network() {
   log "docker network kind ($kind_subnet, bridge br-${id:0:12})"
 }
 
+# Each node's pod range through that node's address on the kind network (the ptp plugin
+# only routes a node's own pods).
+route_pod_ranges() {
+  local i j ip
+  for i in "${!node_containers[@]}"; do
+    ip=$(docker inspect -f '{{(index .NetworkSettings.Networks "kind").IPAddress}}' "${node_containers[$i]}") ||
+      die "no address of ${node_containers[$i]} on the kind network"
+    for j in "${!node_containers[@]}"; do
+      [ "$i" = "$j" ] || docker exec "${node_containers[$j]}" ip route replace "${pod_subnet%.0.0/16}.$i.0/24" via "$ip" ||
+        die "route to the pods of ${node_containers[$i]}"
+    done
+  done
+}
+
 wait_ready() {
   local start=$SECONDS
   until k get serviceaccount default -n default >/dev/null 2>&1; do
     [ $((SECONDS - start)) -lt 120 ] || die "no default ServiceAccount after 120s"
     sleep 1
   done
-  k wait --for=condition=Ready "node/$(node_container)" --timeout=120s >/dev/null ||
-    die "node not Ready"
+  k wait --for=condition=Ready nodes --all --timeout=120s >/dev/null ||
+    die "nodes not Ready (kubectl get nodes)"
   k -n kube-system rollout status daemonset/kube-proxy --timeout=120s >/dev/null ||
     die "kube-proxy not ready (kubectl -n kube-system get pods)"
   k -n kube-system rollout status deployment/coredns --timeout=120s >/dev/null ||
     die "coredns not ready (kubectl -n kube-system get pods)"
-  log "node Ready, default ServiceAccount, kube-proxy and coredns up in $((SECONDS - start))s"
+  log "nodes Ready, default ServiceAccount, kube-proxy and coredns up in $((SECONDS - start))s"
 }
 
 # One kind-up or kind-down at a time (they share the engine, the network and the caches).
@@ -280,7 +313,7 @@ if cluster_exists; then
     echo "$kubeconfig_path"
     exit 0
   fi
-  log "cluster $cluster_name exists but does not answer: recreating it"
+  log "cluster $cluster_name exists but does not answer or has another number of nodes: recreating it"
   kind delete cluster --name "$cluster_name" --kubeconfig "$kubeconfig_path" >&2
 fi
 
@@ -296,6 +329,14 @@ if ! kind create cluster --name "$cluster_name" --image "$NODE_IMAGE" --config "
   die "kind create cluster (hack/kind-down.sh cleans up)"
 fi
 log "kind create cluster done in $((SECONDS - start))s"
+[ "$node_mode" != local ] || route_pod_ranges
+# kind keeps the control plane's NoSchedule taint once there is a worker node; with it,
+# every pod would go to the worker and a drain there could not keep a job's size.
+cp_taints=$(k get node "$(node_container)" -o jsonpath='{.spec.taints[*].key}') || die "reading the control-plane node"
+if [[ " $cp_taints " == *" node-role.kubernetes.io/control-plane "* ]]; then
+  k taint nodes "$(node_container)" node-role.kubernetes.io/control-plane:NoSchedule- >/dev/null ||
+    die "untainting the control-plane node"
+fi
 wait_ready
 log "cluster $cluster_name up in $((SECONDS - total))s; kubeconfig $kubeconfig_path"
 echo "$kubeconfig_path"
