@@ -1,4 +1,5 @@
-"""`make demo`: an elastic MPIJob scaled 2 -> 4 -> 1 -> 3 on a local cluster, explained.
+"""`make demo`: an elastic MPIJob scaled 2 -> 4 -> 1 -> 3 on a local cluster, then a node
+with workers drained, explained.
 
 python -m e2e.demo [--keep]
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from e2e.harness import ElasticRun, Step
+from e2e.harness import ElasticRun, Step, describe_moves, spread_workers
 from e2e.mockhorovod import events as ev
 from mpijob_elastic import names
 from tests.cluster import HACK, ROOT, Cluster, binaries_dir
@@ -37,7 +38,7 @@ def section(title: str) -> None:
     print(f"\n\033[1m{title}\033[0m" if sys.stdout.isatty() else f"\n{title}", flush=True)
 
 
-def show_state(run: ElasticRun, step: Step) -> None:
+def show_state(run: ElasticRun, step: Step, since: str = "the edit") -> None:
     pods = json.loads(
         run.kubectl("get", "pods", "-l", names.selector(run.job, "worker"), "-o", "json")
     )
@@ -45,14 +46,17 @@ def show_state(run: ElasticRun, step: Step) -> None:
     for pod in sorted(pods["items"], key=lambda p: int(p["metadata"]["name"].rsplit("-", 1)[1])):
         meta = pod["metadata"]
         state = pod.get("status", {}).get("phase", "?")
+        if meta.get("deletionTimestamp"):
+            state += ", terminating"
         if names.ANN_DRAINING_SINCE in (meta.get("annotations") or {}):
             state += ", draining (out of discover_hosts.sh, deleted once its ranks left)"
-        print(f"    {meta['name']:28} {state}")
+        node = pod["spec"].get("nodeName") or "-"
+        print(f"    {meta['name']:28} {node:12} {state}")
     script = (run.etc_mpi / names.DISCOVER_HOSTS).read_text()
     print("  /etc/mpi/discover_hosts.sh, as the launcher sees it:")
     for line in script.splitlines():
         print(f"    {line}")
-    print("  what happened, in seconds since the edit:")
+    print(f"  what happened, in seconds since {since}:")
     for offset, text in run.timeline(step):
         print(f"    +{offset:5.2f}s  {text}")
     failures = len(run.driver_events(ev.RANK_FAILED))
@@ -66,7 +70,8 @@ def show_state(run: ElasticRun, step: Step) -> None:
 def sample() -> dict[str, Any]:
     job: dict[str, Any] = yaml.safe_load((ROOT / "config/samples/elastic-mpijob.yaml").read_text())
     job["metadata"]["annotations"][names.ANN_DRAIN_SECONDS] = str(DRAIN_SECONDS)
-    return job
+    # A node reclaimed then takes one worker, not the whole job (step 7).
+    return spread_workers(job)
 
 
 def demo(cluster: Cluster, workdir: Path) -> None:
@@ -144,7 +149,48 @@ def demo(cluster: Cluster, workdir: Path) -> None:
         )
         say(f"  kubectl scale --replicas=9 -> {refused.stderr.strip()}")
 
-        section("7. The training finishes")
+        section("7. A node goes away: kubectl drain")
+        node, selector = run.node_to_drain()
+        before = run.worker_nodes()
+        leaving = {w: n for w, n in before.items() if n == node}
+        # Indented as the text below, which say() dedents as a whole.
+        only = f" \\\n{' ' * 16}--pod-selector={selector}" if selector else ""
+        say(f"""
+            A node is emptied, for maintenance or before a spot node is reclaimed:
+              kubectl drain {node} --ignore-daemonsets --delete-emptydir-data --force \\
+                --timeout=120s{only}
+            It cordons the node and evicts its pods, here {", ".join(sorted(leaving))}.
+            The controller sees the cordon and creates a replacement elsewhere at once. An
+            evicted worker (deleted with a grace period) leaves discover_hosts.sh at once,
+            and the default worker command keeps its rank alive until it leaves at its next
+            commit, so Horovod removes the host gracefully: no failure, no blacklist. The
+            job's PodDisruptionBudget (minAvailable = min-replicas) makes kubectl drain wait
+            rather than take the job below its minimum.
+        """)
+        say("  the job's disruption budget (kubectl get pdb):")
+        for line in run.kubectl("get", "pdb").splitlines():
+            print(f"    {line}")
+        step = run.begin(f"kubectl drain {node}")
+        try:
+            drained = run.drain(step, node, selector)
+            for line in drained.output.splitlines():
+                print(f"    {line}")
+            run.wait_for_size(3)
+            wait_for(lambda: not set(leaving) & set(run.worker_pods()), 30, "the evicted pods")
+            show_state(run, step, since="the drain")
+            placement = run.worker_nodes()
+            say("  the workers that left and their replacements, in seconds since the drain:")
+            for line in describe_moves(run.moves(step, leaving), run.arrivals(step, set(before))):
+                print(f"    {line}")
+        finally:
+            run.kubectl("uncordon", node)
+        still = sum(n == node for n in placement.values())
+        say(f"""
+            The job runs {len(placement)} workers, {still or "none"} of them on {node}
+            (uncordoned again now).
+        """)
+
+        section("8. The training finishes")
         code = run.finish()
         wait_for(lambda: "Succeeded" in run.kubectl("get", "mpijob", run.job), 30, "Succeeded")
         say(f"  The driver exited {code}, so the launcher pod ended, and the job:")
