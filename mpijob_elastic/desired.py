@@ -188,6 +188,18 @@ class _Builder:
                 s.fields["elastic"] = {**elastic, "listed": 0, "draining": 0}
             # Pods left running by cleanPodPolicy must not block a node's drain.
             return self.frozen(self.clean_up(spec, workers, launcher), (_BUDGET,))
+        if spec.suspend:
+            # runPolicy.suspend, as training-operator does it: everything stops, a resume
+            # starts the training again from the user's checkpoint.
+            message = f"MPIJob {spec.name} is suspended."
+            if s.set(SUSPENDED, True, "MPIJobSuspended", message):
+                self.event("Normal", "MPIJobSuspended", message)
+            return self.stop(spec, workers, launcher, {})
+        suspended = s.get(SUSPENDED)
+        if s.is_true(SUSPENDED) and (suspended or {}).get("reason") == "MPIJobSuspended":
+            message = f"MPIJob {spec.name} is resumed."
+            s.set(SUSPENDED, False, "MPIJobResumed", message)
+            self.event("Normal", "MPIJobResumed", message)
         return self.scale(spec, workers, launcher, self.target(spec, workers))
 
     def target(self, spec: JobSpec, workers: Sequence[Worker]) -> int:
@@ -422,11 +434,6 @@ class _Builder:
         """The launcher and every worker deleted, the job, ConfigMap and RBAC kept: on
         entering the suspension (``listed`` workers were left), and when an attempt to
         resume timed out (``backoff`` says when the next one is)."""
-        s = self.status
-        pods = list(workers) + ([Worker(-1, launcher)] if launcher is not None else [])
-        doomed = [w for w in pods if not w.terminating and w.uid not in self.observed.deleting]
-        if len(doomed) > POD_WRITES_PER_TURN:
-            self.requeue(0)
         minimum = spec.bounds.min
         if backoff is None:
             message = (
@@ -444,14 +451,30 @@ class _Builder:
                 f"{format_time(backoff.retry_at)} (attempt {backoff.attempts + 1})"
             )
             self.requeue((backoff.retry_at - self.now).total_seconds())
-        s.set(SUSPENDED, True, "WaitingForCapacity", message)
+        self.status.set(SUSPENDED, True, "WaitingForCapacity", message)
+        state = {names.ANN_SUSPENDED: suspension.format()}
+        if backoff is not None:
+            state[names.ANN_SCALE_OUT_BACKOFF] = backoff.format()
+        return self.stop(spec, workers, launcher, state)
+
+    def stop(
+        self,
+        spec: JobSpec,
+        workers: Sequence[Worker],
+        launcher: Mapping[str, Any] | None,
+        state: Mapping[str, str],
+    ) -> Desired:
+        """A suspended job: no launcher, no workers; the job, its ConfigMap (carrying
+        ``state``) and RBAC kept."""
+        s = self.status
+        pods = list(workers) + ([Worker(-1, launcher)] if launcher is not None else [])
+        doomed = [w for w in pods if not w.terminating and w.uid not in self.observed.deleting]
+        if len(doomed) > POD_WRITES_PER_TURN:
+            self.requeue(0)
         if s.get(RUNNING) is not None:
             s.set(RUNNING, False, "MPIJobSuspended", f"MPIJob {spec.name} is suspended.")
         s.clear(SCALING, "Suspended", "the job is suspended")
         s.fields["elastic"] = {"listed": 0, "draining": 0, "retired": ""}
-        state = {names.ANN_SUSPENDED: suspension.format()}
-        if backoff is not None:
-            state[names.ANN_SCALE_OUT_BACKOFF] = backoff.format()
         # A new launcher is a new Horovod job with an empty blacklist: names are fresh again.
         data = render.config_data(spec, self.settings, [], [])
         objects = {

@@ -113,6 +113,8 @@ class JobSpec:
     remove: frozenset[str] = frozenset()
     # 0: never suspended for lack of capacity (suspend.py).
     below_min_timeout: float = 0.0
+    # runPolicy.suspend: the user suspended the job.
+    suspend: bool = False
 
 
 def managed_by(job: Mapping[str, Any]) -> str | None:
@@ -309,6 +311,15 @@ def parse(
             spec.get("cleanPodPolicy"), "spec.cleanPodPolicy", CLEAN_POD_POLICIES, "None", errors
         )
 
+    suspend = run_policy.get("suspend")
+    if suspend is None:
+        suspend = False
+    elif not isinstance(suspend, bool):
+        errors.append(
+            FieldError("spec.runPolicy.suspend", f"must be true or false, got {show(suspend)}")
+        )
+        suspend = False
+
     launcher = worker = None
     # An unusable spec is reported once, not once more for every field missing from it.
     specs = (
@@ -408,4 +419,5 @@ def parse(
         scale_out_timeout=scale_out_timeout,
         remove=remove,
         below_min_timeout=below_min_timeout,
+        suspend=suspend,
     )

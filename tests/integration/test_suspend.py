@@ -128,3 +128,22 @@ def test_below_the_minimum_the_job_is_suspended_and_resumes(
         f"FIGURE suspended {took:.2f}s after the worker was lost (below-min timeout 3s); "
         f"launcher back {resumed:.2f}s after"
     )
+
+
+def test_run_policy_suspend_stops_and_resumes_the_job(
+    cluster: Cluster, job: Job, start_controller: StartController
+) -> None:
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 2))
+    job.wait_hosts(2)
+    running_launcher(job)
+    job.patch({"spec": {"runPolicy": {"suspend": True}}})
+    wait_for(lambda: not job.pods() and not job.pods(names.ROLE_LAUNCHER), 20, "every pod deleted")
+    cond = job.condition("Suspended") or {}
+    assert (cond.get("status"), cond.get("reason")) == ("True", "MPIJobSuspended")
+    assert job.config()[names.HOSTFILE] == "", "the ConfigMap stays, listing no one"
+    job.patch({"spec": {"runPolicy": {"suspend": False}}})
+    running_launcher(job)
+    job.wait_hosts(2)
+    cond = job.condition("Suspended") or {}
+    assert (cond.get("status"), cond.get("reason")) == ("False", "MPIJobResumed")

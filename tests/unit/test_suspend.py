@@ -257,3 +257,53 @@ def test_a_resumed_job_shows_its_lifecycle_not_the_old_suspension() -> None:
 
     assert last("True") == "Suspended"
     assert last("False") == "Running"
+
+
+# -- runPolicy.suspend ---------------------------------------------------------------------
+
+
+def set_suspend(c: Cluster, value: object) -> None:
+    c.job["spec"]["runPolicy"] = {"suspend": value}
+    c.job["metadata"]["generation"] += 1
+
+
+def test_run_policy_suspend_stops_the_pods_and_false_starts_again() -> None:
+    c = elastic_job()
+    set_suspend(c, True)
+    p = c.plan()
+    doomed = sorted(d.name for d in p.of_type(DeletePod))
+    assert doomed == ["job-launcher", "job-worker-0", "job-worker-1", "job-worker-2"]
+    c.converge()
+    assert pod_names(c, alive=False) == []
+    suspended = condition(c, "Suspended")
+    assert (suspended["status"], suspended["reason"]) == ("True", "MPIJobSuspended")
+    assert condition(c, "Running")["status"] == "False"
+    assert c.get(*BUDGET) is None
+    assert c.get("ConfigMap", "job-config") is not None
+    assert c.get("Role", "job-launcher") is not None
+    set_suspend(c, False)
+    c.converge()
+    assert pod_names(c) == ["job-launcher", "job-worker-0", "job-worker-1", "job-worker-2"]
+    resumed = condition(c, "Suspended")
+    assert (resumed["status"], resumed["reason"]) == ("False", "MPIJobResumed")
+    assert c.job["status"]["conditions"][-1]["type"] == "Running"
+    assert [e.reason for e in c.events if e.reason.startswith("MPIJob")][-2:] == [
+        "MPIJobSuspended",
+        "MPIJobResumed",
+    ]
+
+
+def test_a_job_created_suspended_starts_nothing() -> None:
+    job = make_job(2)
+    job["spec"]["runPolicy"] = {"suspend": True}
+    c = Cluster(job)
+    c.converge()
+    assert pod_names(c, alive=False) == []
+    assert condition(c, "Suspended")["status"] == "True"
+
+
+def test_run_policy_suspend_must_be_a_boolean() -> None:
+    job = make_job(2)
+    job["spec"]["runPolicy"] = {"suspend": "yes"}
+    with pytest.raises(InvalidSpec, match=r"spec.runPolicy.suspend: must be true or false"):
+        parse(job, 30.0)
