@@ -98,6 +98,15 @@ class Drain:
     # each one every 5 s until the timeout.
     refused: int
 
+    @property
+    def evicted(self) -> list[str]:
+        """The pods kubectl evicted, as namespace/name."""
+        return [
+            line.removeprefix("evicting pod ").strip()
+            for line in self.output.splitlines()
+            if line.startswith("evicting pod ")
+        ]
+
 
 @dataclass
 class Move:

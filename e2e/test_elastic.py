@@ -360,6 +360,8 @@ def test_kubectl_drain_moves_the_workers_off_gracefully(run: ElasticRun) -> None
     try:
         drained = run.drain(step, node, selector, DRAIN_TIMEOUT_SECONDS)
         assert drained.returncode == 0, drained.output
+        # The workers went through the eviction API, not only through the controller.
+        assert {f"{run.namespace}/{w}" for w in leaving} <= set(drained.evicted), drained.output
         listed = run.wait_for_size(3)
         placement = run.worker_nodes()
     finally:
@@ -376,7 +378,8 @@ def test_kubectl_drain_moves_the_workers_off_gracefully(run: ElasticRun) -> None
     assert {a.worker for a in arrivals} == listed - set(before), arrivals
     step.lines += [
         f"kubectl drain took {step.marks[-1][0] - step.started:.2f}s, "
-        f"{drained.refused} evictions refused by the disruption budget (retried)",
+        f"{drained.refused} evictions refused by the disruption budget (retried); "
+        f"evicted {', '.join(sorted(set(drained.evicted)))}",
         *describe_moves(moves, arrivals),
     ]
     for line in step.lines:
