@@ -171,13 +171,19 @@ def test_a_suspended_job_probes_with_its_workers_and_resumes_when_min_run() -> N
     assert c.get(*BUDGET) is not None
 
 
-def test_a_failed_probe_releases_every_worker_and_backs_off() -> None:
-    c = elastic_job(scale_out_timeout="10")
+def probing(scale_out_timeout: str) -> Cluster:
+    """A job suspended for capacity, its first attempt's workers created (Pending)."""
+    c = elastic_job(scale_out_timeout=scale_out_timeout)
     lose(c, 1, 2)
     c.tick(30)
     c.apply(c.plan())
     c.finalize_deletions()
     c.apply(c.plan())
+    return c
+
+
+def test_a_failed_probe_releases_every_worker_and_backs_off() -> None:
+    c = probing("10")
     c.world.start("job-worker-0")  # one runs: below the minimum, it would idle its GPUs
     c.apply(c.plan())
     c.tick(10)
@@ -201,12 +207,7 @@ def test_a_failed_probe_releases_every_worker_and_backs_off() -> None:
 
 
 def test_editing_a_suspended_job_is_a_new_attempt_at_once() -> None:
-    c = elastic_job(scale_out_timeout="10")
-    lose(c, 1, 2)
-    c.tick(30)
-    c.apply(c.plan())
-    c.finalize_deletions()
-    c.apply(c.plan())
+    c = probing("10")
     c.tick(10)
     c.apply(c.plan())
     c.finalize_deletions()
