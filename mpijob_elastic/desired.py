@@ -23,7 +23,7 @@ ordered writes:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -53,10 +53,12 @@ from mpijob_elastic.status import (
     INVALID,
     POD_REJECTED,
     REFUSED,
+    RESTARTING,
     RUNNING,
     SCALING,
     SUCCEEDED,
     SUSPENDED,
+    UNSUPPORTED,
     StatusBuilder,
     replica_statuses,
 )
@@ -77,6 +79,13 @@ Obj = dict[str, Any]
 # for a thousand round trips.
 POD_WRITES_PER_TURN = 100
 _BUDGET = "PodDisruptionBudget"
+# Pod status reasons that mean the node, not the program, ended the pod.
+_NODE_REASONS = frozenset({"Evicted", "NodeLost", "NodeShutdown", "Shutdown", "Terminated"})
+# Worker failures (not caused by the node) are replaced at once the first time, then after
+# a pause doubling from 10 s to at most 5 min; ten minutes without one forget them.
+WORKER_BACKOFF_SECONDS = 10.0
+WORKER_BACKOFF_MAX_SECONDS = 300.0
+WORKER_FAILURES_FORGOTTEN_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,8 @@ class Desired:
     # Kinds of ``objects`` the job must no longer have (its PodDisruptionBudget, once it
     # is suspended, finished or no longer elastic).
     obsolete: Sequence[str] = ()
+    # The finished job's runPolicy.ttlSecondsAfterFinished is over: delete the job itself.
+    delete_job: bool = False
 
 
 class _Builder:
@@ -156,7 +167,8 @@ class _Builder:
             None,
             self.status.build(),
             self.events,
-            None,
+            # A finished job's clean-up of more pods than one turn writes, and its TTL.
+            self.requeue_after,
             obsolete=obsolete,
         )
 
@@ -179,15 +191,22 @@ class _Builder:
             if s.set(INVALID, True, "InvalidSpec", str(err)):
                 self.event("Warning", "InvalidSpec", str(err))
             return self.frozen()
-        if (s.is_true(SUCCEEDED) or s.is_true(FAILED)) or (
-            launcher is not None and self.launcher_finished(launcher)
+        self.report_unsupported(spec)
+        restarts, restart = self.launcher_restarts(spec, launcher)
+        if (
+            s.is_true(SUCCEEDED)
+            or s.is_true(FAILED)
+            or self.past_deadline(spec)
+            or (launcher is not None and not restart and self.launcher_finished(launcher))
         ):
             # Nothing is listed or draining once the job has finished.
             elastic = s.observed.get("elastic")
             if isinstance(elastic, Mapping):
                 s.fields["elastic"] = {**elastic, "listed": 0, "draining": 0}
             # Pods left running by cleanPodPolicy must not block a node's drain.
-            return self.frozen(self.clean_up(spec, workers, launcher), (_BUDGET,))
+            expired = self.expired(spec)
+            finished = self.frozen(self.clean_up(spec, workers, launcher), (_BUDGET,))
+            return replace(finished, delete_job=expired)
         if spec.suspend:
             # runPolicy.suspend, as training-operator does it: everything stops, a resume
             # starts the training again from the user's checkpoint.
@@ -200,7 +219,126 @@ class _Builder:
             message = f"MPIJob {spec.name} is resumed."
             s.set(SUSPENDED, False, "MPIJobResumed", message)
             self.event("Normal", "MPIJobResumed", message)
-        return self.scale(spec, workers, launcher, self.target(spec, workers))
+            # As a Kubernetes Job does: the active deadline counts from the resume.
+            s.fields["startTime"] = s.now
+        return self.scale(spec, workers, launcher, self.target(spec, workers), restarts, restart)
+
+    def worker_failures(
+        self, replacing: Sequence[Worker], annotations: Mapping[str, Any]
+    ) -> tuple[int, datetime | None]:
+        """Worker failures in a row, counting the ones replaced now unless their node
+        caused them (those say nothing of the program), and when the last one was seen."""
+        count, _, at = str(annotations.get(names.ANN_WORKER_FAILURES) or "").partition(" ")
+        failures, last = _count(count), parse_time(at)
+        if last is None or (self.now - last).total_seconds() >= WORKER_FAILURES_FORGOTTEN_SECONDS:
+            failures, last = 0, None
+        own = [w for w in replacing if not (w.reason in _NODE_REASONS or w.disrupted)]
+        if own:
+            failures, last = failures + len(own), self.now
+        return failures, last
+
+    def report_unsupported(self, spec: JobSpec) -> None:
+        s = self.status
+        if spec.scheduling_policy:
+            message = (
+                "spec.runPolicy.schedulingPolicy is not supported: no PodGroup is made and "
+                "the pods are scheduled one by one (an elastic job starts with what it gets); "
+                "remove the field to clear this"
+            )
+            if s.set(UNSUPPORTED, True, "SchedulingPolicyIgnored", message):
+                self.event("Warning", "SchedulingPolicyIgnored", message)
+        else:
+            s.clear(UNSUPPORTED, "Supported", "every field in use is supported")
+
+    def past_deadline(self, spec: JobSpec) -> bool:
+        """runPolicy.activeDeadlineSeconds, counted from startTime (reset on a resume):
+        past it the job fails and cleanPodPolicy applies, as in training-operator."""
+        deadline = spec.active_deadline_seconds
+        start = parse_time(self.status.fields.get("startTime"))
+        if deadline is None or start is None or spec.suspend:
+            return False
+        due = start + timedelta(seconds=deadline)
+        if self.now < due:
+            self.requeue((due - self.now).total_seconds())
+            return False
+        self.fail(
+            f"Job {spec.name} has failed because it was active longer than specified deadline"
+        )
+        return True
+
+    def fail(self, message: str) -> None:
+        s = self.status
+        if s.set(FAILED, True, "MPIJobFailed", message):
+            self.event("Warning", "MPIJobFailed", message)
+        if s.get(RUNNING) is not None:
+            s.set(RUNNING, False, "MPIJobFinished", f"MPIJob {self.job_name} has finished.")
+        s.clear(SCALING, "ScalingComplete", "the job has finished")
+        s.fields["completionTime"] = s.observed.get("completionTime") or s.now
+
+    def expired(self, spec: JobSpec) -> bool:
+        """runPolicy.ttlSecondsAfterFinished: the finished job is deleted after it."""
+        ttl = spec.ttl_seconds_after_finished
+        s = self.status
+        done = parse_time(s.fields.get("completionTime") or s.observed.get("completionTime"))
+        if ttl is None or done is None:
+            return False
+        due = done + timedelta(seconds=ttl)
+        if self.now < due:
+            self.requeue((due - self.now).total_seconds())
+            return False
+        return True
+
+    def launcher_restarts(
+        self, spec: JobSpec, launcher: Mapping[str, Any] | None
+    ) -> tuple[int, bool]:
+        """How many times the launcher has been restarted (counting this turn's), and
+        whether it is restarted now: it failed by its node or a signal under OnFailure,
+        ExitCode or Always, or vanished while the job ran (its node went). Past
+        runPolicy.backoffLimit the job fails instead."""
+        s = self.status
+        annotations = ((self.observed.config_map or {}).get("metadata") or {}).get("annotations")
+        done = _count((annotations or {}).get(names.ANN_LAUNCHER_RESTARTS))
+        if s.is_true(SUCCEEDED) or s.is_true(FAILED) or spec.suspend:
+            return done, False
+        if launcher is None:
+            if not s.is_true(RUNNING):
+                return done, False
+            why = "the launcher pod disappeared (its node went away)"
+        else:
+            pod = Worker(-1, launcher)
+            if pod.phase != "Failed" or pod.terminating or pod.uid in self.observed.deleting:
+                return done, False
+            failure = self.launcher_failure(spec, pod)
+            if failure is None:
+                return done, False  # the program's own failure: the job fails
+            why = failure
+        limit = spec.backoff_limit
+        if limit is not None and done >= limit:
+            self.fail(
+                f"Job {spec.name} has failed because it has reached the specified backoff "
+                f"limit ({limit} launcher restarts; the last: {why})"
+            )
+            return done, False
+        message = f"MPIJob {spec.name} is restarting: {why} (restart {done + 1}"
+        message += f" of at most {limit})" if limit is not None else ")"
+        s.set(RESTARTING, True, "MPIJobRestarting", message)
+        s.set(RUNNING, False, "MPIJobRestarting", message)
+        self.event("Warning", "MPIJobRestarting", message)
+        return done + 1, True
+
+    def launcher_failure(self, spec: JobSpec, pod: Worker) -> str | None:
+        """Why a failed launcher is worth starting again, or None if its failure is the
+        job's own (v1: Never, or ExitCode with an exit code of 1-127)."""
+        policy = spec.launcher.restart_policy
+        if policy == "Never":
+            return None
+        node = pod.reason in _NODE_REASONS or pod.disrupted
+        code = pod.exit_code(spec.main_container)
+        if policy == "ExitCode" and not node and (code is None or code < 128):
+            return None
+        if node:
+            return f"its node stopped it ({pod.reason or 'DisruptionTarget'})"
+        return f"it exited with code {code}"
 
     def target(self, spec: JobSpec, workers: Sequence[Worker]) -> int:
         """How many workers the job should have: Worker replicas, if within bounds."""
@@ -231,17 +369,31 @@ class _Builder:
         workers: Sequence[Worker],
         launcher: Mapping[str, Any] | None,
         target: int,
+        restarts: int = 0,
+        restart: bool = False,
     ) -> Desired:
         s = self.status
         main = spec.main_container
         config_map = self.observed.config_map or {}
         old_data = config_map.get("data")
         old_annotations = (config_map.get("metadata") or {}).get("annotations") or {}
-        failed_kept = [
-            w.name
-            for w in workers
-            if w.phase == "Failed" and not w.terminating and not self.replace_failed(spec, w)
-        ]
+        failed = [w for w in workers if w.phase == "Failed" and not w.terminating]
+        replacing = {w.name for w in failed if self.replace_failed(spec, w)}
+        failed_kept = [w.name for w in failed if w.name not in replacing]
+        failures, last_failure = self.worker_failures(
+            [w for w in failed if w.name in replacing], old_annotations
+        )
+        pause = _worker_pause(failures)
+        if last_failure is not None and self.now < last_failure + pause:
+            # Failing workers are replaced after a pause that grows with each failure in a
+            # row: an OOM-killed worker is not recreated in a tight loop.
+            present = [
+                w
+                for w in workers
+                if not w.terminating and w.uid not in self.observed.deleting and w not in failed
+            ]
+            target = min(target, len(present))
+            self.requeue((last_failure + pause - self.now).total_seconds())
         requested = target
         backoff = parse_backoff(old_annotations.get(names.ANN_SCALE_OUT_BACKOFF))
         suspension = parse_suspension(old_annotations.get(names.ANN_SUSPENDED))
@@ -322,6 +474,10 @@ class _Builder:
             needed = spec.bounds.min or 0
         resuming = suspension is not None and launcher is None and len(hosts) >= needed
         state = {
+            names.ANN_LAUNCHER_RESTARTS: str(restarts) if restarts else "",
+            names.ANN_WORKER_FAILURES: (
+                f"{failures} {format_precise_time(last_failure)}" if last_failure else ""
+            ),
             names.ANN_RETIRED_WORKERS: format_indexes(retired),
             names.ANN_SCALE_OUT_BACKOFF: backoff.format() if backoff is not None else "",
             names.ANN_BELOW_MIN_SINCE: format_precise_time(below_since) if below_since else "",
@@ -361,6 +517,7 @@ class _Builder:
                 self.event("Normal", "Resumed", message)
         if launcher is not None and (launcher.get("status") or {}).get("phase") == "Running":
             s.set(RUNNING, True, "MPIJobRunning", f"MPIJob {spec.name} is running.")
+            s.clear(RESTARTING, "MPIJobRunning", f"MPIJob {spec.name} is running.")
             if hosts:
                 # Watch for ranks that die under a live pod (ranks.py).
                 starts = [t for w in m.keep if (t := w.running_since(main)) is not None]
@@ -385,6 +542,9 @@ class _Builder:
             "listed": len(hosts),
             "draining": sum(1 for v in victims if v.deadline is not None or v.action == "mark"),
             "retired": format_indexes(retired),
+            # Shown only once there is something to show.
+            **({"workerFailures": failures} if failures else {}),
+            **({"launcherRestarts": restarts} if restarts else {}),
         }
         self.report_conflicts()
         return Desired(
@@ -393,7 +553,9 @@ class _Builder:
             workers=m.keep,
             new_pods=[render.worker_pod(spec, i) for i in create_now],
             victims=victims,
-            deletes=m.replace[:POD_WRITES_PER_TURN],
+            # A launcher restarted because of its node or a signal: its name is freed first.
+            deletes=([Worker(-1, launcher)] if restart and launcher is not None else [])
+            + list(m.replace[:POD_WRITES_PER_TURN]),
             launcher=new_launcher,
             status=s.build(),
             events=self.events,
@@ -798,6 +960,18 @@ def _by_index(job_name: str, workers: Sequence[Worker], new: Sequence[int]) -> l
     pairs = [(w.index, w.name) for w in workers]
     pairs += [(i, names.worker_name(job_name, i)) for i in new]
     return [name for _, name in sorted(pairs)]
+
+
+def _worker_pause(failures: int) -> timedelta:
+    """The first failure is replaced at once; then 10 s, 20 s, ... at most 5 min."""
+    if failures <= 1:
+        return timedelta(0)
+    seconds = WORKER_BACKOFF_SECONDS * 2 ** min(failures - 2, 10)
+    return timedelta(seconds=min(seconds, WORKER_BACKOFF_MAX_SECONDS))
+
+
+def _count(value: object) -> int:
+    return int(value) if isinstance(value, str) and value.isascii() and value.isdigit() else 0
 
 
 def _gone_why(victim: Victim) -> str:

@@ -68,6 +68,8 @@ _OWNED_ANNOTATIONS = (
     names.ANN_SCALE_OUT_BACKOFF,
     names.ANN_BELOW_MIN_SINCE,
     names.ANN_SUSPENDED,
+    names.ANN_LAUNCHER_RESTARTS,
+    names.ANN_WORKER_FAILURES,
 )
 
 
@@ -156,6 +158,12 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
     if want.launcher is not None:
         writes.append(Create(want.launcher))
 
+    if want.delete_job:
+        # runPolicy.ttlSecondsAfterFinished: the garbage collector takes the children; a
+        # status written after the delete would only fail.
+        meta = observed.job["metadata"]
+        delete = DeleteObject(names.KIND, str(meta["name"]), str(meta.get("uid", "")))
+        return Plan((*writes, delete, *want.events), want.requeue_after, want.probe)
     status = want.status
     if not writes and not observed.conflicts:
         # Nothing left to write means every earlier refusal is behind us.

@@ -50,6 +50,10 @@ ANN_SCALE_OUT_BACKOFF: Final = "mpijob-elastic.io/scale-out-backoff"
 ANN_BELOW_MIN_SINCE: Final = "mpijob-elastic.io/below-min-since"
 # On the ConfigMap: the job is suspended for capacity, "<since> <what the user last set>".
 ANN_SUSPENDED: Final = "mpijob-elastic.io/suspended"
+# On the ConfigMap: how often the launcher was restarted (runPolicy.backoffLimit).
+ANN_LAUNCHER_RESTARTS: Final = "mpijob-elastic.io/launcher-restarts"
+# On the ConfigMap: worker failures in a row, "<count> <last at>" (the replacement backoff).
+ANN_WORKER_FAILURES: Final = "mpijob-elastic.io/worker-failures"
 
 CONFIG_MOUNT: Final = "/etc/mpi"
 HOSTFILE: Final = "hostfile"

@@ -115,6 +115,12 @@ class JobSpec:
     below_min_timeout: float = 0.0
     # runPolicy.suspend: the user suspended the job.
     suspend: bool = False
+    # runPolicy: None where unset (no deadline, no TTL, no limit on launcher restarts).
+    active_deadline_seconds: int | None = None
+    ttl_seconds_after_finished: int | None = None
+    backoff_limit: int | None = None
+    # runPolicy.schedulingPolicy is set: gang scheduling, which this controller ignores.
+    scheduling_policy: bool = False
 
 
 def managed_by(job: Mapping[str, Any]) -> str | None:
@@ -156,6 +162,24 @@ def _annotation_int(
     value = int(digits)
     if value < minimum:
         errors.append(FieldError(field, f"must be at least {minimum}, got {value}"))
+        return None
+    return value
+
+
+def _run_policy_count(
+    run_policy: Mapping[str, Any], key: str, minimum: int, errors: list[FieldError]
+) -> int | None:
+    value = run_policy.get(key)
+    if value is None:
+        return None
+    # bool is an int to Python, never to the API.
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        errors.append(
+            FieldError(
+                f"spec.runPolicy.{key}",
+                f"must be a whole number of at least {minimum}, got {show(value)}",
+            )
+        )
         return None
     return value
 
@@ -320,6 +344,10 @@ def parse(
         )
         suspend = False
 
+    deadline = _run_policy_count(run_policy, "activeDeadlineSeconds", 1, errors)
+    ttl = _run_policy_count(run_policy, "ttlSecondsAfterFinished", 0, errors)
+    backoff_limit = _run_policy_count(run_policy, "backoffLimit", 0, errors)
+
     launcher = worker = None
     # An unusable spec is reported once, not once more for every field missing from it.
     specs = (
@@ -420,4 +448,8 @@ def parse(
         remove=remove,
         below_min_timeout=below_min_timeout,
         suspend=suspend,
+        active_deadline_seconds=deadline,
+        ttl_seconds_after_finished=ttl,
+        backoff_limit=backoff_limit,
+        scheduling_policy=bool(run_policy.get("schedulingPolicy")),
     )

@@ -29,8 +29,20 @@ RUNNING = "Running"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 SUSPENDED = "Suspended"
+RESTARTING = "Restarting"
+UNSUPPORTED = "Unsupported"
 POD_REJECTED = "PodTemplateRejected"
-CONDITION_ORDER = (CREATED, INVALID, REFUSED, SCALING, RUNNING, "Restarting", SUCCEEDED, FAILED)
+CONDITION_ORDER = (
+    CREATED,
+    INVALID,
+    UNSUPPORTED,
+    REFUSED,
+    SCALING,
+    RUNNING,
+    RESTARTING,
+    SUCCEEDED,
+    FAILED,
+)
 
 
 def _counts(pods: Sequence[Mapping[str, Any]]) -> dict[str, int]:

@@ -253,7 +253,7 @@ def test_unknown_spec_fields_are_refused_or_pruned_but_templates_are_kept(
 # What the controller must be able to do, per docs/rbac.md, as `kubectl auth can-i`
 # arguments: verb, resource, subresource.
 GRANTED = [
-    *[(v, "mpijobs.kubeflow.org", "") for v in ("get", "list", "watch")],
+    *[(v, "mpijobs.kubeflow.org", "") for v in ("get", "list", "watch", "delete")],
     *[(v, "mpijobs.kubeflow.org", "status") for v in ("update", "patch")],
     ("update", "mpijobs.kubeflow.org", "finalizers"),
     *[(v, "pods", "") for v in ("get", "list", "watch", "create", "delete", "patch")],
@@ -280,7 +280,6 @@ DENIED = [
     ("create", "mpijobs.kubeflow.org", ""),
     ("update", "mpijobs.kubeflow.org", ""),
     ("patch", "mpijobs.kubeflow.org", ""),
-    ("delete", "mpijobs.kubeflow.org", ""),
     ("update", "mpijobs.kubeflow.org", "scale"),
     ("get", "mpijobs.kubeflow.org", "status"),
     ("update", "pods", ""),

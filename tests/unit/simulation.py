@@ -390,6 +390,14 @@ class World:
         }
         self._put(pod)
 
+    def vanish_now(self, name: str) -> None:
+        """The pod is gone without a delete: its node went, and the pod garbage collector
+        removed it."""
+        pod = self.objects.get(("Pod", name))
+        if pod:
+            self._ranks_die(pod)
+            self._remove(("Pod", name))
+
     def vanish(self, name: str) -> None:
         """A terminating pod's grace period ends and it is gone."""
         pod = self.objects.get(("Pod", name))
