@@ -293,7 +293,7 @@ class _Builder:
     ) -> tuple[int, bool]:
         """How many times the launcher has been restarted (counting this turn's), and
         whether it is restarted now: it failed by its node or a signal under OnFailure,
-        ExitCode or Always, or vanished while the job ran (its node went). Past
+        ExitCode or Always, or vanished while the job ran (deleted, or lost with its node). Past
         runPolicy.backoffLimit the job fails instead."""
         s = self.status
         annotations = ((self.observed.config_map or {}).get("metadata") or {}).get("annotations")
@@ -303,7 +303,7 @@ class _Builder:
         if launcher is None:
             if not s.is_true(RUNNING):
                 return done, False
-            why = "the launcher pod disappeared (its node went away)"
+            why = "the launcher pod is gone (deleted, or lost with its node)"
         else:
             pod = Worker(-1, launcher)
             if pod.phase != "Failed" or pod.terminating or pod.uid in self.observed.deleting:
