@@ -43,6 +43,7 @@ from mpijob_elastic.ranks import DRAIN_FLOOR_SECONDS, RANK_WATCH_SECONDS, RankSn
 from mpijob_elastic.reconciler import _job_signature
 from mpijob_elastic.render import exec_names
 from mpijob_elastic.settings import KubectlDelivery, Settings
+from mpijob_elastic.spec import launcher_service_account
 from mpijob_elastic.workers import Worker, worker_index
 from mpijob_elastic.workqueue import ItemBackoff
 from mpijob_elastic.writer import JobMemory, Writer
@@ -138,7 +139,7 @@ def observe(
         job=copy.deepcopy(job),
         pods=pods,
         config_map=owned.get(("ConfigMap", names.config_map_name(job_name))),
-        service_account=owned.get(("ServiceAccount", launcher)),
+        service_account=owned.get(("ServiceAccount", launcher_service_account(job))),
         role=owned.get(("Role", launcher)),
         role_binding=owned.get(("RoleBinding", launcher)),
         disruption_budget=owned.get(
@@ -146,6 +147,7 @@ def observe(
         ),
         deleting=memory.deleting(pods, seconds),
         conflicts=memory.taken(seconds),
+        in_use=memory.used(seconds),
         ranks=ranks,
     )
 
