@@ -93,6 +93,9 @@ class Observed:
     # (kind, name) of children whose name an object this job does not control already
     # holds, with a description of that object for the user.
     conflicts: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    # (kind, name) of objects the job uses without controlling them: a ServiceAccount of
+    # the launcher's name that someone else made (the user's own, named in the template).
+    in_use: frozenset[tuple[str, str]] = frozenset()
     # The last read of which workers the launcher's remote shells reach (ranks.py).
     ranks: RankSnapshot | None = None
     # Nodes that are going away (nodes.py), with why.

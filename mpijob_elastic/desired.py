@@ -454,6 +454,18 @@ class _Builder:
         role_names = _by_index(spec.name, workers, create_now)
         granted = render.exec_names(self.observed.role)
         hosts = [w.name for w in m.keep if w.can_take_ranks(main) and w.name in granted]
+        # A launcher that is a host may exec into itself once it exists as the job's (a pod
+        # of that name that is not ours is never granted), and is listed, first, once the
+        # Role we wrote grants it. It is no worker: never a victim, not counted against
+        # min-replicas, max-replicas or Worker replicas.
+        launcher_host = (
+            render.launcher_is_host(spec)
+            and launcher is not None
+            and not launcher["metadata"].get("deletionTimestamp")
+        )
+        if launcher_host:
+            role_names.insert(0, names.launcher_name(spec.name))
+        launcher_listed = launcher_host and names.launcher_name(spec.name) in granted
         below_since = self.below_min(spec, launcher, hosts, old_annotations, suspension)
         if below_since is not None and suspension is None:
             timeout = timedelta(seconds=spec.below_min_timeout)
@@ -483,10 +495,10 @@ class _Builder:
             names.ANN_BELOW_MIN_SINCE: format_precise_time(below_since) if below_since else "",
             names.ANN_SUSPENDED: suspension.format() if suspension and not resuming else "",
         }
-        data = render.config_data(spec, self.settings, members, hosts)
+        data = render.config_data(spec, self.settings, members, hosts, launcher_listed)
         hash_ = render.config_hash(data)
         objects = {
-            "ServiceAccount": render.service_account(spec),
+            **self.service_account(spec),
             "Role": render.role(spec, role_names),
             "RoleBinding": render.role_binding(spec),
             "ConfigMap": render.config_map(spec, data, {k: v for k, v in state.items() if v}),
@@ -564,6 +576,15 @@ class _Builder:
             obsolete=obsolete,
         )
 
+    def service_account(self, spec: JobSpec) -> dict[str, Obj]:
+        """The launcher's ServiceAccount to create and keep, unless one of that name that
+        the job does not control exists: that one is used as it is, never written."""
+        if self.observed.service_account is None and (
+            ("ServiceAccount", spec.service_account) in self.observed.in_use
+        ):
+            return {}
+        return {"ServiceAccount": render.service_account(spec)}
+
     def below_min(
         self,
         spec: JobSpec,
@@ -640,7 +661,7 @@ class _Builder:
         # A new launcher is a new Horovod job with an empty blacklist: names are fresh again.
         data = render.config_data(spec, self.settings, [], [])
         objects = {
-            "ServiceAccount": render.service_account(spec),
+            **self.service_account(spec),
             "Role": render.role(spec, []),
             "RoleBinding": render.role_binding(spec),
             "ConfigMap": render.config_map(spec, data, state),

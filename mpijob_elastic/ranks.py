@@ -19,6 +19,9 @@ are exec'd beside the container's main process, so the pod does not notice): the
 shell into a listed worker is gone while others remain. Horovod has blacklisted that
 name, so the worker is retired and replaced (``membership.py``).
 
+A launcher that is a host (it requests a GPU) may show a remote shell into itself; it is
+read like any other, but it is no worker: never a victim, and a lost one retires nothing.
+
 When the signal cannot be read (no launcher, exec refused, timed out, no ``/proc``, or
 no ``kubexec.sh`` process at all, which means the launcher does not use our remote shell,
 e.g. ssh), the drain falls back to its full ``drain-seconds``.

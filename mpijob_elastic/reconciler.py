@@ -28,7 +28,7 @@ from mpijob_elastic.podexec import PodExec
 from mpijob_elastic.rankprobe import RankProbes
 from mpijob_elastic.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
 from mpijob_elastic.settings import Settings
-from mpijob_elastic.spec import managed_by
+from mpijob_elastic.spec import launcher_service_account, managed_by
 from mpijob_elastic.workqueue import ShutDownError, WorkQueue
 from mpijob_elastic.writer import Writer
 
@@ -244,7 +244,7 @@ class Controller:
             job=job,
             pods=pods,
             config_map=named("ConfigMap", names.config_map_name(meta["name"])),
-            service_account=named("ServiceAccount", launcher),
+            service_account=named("ServiceAccount", launcher_service_account(job)),
             role=named("Role", launcher),
             role_binding=named("RoleBinding", launcher),
             disruption_budget=named(
@@ -252,6 +252,7 @@ class Controller:
             ),
             deleting=memory.deleting(pods, now),
             conflicts=memory.taken(now),
+            in_use=memory.used(now),
             ranks=self.probes.answer((ns, meta["name"])),
             leaving_nodes=dict(self._leaving_nodes),
         )

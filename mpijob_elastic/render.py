@@ -17,7 +17,9 @@ from mpijob_elastic import names
 from mpijob_elastic.settings import KubectlDelivery, Settings
 from mpijob_elastic.spec import JobSpec, ReplicaSpec
 
-GPU_RESOURCE = "nvidia.com/gpu"
+# A launcher with a limit on any resource whose name contains this (nvidia.com/gpu,
+# amd.com/gpu, gpu.intel.com/i915) requests a GPU: the v1 controllers' rule.
+GPU_PATTERN = "gpu"
 CONFIG_VOLUME = "mpi-job-config"
 KUBECTL_VOLUME = "mpi-job-kubectl"
 KUBECTL_DIR = "/opt/kube"
@@ -91,23 +93,23 @@ def service_account(spec: JobSpec) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": _metadata(spec, names.launcher_name(spec.name), names.ROLE_LAUNCHER),
+        "metadata": _metadata(spec, spec.service_account, names.ROLE_LAUNCHER),
     }
 
 
-def role_rules(worker_names: Sequence[str]) -> list[Obj]:
+def role_rules(exec_targets: Sequence[str]) -> list[Obj]:
     rules: list[Obj] = [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     ]
     # An empty resourceNames list would mean *every* pod in the namespace, so with no
     # workers the exec rule is left out altogether.
-    if worker_names:
+    if exec_targets:
         rules.append(
             {
                 "apiGroups": [""],
                 "resources": ["pods/exec"],
                 "verbs": ["create"],
-                "resourceNames": list(worker_names),
+                "resourceNames": list(exec_targets),
             }
         )
     return rules
@@ -122,12 +124,14 @@ def exec_names(role: Mapping[str, Any] | None) -> set[str]:
     return granted
 
 
-def role(spec: JobSpec, worker_names: Sequence[str]) -> Obj:
+def role(spec: JobSpec, exec_targets: Sequence[str]) -> Obj:
+    """``exec_targets``: the pods the launcher may exec into (its workers, and itself when
+    it is a host)."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": _metadata(spec, names.launcher_name(spec.name), names.ROLE_LAUNCHER),
-        "rules": role_rules(worker_names),
+        "rules": role_rules(exec_targets),
     }
 
 
@@ -137,24 +141,34 @@ def role_binding(spec: JobSpec) -> Obj:
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
         "metadata": _metadata(spec, launcher, names.ROLE_LAUNCHER),
-        "subjects": [{"kind": "ServiceAccount", "name": launcher, "namespace": spec.namespace}],
+        "subjects": [
+            {"kind": "ServiceAccount", "name": spec.service_account, "namespace": spec.namespace}
+        ],
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": launcher},
     }
 
 
 def requests_gpu(template: Mapping[str, Any]) -> bool:
+    """Whether a container (not an init container) of the template has a GPU limit. The
+    API server requires a limit for any extended resource requested, so limits suffice."""
     for container in (template.get("spec") or {}).get("containers") or []:
         limits = (container.get("resources") or {}).get("limits") or {}
-        if GPU_RESOURCE in limits:
+        if any(GPU_PATTERN in str(key) for key in limits):
             return True
     return False
+
+
+def launcher_is_host(spec: JobSpec) -> bool:
+    """A launcher that requests a GPU runs ranks on it: it is listed as a host (first, as
+    in v1), and may exec into itself through kubexec.sh."""
+    return requests_gpu(spec.launcher.template)
 
 
 def hostfile(spec: JobSpec, members: Sequence[str]) -> str:
     """The job's workers (not a range of indexes: a retired name leaves a gap)."""
     slots = spec.slots_per_worker
     lines = []
-    if requests_gpu(spec.launcher.template):
+    if launcher_is_host(spec):
         lines.append(f"{names.launcher_name(spec.name)} slots={slots}\n")
     lines += [f"{name} slots={slots}\n" for name in members]
     return "".join(lines)
@@ -177,19 +191,32 @@ def kubexec(spec: JobSpec, settings: Settings) -> str:
     )
 
 
-def discover_hosts(spec: JobSpec, hosts: Sequence[str]) -> str:
-    # v1 format: no newline after the last line. Horovod reads the output as a set.
-    lines = [f"echo {host}:{spec.slots_per_worker}" for host in hosts]
-    return "#!/bin/sh\n" + "\n".join(lines)
+def discover_hosts(spec: JobSpec, hosts: Sequence[str], launcher: bool = False) -> str:
+    """``hosts``: the workers to list; ``launcher``: list the launcher first.
+
+    v1 format: no newline after the last line; Horovod reads the output as a set, and
+    ignores blank lines. The launcher's line is training-operator 1.9's byte for byte: it
+    ends in a newline of its own, so a blank line follows it when workers are listed.
+    """
+    slots = spec.slots_per_worker
+    lines = [f"echo {host}:{slots}" for host in hosts]
+    head = "#!/bin/sh\n"
+    if launcher:
+        head += f"echo {names.launcher_name(spec.name)}:{slots}\n" + ("\n" if lines else "")
+    return head + "\n".join(lines)
 
 
 def config_data(
-    spec: JobSpec, settings: Settings, members: Sequence[str], hosts: Sequence[str]
+    spec: JobSpec,
+    settings: Settings,
+    members: Sequence[str],
+    hosts: Sequence[str],
+    launcher: bool = False,
 ) -> dict[str, str]:
     return {
         names.HOSTFILE: hostfile(spec, members),
         names.KUBEXEC: kubexec(spec, settings),
-        names.DISCOVER_HOSTS: discover_hosts(spec, hosts),
+        names.DISCOVER_HOSTS: discover_hosts(spec, hosts, launcher),
     }
 
 
@@ -284,11 +311,26 @@ def worker_pod(spec: JobSpec, index: int) -> Obj:
 
 
 def _set_env(container: Obj, values: Mapping[str, str]) -> None:
+    """Our ``values`` replace the container's own."""
     env = [e for e in container.get("env") or [] if e.get("name") not in values]
     env += [{"name": k, "value": v} for k, v in values.items()]
     container["env"] = env
 
 
+def _default_env(container: Obj, values: Mapping[str, str]) -> None:
+    """Our ``values`` are added where the container's ``env`` does not set them already.
+
+    ``envFrom`` is not looked at: ``env`` takes precedence over it in Kubernetes, so a
+    variable only given there is overridden by ours.
+    """
+    env = list(container.get("env") or [])
+    present = {e.get("name") for e in env}
+    env += [{"name": k, "value": v} for k, v in values.items() if k not in present]
+    container["env"] = env
+
+
+# Defaults: a user's own value of any of these is kept (training-operator 1.9 keeps the
+# Intel MPI ones; we keep the Open MPI ones too, a user pointing them elsewhere means it).
 LAUNCHER_ENV = {
     "OMPI_MCA_plm_rsh_agent": f"{names.CONFIG_MOUNT}/{names.KUBEXEC}",
     "OMPI_MCA_orte_default_hostfile": f"{names.CONFIG_MOUNT}/{names.HOSTFILE}",
@@ -296,10 +338,12 @@ LAUNCHER_ENV = {
     "I_MPI_HYDRA_BOOTSTRAP_EXEC": f"{names.CONFIG_MOUNT}/{names.KUBEXEC}",
 }
 
-# The init container waits for the hosts the job minimally needs to appear in the mounted
-# discover_hosts.sh (not for every worker, as v1 did), then hands kubectl over.
+# The init container waits for the workers the job minimally needs to appear in the
+# mounted discover_hosts.sh (not for every worker, as v1 did), then hands kubectl over.
+# Only worker lines count: a launcher that is a host is listed too, and is no worker.
 KUBECTL_DELIVERY_SCRIPT = (
-    'until [ "$(/bin/sh /etc/mpi/discover_hosts.sh | grep -c :)" -ge "$MIN_WORKERS" ]; '
+    "until [ "
+    '"$(/bin/sh /etc/mpi/discover_hosts.sh | grep -c "worker-[0-9]*:")" -ge "$MIN_WORKERS" ]; '
     "do sleep 1; done; "
     'cp "$(command -v kubectl)" /opt/kube/kubectl'
 )
@@ -334,7 +378,7 @@ def launcher_pod(spec: JobSpec, settings: Settings, hash_: str, min_workers: int
     pod = _pod(spec, spec.launcher, names.launcher_name(spec.name), names.ROLE_LAUNCHER)
     pod["metadata"].setdefault("annotations", {})[names.ANN_CONFIG_HASH] = hash_
     pod_spec = pod["spec"]
-    pod_spec["serviceAccountName"] = names.launcher_name(spec.name)
+    pod_spec["serviceAccountName"] = spec.service_account
     volumes = pod_spec.setdefault("volumes", [])
     volumes.append(
         _config_volume(
@@ -345,11 +389,11 @@ def launcher_pod(spec: JobSpec, settings: Settings, hash_: str, min_workers: int
     containers = pod_spec["containers"]
     main = containers[main_container_index(spec, containers)]
     _mount(main, CONFIG_VOLUME, names.CONFIG_MOUNT)
-    env = dict(LAUNCHER_ENV)
+    _default_env(main, LAUNCHER_ENV)
     if not requests_gpu(spec.launcher.template):
-        # Keep a GPU-less launcher from grabbing the node's GPUs through the NVIDIA runtime.
-        env.update(NVIDIA_VISIBLE_DEVICES="", NVIDIA_DRIVER_CAPABILITIES="")
-    _set_env(main, env)
+        # Keep a GPU-less launcher from grabbing the node's GPUs through the NVIDIA runtime,
+        # whatever the template says (as v1 did).
+        _set_env(main, {"NVIDIA_VISIBLE_DEVICES": "", "NVIDIA_DRIVER_CAPABILITIES": ""})
     if settings.kubectl_delivery is KubectlDelivery.INIT_CONTAINER:
         volumes.append({"name": KUBECTL_VOLUME, "emptyDir": {}})
         _mount(main, KUBECTL_VOLUME, KUBECTL_DIR)

@@ -36,8 +36,15 @@ RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 CLEAN_POD_POLICIES = ("All", "Running", "None")
 
 # Pod names double as hostnames in Open MPI's view, and hostnames are DNS-1123 labels.
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Used with fullmatch: "$" would also match before a trailing newline, which would then
+# reach kubexec.sh.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _MAX_LABEL = 63
+# ServiceAccount names are DNS-1123 subdomains; the API server would refuse the pod and the
+# ServiceAccount otherwise, far from the field that caused it.
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_MAX_SUBDOMAIN = 253
+_SERVICE_ACCOUNT_FIELD = "spec.mpiReplicaSpecs.Launcher.template.spec.serviceAccountName"
 
 # int() and float() also take "1_0", " 4 ", "\u0661" (Arabic-Indic one), "+4", "1e3" and
 # "nan", none of which a user typing a count or a duration means; fullmatch, because "$"
@@ -121,6 +128,13 @@ class JobSpec:
     backoff_limit: int | None = None
     # runPolicy.schedulingPolicy is set: gang scheduling, which this controller ignores.
     scheduling_policy: bool = False
+    # The Launcher template's serviceAccountName; None: unset, so <job>-launcher.
+    launcher_service_account: str | None = None
+
+    @property
+    def service_account(self) -> str:
+        """The launcher's ServiceAccount, which the launcher Role is bound to."""
+        return self.launcher_service_account or names.launcher_name(self.name)
 
 
 def managed_by(job: Mapping[str, Any]) -> str | None:
@@ -129,6 +143,18 @@ def managed_by(job: Mapping[str, Any]) -> str | None:
     run_policy = spec.get("runPolicy") if isinstance(spec, Mapping) else None
     value = run_policy.get("managedBy") if isinstance(run_policy, Mapping) else None
     return value if isinstance(value, str) and value else None
+
+
+def launcher_service_account(job: Mapping[str, Any]) -> str:
+    """``JobSpec.service_account`` of a job ``parse`` may reject (for the caches' lookup)."""
+    meta = job.get("metadata") if isinstance(job, Mapping) else None
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    value: Any = job
+    for key in ("spec", "mpiReplicaSpecs", "Launcher", "template", "spec", "serviceAccountName"):
+        value = value.get(key) if isinstance(value, Mapping) else None
+    if isinstance(value, str) and value:
+        return value
+    return names.launcher_name(str(name))
 
 
 # -- fields ------------------------------------------------------------------------------
@@ -393,7 +419,7 @@ def parse(
             )
         )
 
-    if name is not None and not _DNS_LABEL.match(name):
+    if name is not None and not _DNS_LABEL.fullmatch(name):
         errors.append(
             FieldError(
                 "metadata.name",
@@ -416,7 +442,7 @@ def parse(
 
     main = spec.get("mainContainer")
     if main is not None:
-        if not isinstance(main, str) or len(main) > _MAX_LABEL or not _DNS_LABEL.match(main):
+        if not isinstance(main, str) or len(main) > _MAX_LABEL or not _DNS_LABEL.fullmatch(main):
             errors.append(
                 FieldError(
                     "spec.mainContainer",
@@ -428,6 +454,23 @@ def parse(
                 FieldError(
                     "spec.mainContainer",
                     f"names no container of spec.mpiReplicaSpecs.Worker.template: {main!r}",
+                )
+            )
+
+    account = None
+    if launcher is not None:
+        account = (launcher.template.get("spec") or {}).get("serviceAccountName")
+        if account == "":
+            account = None  # how Go clients write "unset"
+        elif account is not None and (
+            not isinstance(account, str)
+            or len(account) > _MAX_SUBDOMAIN
+            or not _DNS_SUBDOMAIN.fullmatch(account)
+        ):
+            errors.append(
+                FieldError(
+                    _SERVICE_ACCOUNT_FIELD,
+                    f"must be a ServiceAccount name (DNS-1123 subdomain), got {show(account)}",
                 )
             )
 
@@ -452,4 +495,5 @@ def parse(
         ttl_seconds_after_finished=ttl,
         backoff_limit=backoff_limit,
         scheduling_policy=bool(run_policy.get("schedulingPolicy")),
+        launcher_service_account=account,
     )

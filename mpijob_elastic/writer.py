@@ -114,6 +114,8 @@ class JobMemory:
     deletes: dict[str, float] = field(default_factory=dict)
     # (kind, name) -> (what holds the name, when to try it again).
     conflicts: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)
+    # (kind, name) of objects used as someone else made them -> when to look again.
+    in_use: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def deleting(self, pods: Sequence[Mapping[str, Any]], now: float) -> frozenset[str]:
         """Accepted deletes whose pods the cache still shows alive."""
@@ -130,6 +132,12 @@ class JobMemory:
             if until <= now:
                 del self.conflicts[key]
         return {key: what for key, (what, _) in self.conflicts.items()}
+
+    def used(self, now: float) -> frozenset[tuple[str, str]]:
+        for key, until in list(self.in_use.items()):
+            if until <= now:
+                del self.in_use[key]
+        return frozenset(self.in_use)
 
     def next_retry(self, now: float) -> float | None:
         """Seconds until the earliest remembered conflict is worth another try."""
@@ -190,9 +198,22 @@ class Writer:
     async def _write(self, key: Key, job: Obj, action: Action) -> None:
         ns = job["metadata"]["namespace"]
         if isinstance(action, Create):
+            kind, name = action.obj["kind"], action.obj["metadata"]["name"]
             try:
                 created = await self.kube.create(action.obj)
             except ApiError as err:
+                if err.reason == "AlreadyExists" and kind == "ServiceAccount":
+                    # A ServiceAccount grants nothing by itself, and the user may have made
+                    # it on purpose (named in the launcher template, or pre-made for its
+                    # imagePullSecrets): the launcher uses it as it is, as training-operator
+                    # does. Whether it is still there is checked again after a while, so
+                    # one removed meanwhile is made anew.
+                    self.of(key).in_use[(kind, name)] = time.monotonic() + CONFLICT_RETRY_SECONDS
+                    log.info(
+                        "using an existing ServiceAccount",
+                        extra={"job": "/".join(key), "object": name},
+                    )
+                    return
                 if err.reason == "AlreadyExists":
                     await self._conflict(key, job, action, err)
                 raise

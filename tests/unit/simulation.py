@@ -41,8 +41,9 @@ from mpijob_elastic.kube import ApiError, Kube
 from mpijob_elastic.plan import plan
 from mpijob_elastic.ranks import DRAIN_FLOOR_SECONDS, RANK_WATCH_SECONDS, RankSnapshot
 from mpijob_elastic.reconciler import _job_signature
-from mpijob_elastic.render import exec_names
+from mpijob_elastic.render import exec_names, requests_gpu
 from mpijob_elastic.settings import KubectlDelivery, Settings
+from mpijob_elastic.spec import launcher_service_account
 from mpijob_elastic.workers import Worker, worker_index
 from mpijob_elastic.workqueue import ItemBackoff
 from mpijob_elastic.writer import JobMemory, Writer
@@ -138,7 +139,7 @@ def observe(
         job=copy.deepcopy(job),
         pods=pods,
         config_map=owned.get(("ConfigMap", names.config_map_name(job_name))),
-        service_account=owned.get(("ServiceAccount", launcher)),
+        service_account=owned.get(("ServiceAccount", launcher_service_account(job))),
         role=owned.get(("Role", launcher)),
         role_binding=owned.get(("RoleBinding", launcher)),
         disruption_budget=owned.get(
@@ -146,6 +147,7 @@ def observe(
         ),
         deleting=memory.deleting(pods, seconds),
         conflicts=memory.taken(seconds),
+        in_use=memory.used(seconds),
         ranks=ranks,
     )
 
@@ -972,7 +974,12 @@ class Sim:
         idle = [w for w in have if w not in set(hosts)]
         if idle:
             problems.append(f"{name}'s discover_hosts.sh does not name {idle}")
-        if sorted(hosts) != sorted(have) or role != set(have):
+        expected = set(have)
+        if requests_gpu(job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]) and (
+            self.world.get_obj("Pod", names.launcher_name(name))
+        ):
+            expected.add(names.launcher_name(name))  # a launcher that is a host
+        if sorted(hosts) != sorted(expected) or role != expected:
             problems.append(f"{name} lists {hosts} and grants exec on {sorted(role)}")
         unusable = sorted(set(have) & self.world.blacklisted.get(name, set()))
         if unusable:
@@ -1006,11 +1013,21 @@ def replicas(job: Mapping[str, Any]) -> int:
 
 
 def listable(observed: Observed) -> set[str]:
-    """The workers the observed pods and spec allow in discover_hosts.sh."""
+    """The hosts the observed pods and spec allow in discover_hosts.sh: workers that can
+    take ranks, and a launcher that requests a GPU while its pod exists."""
     job = str(observed.job["metadata"]["name"])
     found = []
+    hosts: set[str] = set()
+    gpu = requests_gpu(observed.job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"])
     for pod in observed.pods:
-        index = worker_index(job, pod["metadata"]["name"])
+        name = pod["metadata"]["name"]
+        index = worker_index(job, name)
         if index is not None:
             found.append(Worker(index, pod))
-    return {w.name for w in found if w.can_take_ranks(None)}
+        elif (
+            gpu
+            and name == names.launcher_name(job)
+            and not pod["metadata"].get("deletionTimestamp")
+        ):
+            hosts.add(name)
+    return hosts | {w.name for w in found if w.can_take_ranks(None)}

@@ -53,6 +53,12 @@ def world(replicas: int = 2, *, drain: float = DRAIN, jobs: tuple[str, ...] = JO
     made = [make_job(replicas, name=j, annotations=dict(annotations)) for j in jobs]
     for job in made:
         job["spec"]["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = "OnFailure"
+    for job in made[1:]:
+        # A launcher that is a host (listed, granted exec on itself) and runs as a
+        # ServiceAccount named in its template, beside a job with neither.
+        launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]
+        launcher["spec"]["serviceAccountName"] = f"{job['metadata']['name']}-trainer"
+        launcher["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": 1}}
     return World(*made)
 
 

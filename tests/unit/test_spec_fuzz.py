@@ -52,7 +52,7 @@ KEYS = (
     "resources",
     "limits",
     "requests",
-    render.GPU_RESOURCE,
+    "nvidia.com/gpu",
     names.ANN_MIN_REPLICAS,
     names.ANN_MAX_REPLICAS,
     names.ANN_DRAIN_SECONDS,
@@ -97,7 +97,7 @@ def rich_job() -> dict[str, Any]:
                             "env": [{"name": "A", "value": "1"}, *extra_env],
                             "volumeMounts": [{"name": "data", "mountPath": "/data"}],
                             "resources": {
-                                "limits": {render.GPU_RESOURCE: 1},
+                                "limits": {"nvidia.com/gpu": 1},
                                 "requests": {"cpu": "1"},
                             },
                         },
