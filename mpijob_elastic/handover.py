@@ -137,8 +137,9 @@ def claims(observed: Observed) -> tuple[list[Claim], list[Emit]]:
             Emit(
                 "Normal",
                 "TakenOver",
-                f"taking over {', '.join(taken_over)}, made by another controller "
-                "(training-operator): labelled as ours, nothing restarted",
+                f"took over {', '.join(taken_over)}, which lacked the v1 labels (made by "
+                "another controller, such as training-operator): labelled as ours, nothing "
+                "restarted",
             )
         )
     return found, events

@@ -237,6 +237,8 @@ class Writer:
             log.info("deleted pod", extra={"job": "/".join(key), "pod": action.name})
         elif isinstance(action, Claim):
             await self._claim(job, action)
+            # A name once held by someone else and now adopted is the job's own.
+            self.of(key).conflicts.pop((action.kind, action.name), None)
         elif isinstance(action, DeleteObject):
             try:
                 await self.kube.delete(action.kind, ns, action.name, action.uid)
