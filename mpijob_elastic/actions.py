@@ -56,6 +56,22 @@ class DeleteObject:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """Merge our labels into a child and, to adopt it, write its ownerReferences with ours
+    as controller. A merge patch carrying the observed UID and resourceVersion: a change
+    made since (another controller adopting it first) or a same-named successor makes it
+    fail instead of being overwritten."""
+
+    kind: str
+    name: str
+    uid: str
+    resource_version: str
+    labels: Mapping[str, str]
+    # The child's ownerReferences with ours added; None: a child we control already.
+    owner_references: Sequence[Mapping[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
 class Emit:
     type: str
     reason: str
@@ -68,7 +84,7 @@ class WriteStatus:
     resource_version: str
 
 
-Action = Create | Replace | AnnotatePod | DeletePod | DeleteObject | Emit | WriteStatus
+Action = Create | Replace | AnnotatePod | DeletePod | DeleteObject | Claim | Emit | WriteStatus
 
 
 def is_child_write(action: Action) -> bool:
@@ -100,6 +116,10 @@ class Observed:
     ranks: RankSnapshot | None = None
     # Nodes that are going away (nodes.py), with why.
     leaving_nodes: Mapping[str, str] = field(default_factory=dict)
+    # Candidates for a hand-over (handover.py), not among the children above: objects
+    # this job controls that carry only another controller's labels, and objects in its
+    # namespace that no controller owns.
+    strays: Sequence[Mapping[str, Any]] = ()
 
 
 @dataclass(frozen=True)

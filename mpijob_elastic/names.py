@@ -27,6 +27,18 @@ LABEL_INDEX: Final = "training.kubeflow.org/replica-index"
 ROLE_LAUNCHER: Final = "launcher"
 ROLE_WORKER: Final = "worker"
 
+# Training-operator 1.9's labels (reference §5a), byte for byte: the Kubeflow training SDK
+# and `kubectl get pods -l training.kubeflow.org/job-name=<job>` find a job's pods by them.
+# Pods carry the first four (the replica type in lower case, as its role above), the
+# launcher also the job role; its ServiceAccount, Role, RoleBinding and ConfigMap `app`.
+LABEL_TO_JOB: Final = "training.kubeflow.org/job-name"
+LABEL_TO_OPERATOR: Final = "training.kubeflow.org/operator-name"
+TO_OPERATOR: Final = "mpijob-controller"
+LABEL_TO_REPLICA_TYPE: Final = "training.kubeflow.org/replica-type"
+LABEL_TO_JOB_ROLE: Final = "training.kubeflow.org/job-role"
+TO_JOB_ROLE_MASTER: Final = "master"
+LABEL_APP: Final = "app"
+
 # Per-job settings a user writes on the MPIJob.
 ANN_MIN_REPLICAS: Final = "mpijob-elastic.io/min-replicas"
 ANN_MAX_REPLICAS: Final = "mpijob-elastic.io/max-replicas"
@@ -83,4 +95,29 @@ def selector(job: str, role: str) -> str:
 
 
 def labels(job: str, role: str) -> dict[str, str]:
+    """The v1 labels; the workers' PodDisruptionBudget selects by these."""
     return {LABEL_GROUP: GROUP, LABEL_JOB: job, LABEL_ROLE: role}
+
+
+def pod_labels(job: str, role: str, index: int | None = None) -> dict[str, str]:
+    """A launcher's (``index`` None) or worker's labels: v1's and training-operator's."""
+    found = {
+        **labels(job, role),
+        LABEL_TO_JOB: job,
+        LABEL_TO_OPERATOR: TO_OPERATOR,
+        LABEL_TO_REPLICA_TYPE: role,
+    }
+    if role == ROLE_LAUNCHER:
+        found[LABEL_TO_JOB_ROLE] = TO_JOB_ROLE_MASTER
+    if index is not None:
+        found[LABEL_INDEX] = str(index)
+    return found
+
+
+def object_labels(job: str, role: str | None) -> dict[str, str]:
+    """Labels of a child that is not a pod: v1's (no role on the ConfigMap, ``role``
+    None) and training-operator's ``app``."""
+    found = {LABEL_GROUP: GROUP, LABEL_JOB: job, LABEL_APP: job}
+    if role is not None:
+        found[LABEL_ROLE] = role
+    return found

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from mpijob_elastic import handover
 from mpijob_elastic.actions import Observed, Plan
 from mpijob_elastic.desired import desired
 from mpijob_elastic.diff import diff
@@ -20,4 +21,8 @@ from mpijob_elastic.settings import Settings
 def plan(observed: Observed, settings: Settings, now: datetime | None = None) -> Plan:
     """Plan the writes that move one job's children towards its spec."""
     now = now or datetime.now(UTC)
+    # Children to take over or adopt first: until then the job sees only part of them.
+    claiming = handover.plan(observed)
+    if claiming is not None:
+        return claiming
     return diff(desired(observed, settings, now), observed, now)

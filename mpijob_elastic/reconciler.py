@@ -29,6 +29,7 @@ from mpijob_elastic.rankprobe import RankProbes
 from mpijob_elastic.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
 from mpijob_elastic.settings import Settings
 from mpijob_elastic.spec import launcher_service_account, managed_by
+from mpijob_elastic.store import metadata_only
 from mpijob_elastic.workqueue import ShutDownError, WorkQueue
 from mpijob_elastic.writer import Writer
 
@@ -41,6 +42,22 @@ Obj = dict[str, Any]
 # the objects this controller can own, not every pod in the cluster.
 CHILD_SELECTOR = f"{names.LABEL_GROUP}={names.GROUP},{names.LABEL_JOB}"
 CHILD_KINDS = ("Pod", "ConfigMap", "ServiceAccount", "Role", "RoleBinding", "PodDisruptionBudget")
+# Children that training-operator 1.9 made carry its labels, not the v1 ones, until their
+# hand-over (handover.py) merges ours in. A label selector cannot say "either set", so a
+# second cache per kind watches training-operator's, without the v1 job label: disjoint
+# from the main caches, so nothing is held twice, and a child moves from one to the
+# other when it is relabelled. Training-operator labels the launcher's ServiceAccount,
+# Role, RoleBinding and the ConfigMap only `app=<job>`, which many unrelated objects carry,
+# so these caches keep metadata alone: a claim is a patch and needs no more.
+HANDOVER_SELECTORS = {
+    "Pod": f"{names.LABEL_TO_OPERATOR}={names.TO_OPERATOR},!{names.LABEL_JOB}",
+    **{
+        kind: f"{names.LABEL_APP},!{names.LABEL_JOB}"
+        for kind in ("ConfigMap", "ServiceAccount", "Role", "RoleBinding")
+    },
+}
+# Where an orphan names the job it may belong to.
+_JOB_LABELS = (names.LABEL_JOB, names.LABEL_TO_JOB, names.LABEL_APP)
 
 
 def _job_signature(job: Obj) -> tuple[Any, ...]:
@@ -94,6 +111,7 @@ class Controller:
         watches = watch_api or api
         self.queue: WorkQueue[Key] = WorkQueue()
         self.caches = _Caches()
+        self.handover = _Caches()
         namespaces: list[str | None] = list(settings.namespaces) or [None]
         for ns in namespaces:
             path, plural = RESOURCES[names.KIND]
@@ -110,6 +128,18 @@ class Controller:
                     label_selector=CHILD_SELECTOR,
                 )
                 self.caches.add(kind, ns, informer)
+            for kind, selector in HANDOVER_SELECTORS.items():
+                path, plural = RESOURCES[kind]
+                informer = Informer(
+                    watches,
+                    path,
+                    plural,
+                    self._on_child,
+                    namespace=ns,
+                    label_selector=selector,
+                    transform=metadata_only,
+                )
+                self.handover.add(kind, ns, informer)
         # Nodes are cluster-wide; only whether each is going away is kept (nodes.py).
         self.caches.add(
             "Node",
@@ -139,13 +169,20 @@ class Controller:
 
     def _on_child(self, _type: str, obj: Obj) -> None:
         meta = obj["metadata"]
-        for ref in meta.get("ownerReferences") or []:
-            if (
-                ref.get("controller")
-                and ref.get("kind") == names.KIND
-                and ref.get("apiVersion", "").startswith(f"{names.GROUP}/")
+        refs = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
+        for ref in refs:
+            if ref.get("kind") == names.KIND and ref.get("apiVersion", "").startswith(
+                f"{names.GROUP}/"
             ):
                 self.queue.add((meta["namespace"], ref["name"]))
+        if refs:
+            return
+        # An orphan: the job its labels name may adopt it, if there is such a job.
+        labels = meta.get("labels") or {}
+        jobs = self.caches.pick(names.KIND, meta["namespace"])
+        for name in {labels[k] for k in _JOB_LABELS if k in labels}:
+            if jobs is not None and jobs.get(meta["namespace"], name) is not None:
+                self.queue.add((meta["namespace"], name))
 
     def _on_node(self, type_: str, node: Obj) -> None:
         name = node["metadata"]["name"]
@@ -162,13 +199,16 @@ class Controller:
                 if (pod.get("spec") or {}).get("nodeName") == name:
                     self._on_child("MODIFIED", pod)
 
+    def informers(self) -> list[Informer]:
+        return self.caches.all() + self.handover.all()
+
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        for informer in self.caches.all():
+        for informer in self.informers():
             informer.start()
-        await asyncio.gather(*(i.synced.wait() for i in self.caches.all()))
-        log.info("caches synced", extra={"informers": len(self.caches.all())})
+        await asyncio.gather(*(i.synced.wait() for i in self.informers()))
+        log.info("caches synced", extra={"informers": len(self.informers())})
         self._workers = [
             asyncio.create_task(self._worker(), name=f"reconcile-{n}")
             for n in range(self.settings.reconcile_workers)
@@ -176,7 +216,7 @@ class Controller:
 
     def problems(self) -> list[str]:
         """What keeps the controller from doing its job now (empty: ready), for /readyz."""
-        found = [f"{i!r}: not synced or not heard from" for i in self.caches.all() if not i.healthy]
+        found = [f"{i!r}: not synced or not heard from" for i in self.informers() if not i.healthy]
         if not self._workers:
             found.append("reconcile workers not started (caches not synced yet)")
         found += [f"{t.get_name()} has stopped" for t in self._workers if t.done()]
@@ -189,7 +229,7 @@ class Controller:
         await asyncio.gather(*self._workers, return_exceptions=True)
         await self.probes.stop()
         await self.pod_exec.close()
-        await asyncio.gather(*(i.stop() for i in self.caches.all()))
+        await asyncio.gather(*(i.stop() for i in self.informers()))
 
     async def _worker(self) -> None:
         while True:
@@ -236,6 +276,23 @@ class Controller:
         def named(kind: str, name: str) -> Obj | None:
             return next((o for o in owned(kind) if o["metadata"]["name"] == name), None)
 
+        def strays(kind: str) -> list[Obj]:
+            """Hand-over candidates (handover.py): orphans, and children of this job that
+            only the hand-over caches hold."""
+            main, other = self.caches.pick(kind, ns), self.handover.pick(kind, ns)
+            found = list(main.orphans(ns)) if main else []
+            if other is not None:
+                for obj in (*other.by_owner(uid), *other.orphans(ns)):
+                    obj_meta = obj["metadata"]
+                    seen = main.get(ns, obj_meta["name"]) if main else None
+                    # Relabelled already: our write put it in the main cache, and the
+                    # hand-over cache's view of it is on its way out.
+                    if obj_meta["namespace"] == ns and not (
+                        seen is not None and seen["metadata"].get("uid") == obj_meta.get("uid")
+                    ):
+                        found.append(obj)
+            return found
+
         pods = owned("Pod")
         memory = self.writer.of((ns, meta["name"]))
         now = time.monotonic()
@@ -255,6 +312,7 @@ class Controller:
             in_use=memory.used(now),
             ranks=self.probes.answer((ns, meta["name"])),
             leaving_nodes=dict(self._leaving_nodes),
+            strays=[o for kind in HANDOVER_SELECTORS for o in strays(kind)],
         )
 
     async def reconcile(self, key: Key) -> float | None:

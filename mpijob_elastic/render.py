@@ -80,20 +80,28 @@ def owner_reference(spec: JobSpec) -> Obj:
     }
 
 
-def _metadata(spec: JobSpec, name: str, role: str) -> Obj:
+def _metadata(spec: JobSpec, name: str, labels: dict[str, str]) -> Obj:
     return {
         "name": name,
         "namespace": spec.namespace,
-        "labels": names.labels(spec.name, role),
+        "labels": labels,
         "ownerReferences": [owner_reference(spec)],
     }
+
+
+def _launcher_object(spec: JobSpec, name: str | None = None) -> Obj:
+    return _metadata(
+        spec,
+        name or names.launcher_name(spec.name),
+        names.object_labels(spec.name, names.ROLE_LAUNCHER),
+    )
 
 
 def service_account(spec: JobSpec) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": _metadata(spec, spec.service_account, names.ROLE_LAUNCHER),
+        "metadata": _launcher_object(spec, spec.service_account),
     }
 
 
@@ -130,7 +138,7 @@ def role(spec: JobSpec, exec_targets: Sequence[str]) -> Obj:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": _metadata(spec, names.launcher_name(spec.name), names.ROLE_LAUNCHER),
+        "metadata": _launcher_object(spec),
         "rules": role_rules(exec_targets),
     }
 
@@ -140,7 +148,7 @@ def role_binding(spec: JobSpec) -> Obj:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": _metadata(spec, launcher, names.ROLE_LAUNCHER),
+        "metadata": _launcher_object(spec),
         "subjects": [
             {"kind": "ServiceAccount", "name": spec.service_account, "namespace": spec.namespace}
         ],
@@ -229,9 +237,8 @@ def config_map(
 ) -> Obj:
     """``annotations``: the job's state that must be stored before any pod create (the
     retired worker indexes, a scale-out backoff), which this object is."""
-    meta = _metadata(spec, names.config_map_name(spec.name), names.ROLE_LAUNCHER)
     # The ConfigMap is the job's, not the launcher's: it carries no role label in v1.
-    del meta["labels"][names.LABEL_ROLE]
+    meta = _metadata(spec, names.config_map_name(spec.name), names.object_labels(spec.name, None))
     if annotations:
         meta["annotations"] = dict(annotations)
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": dict(data)}
@@ -246,7 +253,13 @@ def disruption_budget(spec: JobSpec, min_available: int) -> Obj:
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": _metadata(spec, names.disruption_budget_name(spec.name), names.ROLE_WORKER),
+        # Labelled like the job's other objects that are not pods; it selects its workers
+        # by the v1 labels, which every worker of ours carries, as before.
+        "metadata": _metadata(
+            spec,
+            names.disruption_budget_name(spec.name),
+            names.object_labels(spec.name, names.ROLE_WORKER),
+        ),
         "spec": {
             "minAvailable": min_available,
             "selector": {"matchLabels": names.labels(spec.name, names.ROLE_WORKER)},
@@ -268,10 +281,10 @@ def main_container_index(spec: JobSpec, containers: Sequence[Mapping[str, Any]])
     return 0
 
 
-def _pod(spec: JobSpec, replica: ReplicaSpec, name: str, role: str) -> Obj:
+def _pod(spec: JobSpec, replica: ReplicaSpec, name: str, labels: dict[str, str]) -> Obj:
     template = copy.deepcopy(dict(replica.template))
     meta = template.get("metadata") or {}
-    pod_meta = _metadata(spec, name, role)
+    pod_meta = _metadata(spec, name, labels)
     pod_meta["labels"] = {**(meta.get("labels") or {}), **pod_meta["labels"]}
     if meta.get("annotations"):
         pod_meta["annotations"] = dict(meta["annotations"])
@@ -295,8 +308,12 @@ def _mount(container: Obj, name: str, path: str) -> None:
 
 
 def worker_pod(spec: JobSpec, index: int) -> Obj:
-    pod = _pod(spec, spec.worker, names.worker_name(spec.name, index), names.ROLE_WORKER)
-    pod["metadata"]["labels"][names.LABEL_INDEX] = str(index)
+    pod = _pod(
+        spec,
+        spec.worker,
+        names.worker_name(spec.name, index),
+        names.pod_labels(spec.name, names.ROLE_WORKER, index),
+    )
     pod_spec = pod["spec"]
     pod_spec.setdefault("volumes", []).append(_config_volume(spec, [(names.KUBEXEC, 0o555)]))
     containers = pod_spec["containers"]
@@ -375,7 +392,12 @@ KUBECTL_DELIVERY_RESOURCES: Obj = {
 
 
 def launcher_pod(spec: JobSpec, settings: Settings, hash_: str, min_workers: int) -> Obj:
-    pod = _pod(spec, spec.launcher, names.launcher_name(spec.name), names.ROLE_LAUNCHER)
+    pod = _pod(
+        spec,
+        spec.launcher,
+        names.launcher_name(spec.name),
+        names.pod_labels(spec.name, names.ROLE_LAUNCHER),
+    )
     pod["metadata"].setdefault("annotations", {})[names.ANN_CONFIG_HASH] = hash_
     pod_spec = pod["spec"]
     pod_spec["serviceAccountName"] = spec.service_account

@@ -144,7 +144,10 @@ def split_pods(
     launcher = None
     for pod in pods:
         name = pod["metadata"]["name"]
-        role = (pod["metadata"].get("labels") or {}).get(names.LABEL_ROLE)
+        labels = pod["metadata"].get("labels") or {}
+        # A pod training-operator made, before its hand-over relabels it, has only the
+        # replica type.
+        role = labels.get(names.LABEL_ROLE) or labels.get(names.LABEL_TO_REPLICA_TYPE)
         if role == names.ROLE_LAUNCHER and name == names.launcher_name(job_name):
             launcher = pod
         elif role == names.ROLE_WORKER:

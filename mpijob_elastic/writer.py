@@ -32,6 +32,7 @@ from mpijob_elastic.actions import (
     DELETE_MEMORY_SECONDS,
     Action,
     AnnotatePod,
+    Claim,
     Create,
     DeleteObject,
     DeletePod,
@@ -53,7 +54,7 @@ Key = tuple[str, str]
 # (the Role they depend on was written before them), so they go out together: a scale-up
 # of 50 workers must not wait for 50 round trips before the next host list is written.
 WRITE_CONCURRENCY = 16
-_BATCHABLE = (AnnotatePod, DeletePod)
+_BATCHABLE = (AnnotatePod, DeletePod, Claim)
 # How long a name held by someone else's object is left alone before we try it again.
 CONFLICT_RETRY_SECONDS = 30.0
 
@@ -87,6 +88,12 @@ def describe(action: Action) -> tuple[str, str, str]:
         return "delete", "Pod", action.name
     if isinstance(action, DeleteObject):
         return "delete", action.kind, action.name
+    if isinstance(action, Claim):
+        return (
+            ("adopt" if action.owner_references is not None else "label"),
+            action.kind,
+            action.name,
+        )
     return "write", names.KIND, "status"
 
 
@@ -249,6 +256,10 @@ class Writer:
                     self._cache(result)
                 self.of(key).deletes[action.uid] = time.monotonic()
             log.info("deleted pod", extra={"job": "/".join(key), "pod": action.name})
+        elif isinstance(action, Claim):
+            await self._claim(job, action)
+            # A name once held by someone else and now adopted is the job's own.
+            self.of(key).conflicts.pop((action.kind, action.name), None)
         elif isinstance(action, DeleteObject):
             try:
                 await self.kube.delete(action.kind, ns, action.name, action.uid)
@@ -259,6 +270,34 @@ class Writer:
                 "deleted",
                 extra={"job": "/".join(key), "kind": action.kind, "object": action.name},
             )
+
+    async def _claim(self, job: Obj, action: Claim) -> None:
+        meta = job["metadata"]
+        if action.owner_references is not None:
+            # As Kubernetes' controllers do before adopting: the cached job may have been
+            # deleted (and replaced) since, and an orphan adopted by a job that is gone is
+            # garbage-collected. A fresh read says whether it is still this job.
+            fresh = await self.kube.get(names.KIND, meta["namespace"], meta["name"])
+            if fresh["metadata"].get("uid") != meta["uid"] or fresh["metadata"].get(
+                "deletionTimestamp"
+            ):
+                raise ApiError(
+                    409, "Conflict", f"MPIJob {meta['name']} was deleted or replaced: no adoption"
+                )
+        # uid and resourceVersion make the patch conditional (the API server refuses a
+        # patch that would change the UID, and a stale resourceVersion with 409).
+        patch: Obj = {
+            "metadata": {
+                "uid": action.uid,
+                "resourceVersion": action.resource_version,
+                "labels": dict(action.labels),
+            }
+        }
+        if action.owner_references is not None:
+            patch["metadata"]["ownerReferences"] = [dict(r) for r in action.owner_references]
+        self._cache(await self.kube.patch(action.kind, meta["namespace"], action.name, patch))
+        verb, kind, name = describe(action)
+        log.info(verb, extra={"job": meta["name"], "kind": kind, "object": name})
 
     async def _conflict(self, key: Key, job: Obj, action: Create, err: ApiError) -> None:
         """Learn who holds a name we wanted, unless it is our own object the cache missed."""

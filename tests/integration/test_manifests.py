@@ -261,12 +261,12 @@ GRANTED = [
     *[
         (v, r, "")
         for r in ("configmaps", "serviceaccounts")
-        for v in ("list", "watch", "create", "update")
+        for v in ("list", "watch", "create", "update", "patch")
     ],
     *[
         (v, f"{r}.rbac.authorization.k8s.io", "")
         for r in ("roles", "rolebindings")
-        for v in ("list", "watch", "create", "update")
+        for v in ("list", "watch", "create", "update", "patch")
     ],
     ("create", "events", ""),
     ("patch", "events", ""),
@@ -291,7 +291,6 @@ DENIED = [
     ("list", "secrets", ""),
     ("get", "configmaps", ""),
     ("delete", "configmaps", ""),
-    ("patch", "configmaps", ""),
     ("delete", "serviceaccounts", ""),
     ("create", "serviceaccounts", "token"),
     ("delete", "roles.rbac.authorization.k8s.io", ""),

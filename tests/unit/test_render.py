@@ -123,6 +123,45 @@ def test_children_are_owned_and_labelled() -> None:
     assert names.LABEL_ROLE not in render.config_map(spec, {})["metadata"]["labels"]
 
 
+def test_labels_are_mpi_operator_v1s_and_training_operator_19s_byte_for_byte() -> None:
+    spec = spec_of()
+    v1 = {"group-name": "kubeflow.org", "mpi-job-name": "job"}
+    to_pod = {
+        "training.kubeflow.org/job-name": "job",
+        "training.kubeflow.org/operator-name": "mpijob-controller",
+    }
+    assert render.launcher_pod(spec, NONE, "h", 1)["metadata"]["labels"] == {
+        **v1,
+        "mpi-job-role": "launcher",
+        **to_pod,
+        "training.kubeflow.org/replica-type": "launcher",
+        "training.kubeflow.org/job-role": "master",
+    }
+    assert render.worker_pod(spec, 3)["metadata"]["labels"] == {
+        **v1,
+        "mpi-job-role": "worker",
+        **to_pod,
+        "training.kubeflow.org/replica-type": "worker",
+        "training.kubeflow.org/replica-index": "3",
+    }
+    for obj in (render.service_account(spec), render.role(spec, []), render.role_binding(spec)):
+        assert obj["metadata"]["labels"] == {**v1, "mpi-job-role": "launcher", "app": "job"}
+    assert render.config_map(spec, {})["metadata"]["labels"] == {**v1, "app": "job"}
+    budget = render.disruption_budget(spec, 1)
+    assert budget["metadata"]["labels"] == {**v1, "mpi-job-role": "worker", "app": "job"}
+    # The budget still selects by the v1 labels, which every worker carries.
+    assert budget["spec"]["selector"] == {"matchLabels": {**v1, "mpi-job-role": "worker"}}
+
+
+def test_a_template_label_cannot_take_the_place_of_ours() -> None:
+    job = make_job(2, slots=2)
+    template = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
+    template["metadata"] = {"labels": {"training.kubeflow.org/job-name": "x", "team": "a"}}
+    labels = render.worker_pod(parse(job, 30), 0)["metadata"]["labels"]
+    assert labels["training.kubeflow.org/job-name"] == "job"
+    assert labels["team"] == "a"
+
+
 def test_worker_pod_mounts_kubexec_and_idles_in_the_default_command() -> None:
     pod = render.worker_pod(spec_of(), 0)
     container = pod["spec"]["containers"][0]

@@ -14,6 +14,7 @@ from mpijob_elastic.store import (
     Obj,
     Store,
     is_older,
+    metadata_only,
     slim,
 )
 
@@ -71,6 +72,40 @@ def test_by_owner_follows_controller_references_through_changes() -> None:
     store.apply(DELETED, pod("w-0", 6, owner="job"))
     assert store.by_owner("job") == []
     assert store.by_owner("no-such-uid") == []
+
+
+def test_orphans_are_indexed_by_namespace_until_adopted_or_gone() -> None:
+    store = Store()
+    store.apply(ADDED, pod("orphan", 1))
+    store.apply(ADDED, pod("dependent", 2, owner="job", controller=False))
+    store.apply(ADDED, pod("owned", 3, owner="job"))
+    store.apply(ADDED, pod("elsewhere", 4, namespace="other"))
+    assert keys(store.orphans("ns")) == [("ns", "dependent"), ("ns", "orphan")]
+    assert keys(store.orphans("other")) == [("other", "elsewhere")]
+
+    # Adopted (our own write's result): it is the job's now, no longer an orphan.
+    assert store.upsert(pod("orphan", 5, owner="job"))
+    assert keys(store.orphans("ns")) == [("ns", "dependent")]
+    assert keys(store.by_owner("job")) == [("ns", "orphan"), ("ns", "owned")]
+    # Released by its controller: an orphan again.
+    store.apply(MODIFIED, pod("owned", 6))
+    assert keys(store.orphans("ns")) == [("ns", "dependent"), ("ns", "owned")]
+    store.apply(DELETED, pod("dependent", 7, owner="job", controller=False))
+    store.replace([], "8")
+    assert store.orphans("ns") == []
+    assert store.orphans("other") == []
+
+
+def test_metadata_only_keeps_what_says_whose_an_object_is() -> None:
+    obj = pod("p", 1, owner="job", labels={"app": "x"}, managedFields=[{"manager": "m"}])
+    obj["spec"] = {"containers": [{"name": "main"}]}
+    obj["data"] = {"big": "x" * 1000}
+    kept = metadata_only(obj)
+    assert set(kept) == {"apiVersion", "kind", "metadata"}
+    assert kept["metadata"]["labels"] == {"app": "x"}
+    assert kept["metadata"]["ownerReferences"] == obj["metadata"]["ownerReferences"]
+    assert "managedFields" not in kept["metadata"]
+    assert "managedFields" in obj["metadata"]  # the argument is left alone
 
 
 def test_watch_event_older_than_an_upserted_write_is_not_stored_or_reported() -> None:
