@@ -302,14 +302,20 @@ class Writer:
     async def _conflict(self, key: Key, job: Obj, action: Create, err: ApiError) -> None:
         """Learn who holds a name we wanted, unless it is our own object the cache missed."""
         meta = action.obj["metadata"]
+        kind = action.obj["kind"]
         try:
-            holder = await self.kube.get(action.obj["kind"], meta["namespace"], meta["name"])
-        except ApiError:
-            return  # gone meanwhile: the retry will simply create it
-        refs = holder["metadata"].get("ownerReferences") or []
-        if any(r.get("controller") and r.get("uid") == job["metadata"]["uid"] for r in refs):
-            return
-        what = f"{action.obj['kind']} {meta['name']} already exists and {owner_description(holder)}"
+            holder = await self.kube.get(kind, meta["namespace"], meta["name"])
+        except ApiError as read_err:
+            if read_err.not_found:
+                return  # gone meanwhile: the retry will simply create it
+            # The shipped role reads only pods one by one: the holder stays unknown, but
+            # the name is still taken, and the user must hear of it.
+            what = f"{kind} {meta['name']} already exists (its owner could not be read: {read_err})"
+        else:
+            refs = holder["metadata"].get("ownerReferences") or []
+            if any(r.get("controller") and r.get("uid") == job["metadata"]["uid"] for r in refs):
+                return
+            what = f"{kind} {meta['name']} already exists and {owner_description(holder)}"
         until = time.monotonic() + CONFLICT_RETRY_SECONDS
         self.of(key).conflicts[(action.obj["kind"], meta["name"])] = (what, until)
 

@@ -558,3 +558,29 @@ def test_an_accepted_delete_whose_pod_stays_is_looked_at_again() -> None:
     # Not left to another event: once the acceptance is forgotten, the delete is planned again.
     assert p.requeue_after == DELETE_MEMORY_SECONDS
     assert [d.name for d in c.plan().of_type(DeletePod)] == ["job-worker-1"]
+
+
+def test_a_taken_name_is_reported_even_when_its_holder_cannot_be_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shipped role has no `get` on ConfigMaps: the 409 alone must reach the user."""
+    c = Cluster(make_job(2))
+    c.objects[("ConfigMap", "job-config")] = {
+        "kind": "ConfigMap",
+        "metadata": {"name": "job-config", "uid": "foreign", "labels": {}},
+        "data": {},
+    }
+
+    def forbidden(kind: str, name: str) -> dict[str, Any]:
+        raise ApiError(403, "Forbidden", f'cannot get resource "{kind.lower()}s"')
+
+    monkeypatch.setattr(c.world, "get", forbidden)
+    with pytest.raises(ApiError, match="AlreadyExists"):
+        c.apply(c.plan())
+    c.apply(c.plan())
+    refused = condition(c, "WriteRefused")
+    assert refused is not None
+    assert refused["reason"] == "AlreadyExists"
+    assert (
+        "ConfigMap job-config already exists (its owner could not be read" in (refused["message"])
+    )
