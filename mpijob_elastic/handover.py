@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from mpijob_elastic import names
+from mpijob_elastic import names, render
 from mpijob_elastic.actions import Claim, Emit, Observed, Plan
 from mpijob_elastic.workers import worker_index
 
@@ -61,18 +61,6 @@ def controller_of(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
-def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
-    meta = job["metadata"]
-    return {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
 def _candidates(observed: Observed) -> Iterator[tuple[str, Mapping[str, Any]]]:
     for obj in observed.strays:
         yield str(obj.get("kind", "")), obj
@@ -102,7 +90,7 @@ def claims(observed: Observed) -> tuple[list[Claim], list[Emit]]:
             if not labelled_for(job_name, kind, labels):
                 continue
             refs = [r for r in child.get("ownerReferences") or [] if r.get("uid") != job_uid]
-            refs.append(owner_reference(job))
+            refs.append(render.job_owner_reference(job["metadata"]["name"], job["metadata"]["uid"]))
             adopted.append(f"{kind} {child['name']}")
         elif controller.get("uid") != job_uid or all(labels.get(k) == v for k, v in wanted.items()):
             continue

@@ -9,6 +9,7 @@ feeds their results back through the caches, so it is all tested without a clust
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 
 from mpijob_elastic import handover
@@ -21,8 +22,29 @@ from mpijob_elastic.settings import Settings
 def plan(observed: Observed, settings: Settings, now: datetime | None = None) -> Plan:
     """Plan the writes that move one job's children towards its spec."""
     now = now or datetime.now(UTC)
+    observed = _without_our_own_names(observed)
     # Children to take over or adopt first: until then the job sees only part of them.
     claiming = handover.plan(observed)
     if claiming is not None:
         return claiming
     return diff(desired(observed, settings, now), observed, now)
+
+
+def _without_our_own_names(observed: Observed) -> Observed:
+    """A name the writer took for someone else's (a create answered 409 whose holder it
+    could not read, say after our own create timed out once the server had applied it)
+    is ours after all if the caches show the job controlling an object of that name."""
+    if not observed.conflicts:
+        return observed
+    ours = {("Pod", p["metadata"]["name"]) for p in observed.pods}
+    for kind, obj in (
+        ("ConfigMap", observed.config_map),
+        ("ServiceAccount", observed.service_account),
+        ("Role", observed.role),
+        ("RoleBinding", observed.role_binding),
+        ("PodDisruptionBudget", observed.disruption_budget),
+    ):
+        if obj is not None:
+            ours.add((kind, obj["metadata"]["name"]))
+    conflicts = {k: v for k, v in observed.conflicts.items() if k not in ours}
+    return dataclasses.replace(observed, conflicts=conflicts)

@@ -29,7 +29,7 @@ from mpijob_elastic.rankprobe import RankProbes
 from mpijob_elastic.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
 from mpijob_elastic.settings import Settings
 from mpijob_elastic.spec import launcher_service_account, managed_by
-from mpijob_elastic.store import metadata_only
+from mpijob_elastic.store import metadata_only, slim
 from mpijob_elastic.workqueue import ShutDownError, WorkQueue
 from mpijob_elastic.writer import Writer
 
@@ -117,18 +117,12 @@ class Controller:
             path, plural = RESOURCES[names.KIND]
             jobs = Informer(watches, path, plural, self._on_job, namespace=ns)
             self.caches.add(names.KIND, ns, jobs)
-            for kind in CHILD_KINDS:
-                path, plural = RESOURCES[kind]
-                informer = Informer(
-                    watches,
-                    path,
-                    plural,
-                    self._on_child,
-                    namespace=ns,
-                    label_selector=CHILD_SELECTOR,
-                )
-                self.caches.add(kind, ns, informer)
-            for kind, selector in HANDOVER_SELECTORS.items():
+            watched = [(kind, CHILD_SELECTOR, self.caches, slim) for kind in CHILD_KINDS]
+            watched += [
+                (kind, selector, self.handover, metadata_only)
+                for kind, selector in HANDOVER_SELECTORS.items()
+            ]
+            for kind, selector, caches, transform in watched:
                 path, plural = RESOURCES[kind]
                 informer = Informer(
                     watches,
@@ -137,9 +131,9 @@ class Controller:
                     self._on_child,
                     namespace=ns,
                     label_selector=selector,
-                    transform=metadata_only,
+                    transform=transform,
                 )
-                self.handover.add(kind, ns, informer)
+                caches.add(kind, ns, informer)
         # Nodes are cluster-wide; only whether each is going away is kept (nodes.py).
         self.caches.add(
             "Node",

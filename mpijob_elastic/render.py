@@ -70,11 +70,16 @@ Obj = dict[str, Any]
 
 
 def owner_reference(spec: JobSpec) -> Obj:
+    return job_owner_reference(spec.name, spec.uid)
+
+
+def job_owner_reference(name: str, uid: str) -> Obj:
+    """The job as its children's controller, blocking its deletion until they are gone."""
     return {
         "apiVersion": names.API_VERSION,
         "kind": names.KIND,
-        "name": spec.name,
-        "uid": spec.uid,
+        "name": name,
+        "uid": uid,
         "controller": True,
         "blockOwnerDeletion": True,
     }

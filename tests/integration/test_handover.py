@@ -29,15 +29,7 @@ TO_SETTINGS = Settings(kubectl_delivery=KubectlDelivery.INIT_CONTAINER, kubectl_
 
 
 def controller_ref(job: Obj) -> Obj:
-    meta = job["metadata"]
-    return {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
+    return render.job_owner_reference(job["metadata"]["name"], job["metadata"]["uid"])
 
 
 def as_training_operator(obj: Obj, labels: dict[str, str], owner: Obj | None) -> Obj:
