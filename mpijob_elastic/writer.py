@@ -57,6 +57,10 @@ WRITE_CONCURRENCY = 16
 _BATCHABLE = (AnnotatePod, DeletePod, Claim)
 # How long a name held by someone else's object is left alone before we try it again.
 CONFLICT_RETRY_SECONDS = 30.0
+# How long a ServiceAccount someone else made is taken as still there. Its create is tried
+# again after that (one 409 per job every ten minutes in a steady state), so one removed
+# meanwhile is made anew before a launcher restart needs it.
+IN_USE_RECHECK_SECONDS = 600.0
 
 
 def _batchable(action: Action) -> str | None:
@@ -215,7 +219,7 @@ class Writer:
                     # imagePullSecrets): the launcher uses it as it is, as training-operator
                     # does. Whether it is still there is checked again after a while, so
                     # one removed meanwhile is made anew.
-                    self.of(key).in_use[(kind, name)] = time.monotonic() + CONFLICT_RETRY_SECONDS
+                    self.of(key).in_use[(kind, name)] = time.monotonic() + IN_USE_RECHECK_SECONDS
                     log.info(
                         "using an existing ServiceAccount",
                         extra={"job": "/".join(key), "object": name},

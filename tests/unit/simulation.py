@@ -634,7 +634,14 @@ class Cluster:
             self.finalize_deletions()
             p = self.plan()
             if not p.actions and resting(p, self.pods):
-                return
+                if p.requeue_after is None:
+                    return
+                # A pause (a failing worker's replacement backoff) looks like rest too:
+                # look once more when it is over.
+                self.tick(p.requeue_after)
+                if not self.plan().actions:
+                    return
+                continue
             self.apply(p)
             if p.probe is not None:
                 self.ranks = RankSnapshot(self.now, self.world.rank_hosts(self.name))

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from mpijob_elastic import names
@@ -433,6 +433,19 @@ step = st.one_of(
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(step, min_size=1, max_size=40), st.sampled_from(["0", "15"]))
+# Workers failing in a row: the job waits out the replacement pause, then converges.
+@example(
+    steps=[
+        ("reconcile", 0),
+        ("fail", 0),
+        ("fail", 1),
+        ("fail", 2),
+        ("run", 0),
+        ("finalize", 0),
+        ("fail", 0),
+    ],
+    drain="0",
+)
 def test_invariants_under_any_event_order(steps: list[tuple[str, int]], drain: str) -> None:
     c = Cluster(make_job(2, annotations={**ELASTIC, names.ANN_DRAIN_SECONDS: drain}))
     c.job["spec"]["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = "OnFailure"

@@ -16,7 +16,7 @@ from mpijob_elastic.ranks import RankSnapshot
 from mpijob_elastic.render import exec_names
 from mpijob_elastic.settings import KubectlDelivery, Settings
 from mpijob_elastic.spec import InvalidSpec, launcher_service_account, parse
-from mpijob_elastic.writer import CONFLICT_RETRY_SECONDS
+from mpijob_elastic.writer import IN_USE_RECHECK_SECONDS
 from tests.unit.simulation import Cluster, discovered, make_job
 
 NONE = Settings(kubectl_delivery=KubectlDelivery.NONE)
@@ -331,7 +331,7 @@ def test_someone_elses_service_account_is_used_as_it_is() -> None:
     assert conditions.get("WriteRefused", {}).get("status") != "True"
     # Settled: no create tried again until the memory of it ends.
     assert c.plan().actions == ()
-    c.tick(CONFLICT_RETRY_SECONDS + 1)
+    c.tick(IN_USE_RECHECK_SECONDS + 1)
     again = c.plan().of_type(Create)
     assert [a.obj["metadata"]["name"] for a in again] == ["trainer"]
     c.apply(c.plan())
