@@ -148,6 +148,12 @@ class _Builder:
         # Workers on going nodes that stay until their replacements run, with why.
         self.moving: Mapping[str, str] = {}
 
+    @property
+    def state(self) -> Mapping[str, Any]:
+        """What earlier turns stored on the job's ConfigMap (its annotations)."""
+        config_map = self.observed.config_map or {}
+        return (config_map.get("metadata") or {}).get("annotations") or {}
+
     def event(self, type_: str, reason: str, message: str) -> None:
         self.events.append(Emit(type_, reason, message))
 
@@ -223,6 +229,17 @@ class _Builder:
             s.fields["startTime"] = s.now
         return self.scale(spec, workers, launcher, self.target(spec, workers), restarts, restart)
 
+    def hold(self, target: int, workers: Sequence[Worker], going: set[str], until: datetime) -> int:
+        """No new workers until ``until``: the target is at most the workers that stay
+        (neither leaving already nor in ``going``)."""
+        staying = [
+            w
+            for w in workers
+            if not w.terminating and w.uid not in self.observed.deleting and w.name not in going
+        ]
+        self.requeue((until - self.now).total_seconds())
+        return min(target, len(staying))
+
     def worker_failures(
         self, replacing: Sequence[Worker], annotations: Mapping[str, Any]
     ) -> tuple[int, datetime | None]:
@@ -296,8 +313,7 @@ class _Builder:
         ExitCode or Always, or vanished while the job ran (deleted, or lost with its node). Past
         runPolicy.backoffLimit the job fails instead."""
         s = self.status
-        annotations = ((self.observed.config_map or {}).get("metadata") or {}).get("annotations")
-        done = _count((annotations or {}).get(names.ANN_LAUNCHER_RESTARTS))
+        done = _count(self.state.get(names.ANN_LAUNCHER_RESTARTS))
         if s.is_true(SUCCEEDED) or s.is_true(FAILED) or spec.suspend:
             return done, False
         if launcher is None:
@@ -376,7 +392,7 @@ class _Builder:
         main = spec.main_container
         config_map = self.observed.config_map or {}
         old_data = config_map.get("data")
-        old_annotations = (config_map.get("metadata") or {}).get("annotations") or {}
+        old_annotations = self.state
         failed = [w for w in workers if w.phase == "Failed" and not w.terminating]
         replacing = {w.name for w in failed if self.replace_failed(spec, w)}
         failed_kept = [w.name for w in failed if w.name not in replacing]
@@ -387,13 +403,7 @@ class _Builder:
         if last_failure is not None and self.now < last_failure + pause:
             # Failing workers are replaced after a pause that grows with each failure in a
             # row: an OOM-killed worker is not recreated in a tight loop.
-            present = [
-                w
-                for w in workers
-                if not w.terminating and w.uid not in self.observed.deleting and w not in failed
-            ]
-            target = min(target, len(present))
-            self.requeue((last_failure + pause - self.now).total_seconds())
+            target = self.hold(target, workers, {w.name for w in failed}, last_failure + pause)
         requested = target
         backoff = parse_backoff(old_annotations.get(names.ANN_SCALE_OUT_BACKOFF))
         suspension = parse_suspension(old_annotations.get(names.ANN_SUSPENDED))
@@ -408,15 +418,8 @@ class _Builder:
             # The attempt failed: release what it got, wait out the backoff.
             return self.suspend(spec, workers, launcher, suspension, backoff, 0)
         if backoff is not None and self.now < backoff.retry_at:
-            # Running below the requested size until the backoff is over: no new workers.
-            gone = {w.name for w in given_up}
-            present = [
-                w
-                for w in workers
-                if not w.terminating and w.uid not in self.observed.deleting and w.name not in gone
-            ]
-            target = min(target, len(present))
-            self.requeue((backoff.retry_at - self.now).total_seconds())
+            # Running below the requested size until the backoff is over.
+            target = self.hold(target, workers, {w.name for w in given_up}, backoff.retry_at)
         relocate = self.relocate(spec, workers)
         elsewhere = sum(1 for w in workers if w.name not in relocate and w.can_take_ranks(main))
         if relocate and elsewhere < target:

@@ -90,7 +90,7 @@ def claims(observed: Observed) -> tuple[list[Claim], list[Emit]]:
             if not labelled_for(job_name, kind, labels):
                 continue
             refs = [r for r in child.get("ownerReferences") or [] if r.get("uid") != job_uid]
-            refs.append(render.job_owner_reference(job["metadata"]["name"], job["metadata"]["uid"]))
+            refs.append(render.job_owner_reference(job_name, job_uid))
             adopted.append(f"{kind} {child['name']}")
         elif controller.get("uid") != job_uid or all(labels.get(k) == v for k, v in wanted.items()):
             continue
