@@ -249,10 +249,10 @@ class Controller:
             except ShutDownError:
                 return
             started = time.monotonic()
-            result = "error"
             try:
                 requeue = await self.reconcile(key)
             except Exception as err:  # one bad job must never stop the controller
+                metrics.reconciled("error", time.monotonic() - started)
                 # A conflict only means the cache was behind: routine, not a warning.
                 level = (
                     logging.INFO if isinstance(err, ApiError) and err.conflict else logging.WARNING
@@ -267,13 +267,12 @@ class Controller:
             else:
                 self.queue.forget(key)
                 result = "success" if requeue is None else "requeue"
+                metrics.reconciled(result, time.monotonic() - started)
                 if requeue is not None:
                     # A hair late rather than early, so the deadline has passed on arrival.
                     self.queue.add_after(key, requeue + 0.05)
             finally:
                 self.queue.done(key)
-                metrics.RECONCILES.labels(result).inc()
-                metrics.RECONCILE_SECONDS.labels(result).observe(time.monotonic() - started)
 
     # -- reconcile --------------------------------------------------------------------------
 
