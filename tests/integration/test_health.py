@@ -8,16 +8,19 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 import aiohttp
 import pytest
 
 from mpijob_elastic import clients, names
 from mpijob_elastic.health import WRITE_STALL_SECONDS, HealthServer
+from mpijob_elastic.informer import STALE_AFTER_SECONDS
 from mpijob_elastic.reconciler import Controller
 from mpijob_elastic.settings import Settings
 from tests.cluster import Cluster
-from tests.controller import StartController, free_port, wait_for
+from tests.controller import ControllerProcess, StartController, free_port, wait_for
+from tests.faults import proxied_kubeconfig, tcp_proxy
 from tests.manifests import mpijob
 
 pytestmark = pytest.mark.usefixtures("crd")
@@ -112,3 +115,36 @@ async def test_a_controller_that_cannot_write_turns_unready_until_a_write_goes_t
         await controller.stop()
         await server.stop()
         await apis.close()
+
+
+def test_a_controller_whose_watches_died_turns_unready_and_back(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """The API server out of reach for the watches: the informers keep retrying, and once
+    none has heard from the server for STALE_AFTER_SECONDS the controller is unready."""
+    port = free_port()
+    with tcp_proxy(cluster.kubeconfig) as proxy:
+        kubeconfig = proxied_kubeconfig(cluster.kubeconfig, proxy.port, tmp_path / "proxied")
+        controller = ControllerProcess(
+            Cluster(kubeconfig, cluster.kubectl_path),
+            (namespace,),
+            tmp_path / "controller.log",
+            ("--health-port", str(port)),
+        )
+        controller.start()
+        try:
+            wait_for(lambda: get(port, "/readyz") == (200, "ok\n"), 30, "/readyz to answer ok")
+            proxy.cut()
+            _, text = wait_for(
+                lambda: (answer := get(port, "/readyz"))[0] == 503 and answer,
+                STALE_AFTER_SECONDS + 60,
+                "/readyz to turn unready",
+            )
+            assert "not synced or not heard from" in text
+            # Still live: the process and its loop are fine, only the server is away.
+            assert get(port, "/healthz") == (200, "ok\n")
+            proxy.restore()
+            wait_for(lambda: get(port, "/readyz") == (200, "ok\n"), 120, "/readyz ready again")
+        finally:
+            controller.stop()
+            print(f"--- controller log ---\n{controller.logs()[-20000:]}")
