@@ -164,25 +164,33 @@ REGISTRY.register(JOBS)
 
 
 class HostListLatency:
-    """Feeds ``running_to_listed_seconds``: when each pod was seen Running, until a written
-    ``discover_hosts.sh`` lists it.
+    """Feeds ``running_to_listed_seconds``: when each pod was seen turn Running, until a
+    written ``discover_hosts.sh`` lists it.
 
-    Only pods that turn Running while the controller runs are timed (the caller passes
-    none from its first list): one already running at start has no sighting to measure
-    from. A pod is timed once, at the first accepted write that lists it.
+    Only a pod seen not Running first is timed: one already running when the controller
+    starts (or whose earlier states it missed) has no start to measure from, and a later
+    event about it (a label, a node going away) is no start either. A pod is timed once,
+    at the first accepted write that lists it.
     """
 
     def __init__(self) -> None:
-        # (namespace, pod) -> monotonic time it was first seen Running.
+        # (namespace, pod) of pods seen not (yet) Running.
+        self._pending: set[tuple[str, str]] = set()
+        # (namespace, pod) -> monotonic time it was seen turn Running.
         self._running: dict[tuple[str, str], float] = {}
 
     def pod(self, event_type: str, pod: Mapping[str, Any], now: float) -> None:
         meta = pod["metadata"]
         key = (meta["namespace"], meta["name"])
         phase = (pod.get("status") or {}).get("phase")
-        if event_type == "DELETED" or meta.get("deletionTimestamp") or phase != "Running":
+        if event_type == "DELETED" or meta.get("deletionTimestamp"):
+            self._pending.discard(key)
             self._running.pop(key, None)
-        elif key not in self._running:
+        elif phase != "Running":
+            self._pending.add(key)
+            self._running.pop(key, None)
+        elif key in self._pending:
+            self._pending.discard(key)
             self._running[key] = now
 
     def written(self, config_map: Mapping[str, Any], now: float) -> list[float]:
@@ -203,17 +211,18 @@ def drain_seconds(pod: Mapping[str, Any], now: datetime) -> float | None:
     return None if since is None else max(0.0, (now - since).total_seconds())
 
 
-def observe_write(
-    before: Mapping[str, Any] | None, written: Mapping[str, Any], latency: HostListLatency
-) -> None:
-    """Metrics of one write the server accepted: ``written`` is its answer, ``before``
-    the cached object it replaces (None if there was none)."""
+def status_written(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
+    """A job's status write the server accepted; ``old`` is the status it was planned
+    from (not the cache's, which the write's own watch event may have updated already)."""
+    direction = scale_direction(old, new)
+    if direction is not None:
+        _SCALED[direction].inc()
+
+
+def observe_write(written: Mapping[str, Any], latency: HostListLatency) -> None:
+    """Metrics of one write the server accepted, from its answer."""
     kind = written.get("kind")
-    if kind == names.KIND:
-        direction = scale_direction((before or {}).get("status"), written.get("status") or {})
-        if direction is not None:
-            _SCALED[direction].inc()
-    elif kind == "ConfigMap":
+    if kind == "ConfigMap":
         for wait in latency.written(written, time.monotonic()):
             RUNNING_TO_LISTED_SECONDS.observe(wait)
     elif kind == "Pod" and written["metadata"].get("deletionTimestamp"):

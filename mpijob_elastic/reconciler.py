@@ -166,8 +166,7 @@ class Controller:
 
     def _on_child(self, type_: str, obj: Obj) -> None:
         meta = obj["metadata"]
-        if self._workers and obj.get("kind") == "Pod":
-            # Not before the first sync: a pod found running then has no start to time.
+        if obj.get("kind") == "Pod":
             self.latency.pod(type_, obj, time.monotonic())
         refs = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
         for ref in refs:
@@ -363,10 +362,8 @@ class Controller:
         return cache.get(namespace, name) if cache is not None else None
 
     def _cache(self, obj: Obj) -> None:
-        meta = obj["metadata"]
-        cache = self.caches.pick(obj.get("kind", ""), meta["namespace"])
-        before = cache.get(meta["namespace"], meta["name"]) if cache is not None else None
         # Every object the server returned from a write passes here.
-        metrics.observe_write(before, obj, self.latency)
+        metrics.observe_write(obj, self.latency)
+        cache = self.caches.pick(obj.get("kind", ""), obj["metadata"]["namespace"])
         if cache is not None:
             cache.upsert(obj)

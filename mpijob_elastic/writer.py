@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from mpijob_elastic import names
+from mpijob_elastic import metrics, names
 from mpijob_elastic.actions import (
     DELETE_MEMORY_SECONDS,
     Action,
@@ -422,6 +422,7 @@ class Writer:
         # stale job is refused (409) and recomputed, never written over a newer one.
         body = {"metadata": {"resourceVersion": resource_version}, "status": status}
         updated = await self.kube.patch(names.KIND, meta["namespace"], meta["name"], body, "status")
+        metrics.status_written(job.get("status"), status)
         self._cache({**updated, "kind": names.KIND})
 
     async def emit(self, job: Obj, event: Emit) -> None:

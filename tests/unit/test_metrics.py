@@ -120,6 +120,7 @@ def test_running_to_listed_times_each_pod_once_from_its_first_running_sighting()
     latency.pod("ADDED", pod("w-0", "Pending"), 1.0)
     latency.pod("MODIFIED", pod("w-0", "Running"), 2.0)
     latency.pod("MODIFIED", pod("w-0", "Running"), 3.0)  # a later event keeps the first time
+    latency.pod("ADDED", pod("w-1", "Pending"), 1.0)
     latency.pod("MODIFIED", pod("w-1", "Running"), 2.5)
     assert latency.written(config_map("w-0"), 4.0) == [2.0]
     assert latency.written(config_map("w-0"), 5.0) == []  # timed once
@@ -128,6 +129,18 @@ def test_running_to_listed_times_each_pod_once_from_its_first_running_sighting()
     # A pod that stops running (or goes) before it is listed is not timed.
     latency.pod("MODIFIED", pod("w-1", "Running", deleting=True), 5.5)
     assert latency.written(config_map("w-0", "w-1"), 6.0) == []
+
+
+def test_a_pod_running_before_it_was_watched_is_never_timed() -> None:
+    """As after a controller restart: the first list shows it Running, later events too."""
+    latency = metrics.HostListLatency()
+    latency.pod("ADDED", pod("w-0", "Running"), 1.0)
+    latency.pod("MODIFIED", pod("w-0", "Running"), 2.0)
+    assert latency.written(config_map("w-0"), 3.0) == []
+    # One the first list showed Pending is seen start: it is timed.
+    latency.pod("ADDED", pod("w-1", "Pending"), 1.0)
+    latency.pod("MODIFIED", pod("w-1", "Running"), 5.0)
+    assert latency.written(config_map("w-0", "w-1"), 5.5) == [0.5]
 
 
 def test_drain_seconds_from_the_mark() -> None:
@@ -141,12 +154,11 @@ def sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-def test_observe_write_counts_scale_operations_and_drains() -> None:
+def test_accepted_writes_count_scale_operations_and_drains() -> None:
     latency = metrics.HostListLatency()
     before = sample("mpijob_elastic_scale_operations_total", direction="in")
-    job = {"kind": names.KIND, "metadata": {}, "status": scaling("ScalingDown")}
-    metrics.observe_write({"status": scaling(None)}, job, latency)
-    metrics.observe_write(job, job, latency)
+    metrics.status_written(scaling(None), scaling("ScalingDown"))
+    metrics.status_written(scaling("ScalingDown"), scaling("ScalingDown"))
     assert sample("mpijob_elastic_scale_operations_total", direction="in") == before + 1
 
     bucket = "mpijob_elastic_drain_duration_seconds_bucket"
@@ -162,7 +174,7 @@ def test_observe_write_counts_scale_operations_and_drains() -> None:
             "annotations": {names.ANN_DRAINING_SINCE: since},
         },
     }
-    metrics.observe_write(None, deleted, latency)
+    metrics.observe_write(deleted, latency)
     assert sample("mpijob_elastic_drain_duration_seconds_count") == drains + 1
     # Three seconds of drain: above the 2.5 s bucket, within the 5 s one.
     assert (sample(bucket, le="2.5"), sample(bucket, le="5.0")) == (below, above + 1)
