@@ -15,8 +15,9 @@ the informer caches, and call ``done``. Three properties make that safe and chea
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -59,7 +60,13 @@ class WorkQueue(Generic[K]):
     directly. Must be used from one event loop.
     """
 
-    def __init__(self, max_backoff_seconds: float = 60.0) -> None:
+    def __init__(
+        self,
+        max_backoff_seconds: float = 60.0,
+        observe_wait: Callable[[float], None] | None = None,
+    ) -> None:
+        """``observe_wait`` is told, at each ``get``, how long the key waited since it was
+        queued (for the queue-wait metric)."""
         self._queue: deque[K] = deque()
         # Keys that need processing: those waiting in _queue, plus keys added again while
         # being processed (those are not in _queue until done() puts them there).
@@ -69,6 +76,9 @@ class WorkQueue(Generic[K]):
         self._backoff: ItemBackoff[K] = ItemBackoff(max_backoff_seconds)
         self._not_empty = asyncio.Event()
         self._shutting_down = False
+        self._observe_wait = observe_wait
+        # Key -> time.monotonic() when it entered _queue; only kept with observe_wait.
+        self._queued_at: dict[K, float] = {}
 
     def __len__(self) -> int:
         """The number of keys waiting to be handed out (not delayed, not in progress)."""
@@ -80,6 +90,11 @@ class WorkQueue(Generic[K]):
         self._dirty.add(key)
         if key in self._processing:
             return
+        self._enqueue(key)
+
+    def _enqueue(self, key: K) -> None:
+        if self._observe_wait is not None:
+            self._queued_at[key] = time.monotonic()
         self._queue.append(key)
         self._not_empty.set()
 
@@ -96,6 +111,8 @@ class WorkQueue(Generic[K]):
                 key = self._queue.popleft()
                 self._dirty.discard(key)
                 self._processing.add(key)
+                if self._observe_wait is not None:
+                    self._observe_wait(time.monotonic() - self._queued_at.pop(key))
                 return key
             # Every waiter wakes on each add and all but one find the queue empty again;
             # with a handful of workers that is cheaper than tracking waiters one by one.
@@ -106,8 +123,7 @@ class WorkQueue(Generic[K]):
         """Mark ``key`` finished; if it was added meanwhile, it is queued again now."""
         self._processing.discard(key)
         if key in self._dirty and not self._shutting_down:
-            self._queue.append(key)
-            self._not_empty.set()
+            self._enqueue(key)
 
     def add_after(self, key: K, delay_seconds: float) -> None:
         """Add ``key`` once ``delay_seconds`` have passed.
