@@ -412,3 +412,45 @@ def test_namespaced_controller_ignores_other_namespaces(
     assert ignored.config() == {}
     assert "status" not in ignored.get() or not ignored.get()["status"]
     assert "forbidden" not in controller.logs().lower()
+
+
+def test_a_taken_config_map_name_is_reported_with_its_holder(
+    cluster: Cluster, namespace: str, run_as: RunAs
+) -> None:
+    """With the shipped role, which has no get on ConfigMaps, the conflict report still
+    names who holds the name: the holder is read as a list narrowed to the name."""
+    holder = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "holder"}}
+    cluster.apply(holder, namespace)
+    holder_uid = json.loads(
+        cluster.kubectl("get", "configmap", "holder", "-n", namespace, "-o", "json").stdout
+    )["metadata"]["uid"]
+    job = Job(cluster, namespace, "taken")
+    owned = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": f"{job.name}-config",
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "name": "holder",
+                    "uid": holder_uid,
+                    "controller": True,
+                }
+            ],
+        },
+    }
+    cluster.apply(owned, namespace)
+    controller = run_as(None)
+    wait_for(lambda: controller.readyz()[0] == 200, 60, "/readyz ok")
+    job.create(elastic_job(job.name, 1))
+    want = f"ConfigMap {job.name}-config already exists and is controlled by ConfigMap holder"
+    wait_for(
+        lambda: any(
+            want in c.get("message", "") for c in job.get().get("status", {}).get("conditions", [])
+        ),
+        40,
+        want,
+    )
+    assert "could not be read" not in controller.logs()
