@@ -26,6 +26,8 @@ from mpijob_elastic.kube import ApiError, Kube
 RECHECK_SECONDS = 30.0
 REVIEWS_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 V2 = "v2beta1"
+# Reviews in flight at once: about what one namespace needs.
+REVIEW_BATCH = 40
 
 
 @dataclass(frozen=True)
@@ -158,9 +160,16 @@ class Preflight:
 
     async def _missing_permissions(self) -> list[str]:
         wanted = checks(self.namespaces)
-        answers = await asyncio.gather(
-            *(self.kube.request("POST", REVIEWS_PATH, review(p, ns)) for p, ns in wanted)
-        )
+        answers: list[dict[str, Any]] = []
+        # A batch at a time: many namespaces make hundreds of reviews, and all at once they
+        # would queue for the write connections longer than a write may wait for one.
+        for start in range(0, len(wanted), REVIEW_BATCH):
+            answers += await asyncio.gather(
+                *(
+                    self.kube.request("POST", REVIEWS_PATH, review(p, ns))
+                    for p, ns in wanted[start : start + REVIEW_BATCH]
+                )
+            )
         return [
             p.describe(ns)
             for (p, ns), answer in zip(wanted, answers, strict=True)
