@@ -301,7 +301,7 @@ def proof(p: Permission) -> tuple[Scenario, str] | None:
         ("mpijobs/finalizers", "update"): None,
         # The launcher's Role grants pods get (kubectl exec reads the pod first), and
         # RBAC lets us grant only what we hold.
-        ("pods", "get"): (start, "attempting to grant RBAC permissions not currently held"),
+        ("pods", "get"): (start, escalation("pods") + ', Verbs:[\\"get\\"]'),
         ("pods", "create"): (start, forbidden(p)),
         ("pods", "delete"): (scale, forbidden(p)),
         ("pods", "patch"): (scale, forbidden(p)),
