@@ -1,8 +1,11 @@
 # The controller image: `docker build -t mpijob-elastic:latest .`
 # BASE_IMAGE is any Debian-like Python 3.11 image with pip. The default is the official
 # python:3.11-slim pinned by digest, so a rebuild gets the same base until someone moves
-# the pin on purpose (README, "Building the image", says how). Machines without a
-# registry pass a locally made one instead (hack/images.sh, docs/kind.md).
+# the pin on purpose (README, "Installing", says how). The machine this was written on
+# has no registry access, so this digest (an index digest of python:3.11-slim found in
+# public build files) was not pulled here: `docker buildx imagetools inspect
+# python:3.11-slim` shows the current one. Machines without a registry pass a locally
+# made base instead (hack/images.sh, docs/kind.md).
 ARG BASE_IMAGE=python:3.11-slim@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7
 FROM ${BASE_IMAGE}
 
