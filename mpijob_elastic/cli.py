@@ -64,8 +64,8 @@ def _settings_args(parser: argparse.ArgumentParser) -> None:
 
 
 # Set by the Deployment from the downward API (config/manager/deployment.yaml).
-OWN_NAMESPACE_ENV = "MPIJOB_ELASTIC_NAMESPACE"
-OWN_SERVICE_ACCOUNT_ENV = "MPIJOB_ELASTIC_SERVICE_ACCOUNT"
+OWN_NAMESPACE_ENV = "POD_NAMESPACE"
+OWN_SERVICE_ACCOUNT_ENV = "POD_SERVICE_ACCOUNT"
 
 
 def own_service_account(env: Mapping[str, str]) -> tuple[str, str] | None:

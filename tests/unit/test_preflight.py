@@ -113,7 +113,7 @@ def test_the_missing_permissions_message_says_where_to_look() -> None:
 
 
 def test_the_controllers_identity_comes_from_both_variables() -> None:
-    env = {"MPIJOB_ELASTIC_NAMESPACE": "sys", "MPIJOB_ELASTIC_SERVICE_ACCOUNT": "me"}
+    env = {"POD_NAMESPACE": "sys", "POD_SERVICE_ACCOUNT": "me"}
     assert own_service_account(env) == ("sys", "me")
-    assert own_service_account({"MPIJOB_ELASTIC_NAMESPACE": "sys"}) is None
+    assert own_service_account({"POD_NAMESPACE": "sys"}) is None
     assert own_service_account({}) is None
