@@ -12,6 +12,7 @@ runs the same scenarios with the whole role, so a failure below is the missing v
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.error
@@ -85,7 +86,7 @@ class Controller:
             self.proc.wait()
 
 
-RunAs = Callable[[Permission | None], Controller]
+RunAs = Callable[..., Controller]
 
 
 @pytest.fixture
@@ -94,7 +95,7 @@ def run_as(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[RunAs]:
     started: list[Controller] = []
     role = f"proof-{namespace}"
 
-    def run(without: Permission | None) -> Controller:
+    def run(without: Permission | None, env: dict[str, str] | None = None) -> Controller:
         rules = [r for r in shipped_rules() if without is None or not matches(r, without)]
         assert without is None or len(rules) == len(shipped_rules()) - 1, without
         nodes = [r for r in rules if r["resources"] == ["nodes"]]
@@ -144,7 +145,7 @@ def run_as(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[RunAs]:
                     "--kubectl-delivery", "none", "--log-format", "json",
                     "--health-port", str(port),
                 ],
-                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
             )  # fmt: skip
         controller = Controller(proc, log_path, port)
         started.append(controller)
@@ -454,3 +455,28 @@ def test_a_taken_config_map_name_is_reported_with_its_holder(
         want,
     )
     assert "could not be read" not in controller.logs()
+
+
+def test_a_job_naming_the_controllers_service_account_is_refused(
+    cluster: Cluster, namespace: str, run_as: RunAs
+) -> None:
+    """The controller knows its ServiceAccount from the Deployment's env; a job in its
+    namespace whose worker template names it gets InvalidSpec naming the field, no pod."""
+    controller = run_as(None, {"POD_NAMESPACE": namespace, "POD_SERVICE_ACCOUNT": ACCOUNT})
+    wait_for(lambda: controller.readyz()[0] == 200, 60, "/readyz ok")
+    job = Job(cluster, namespace, "sneaky")
+    manifest = elastic_job(job.name, 1)
+    manifest["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["serviceAccountName"] = (
+        ACCOUNT
+    )
+    job.create(manifest)
+    field = "spec.mpiReplicaSpecs.Worker.template.spec.serviceAccountName"
+    cond = wait_for(lambda: job.condition("InvalidSpec"), 30, "InvalidSpec")
+    assert cond["status"] == "True"
+    assert field in cond["message"], cond
+    assert f"controller's own ServiceAccount '{ACCOUNT}'" in cond["message"], cond
+    # A job elsewhere in the namespace runs as usual, so the refusal is this job's alone.
+    other = Job(cluster, namespace, "honest")
+    assert start(other, lambda: False)
+    assert job.pods() == {}
+    assert job.pods(names.ROLE_LAUNCHER) == {}
