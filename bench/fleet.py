@@ -245,7 +245,11 @@ async def measure(kubeconfig: str, namespace: str, opts: Options) -> dict[str, A
 
         # -- steady state ------------------------------------------------------------------
         start = time.monotonic()
+        cpu0 = cpu_seconds(pid) if pid else 0.0
         await asyncio.sleep(opts.steady_seconds)
+        if pid:
+            # Nothing changes, but a running job's launcher is read for dead ranks (ranks.py).
+            result["steady_cpu_share"] = round((cpu_seconds(pid) - cpu0) / opts.steady_seconds, 3)
         result["steady_writes"] = dict(fleet.writes(start, time.monotonic()))
         result["settle_writes"] = dict(fleet.writes(converged_at, start))
 
@@ -337,6 +341,7 @@ ROWS: list[tuple[str, Any]] = [
     ("controller RSS after convergence", lambda r: f"{r.get('rss_mb', '-')} MB"),
     ("cache sync after restart (start → /readyz)", lambda r: f"{r.get('sync_s', '-')} s"),
     ("controller RSS after restart", lambda r: f"{r.get('rss_restart_mb', '-')} MB"),
+    ("controller CPU in steady state", lambda r: f"{r.get('steady_cpu_share', '-')} core"),
     ("writes in steady state", lambda r: _writes(r.get("steady_writes"))),
     ("writes after a restart", lambda r: _writes(r.get("restart_writes"))),
     (
