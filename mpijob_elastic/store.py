@@ -263,14 +263,25 @@ class Store:
         self._put(key, obj)
         return obj
 
-    def replace(self, items: Iterable[Obj], resource_version: str) -> builtins.list[Change]:
+    def transform(self, obj: Obj) -> Obj:
+        """``obj`` as this store keeps it."""
+        return self._transform(obj)
+
+    def replace(
+        self, items: Iterable[Obj], resource_version: str, *, transformed: bool = False
+    ) -> builtins.list[Change]:
         """Make the store equal a fresh list taken at ``resource_version``; what changed.
+
+        ``transformed``: the items went through ``transform`` already (a paged list keeps
+        each page's items as the store will, so whole objects are held one page at a
+        time, not all at once: 160 MB at 1000 jobs, most of it never returned to the OS).
 
         An object the list shows older than the stored one, or does not show at all but
         that is newer than the list, was written by the controller after the list's
         snapshot: it stays.
         """
-        listed = {object_key(obj): obj for obj in map(self._transform, items)}
+        kept = items if transformed else map(self._transform, items)
+        listed = {object_key(obj): obj for obj in kept}
         snapshot = {"metadata": {"resourceVersion": resource_version}}
         changes: builtins.list[Change] = []
         for key, obj in listed.items():
