@@ -349,7 +349,7 @@ ROWS: list[tuple[str, Any]] = [
     ),
     ("jobs converged by half the last one's time", lambda r: f"{r['converged_by_half_time']}"),
     ("controller CPU per job to converge", lambda r: f"{r.get('cpu_ms_per_job', '-')} ms"),
-    ("converged → last change before 10 s without any", lambda r: f"{r['settle_s']} s"),
+    ("converged → last change before 10 s without any", lambda r: f"{r.get('settle_s', '-')} s"),
     ("controller RSS after convergence", lambda r: f"{r.get('rss_mb', '-')} MB"),
     ("cache sync after restart (start → /readyz)", lambda r: f"{r.get('sync_s', '-')} s"),
     ("controller RSS after restart", lambda r: f"{r.get('rss_restart_mb', '-')} MB"),
