@@ -5,7 +5,9 @@
 * ``/readyz`` says whether the controller can do its job: every informer synced and its
   watch heard from within two bookmark periods (``Informer.healthy``), and every reconcile
   worker task alive. A controller whose watches died is taken out of readiness, so
-  ``kubectl get deploy`` and alerts on unavailable replicas show it.
+  ``kubectl get deploy`` and alerts on unavailable replicas show it. With leader election
+  a standby is ready too (its caches are what a fast take-over needs; it runs no
+  workers), and the body says which of the two each replica is.
 """
 
 from __future__ import annotations
@@ -19,10 +21,17 @@ log = logging.getLogger("mpijob_elastic.health")
 
 
 class HealthServer:
-    def __init__(self, port: int, ready: Callable[[], list[str]]) -> None:
-        """``ready`` returns what keeps the controller from being ready (empty: ready)."""
+    def __init__(
+        self,
+        port: int,
+        ready: Callable[[], list[str]],
+        role: Callable[[], str] | None = None,
+    ) -> None:
+        """``ready`` returns what keeps the controller from being ready (empty: ready);
+        ``role``, with leader election, whether this replica leads or stands by."""
         self.port = port
         self._ready = ready
+        self._role = role
         self._runner: web.AppRunner | None = None
 
     async def _healthz(self, _request: web.Request) -> web.Response:
@@ -30,9 +39,10 @@ class HealthServer:
 
     async def _readyz(self, _request: web.Request) -> web.Response:
         problems = self._ready()
+        role = "" if self._role is None else f"{self._role()}\n"
         if problems:
-            return web.Response(status=503, text="".join(f"{p}\n" for p in problems))
-        return web.Response(text="ok\n")
+            return web.Response(status=503, text=role + "".join(f"{p}\n" for p in problems))
+        return web.Response(text=f"ok\n{role}")
 
     async def start(self) -> None:
         app = web.Application()

@@ -7,10 +7,13 @@ server's status code and message, so callers can tell a conflict from a rejected
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any, Final
 
 from kubernetes_asyncio.client import ApiClient
+
+log = logging.getLogger("mpijob_elastic.kube")
 
 Obj = dict[str, Any]
 
@@ -24,6 +27,7 @@ RESOURCES: Final[Mapping[str, tuple[str, str]]] = {
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     "MPIJob": ("/apis/kubeflow.org/v1", "mpijobs"),
+    "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
 }
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -78,6 +82,10 @@ class Kube:
         async with response:
             raw = await response.read()
         data = json.loads(raw) if raw else {}
+        if method != "GET":
+            # Every request that can change the cluster, at debug level: which process of
+            # two wrote what (docs/operations.md, leader election).
+            log.debug("api write", extra={"method": method, "path": path, "code": response.status})
         if not 200 <= response.status < 300:
             raise ApiError(
                 response.status, str(data.get("reason", "")), str(data.get("message", raw[:200]))

@@ -240,7 +240,9 @@ class Writer:
         elif isinstance(action, Replace):
             self._cache(await self.kube.replace(action.obj))
         elif isinstance(action, AnnotatePod):
-            patch = {"metadata": {"annotations": dict(action.annotations)}}
+            patch: Obj = {"metadata": {"annotations": dict(action.annotations)}}
+            if action.resource_version:
+                patch["metadata"]["resourceVersion"] = action.resource_version
             try:
                 self._cache(await self.kube.patch("Pod", ns, action.name, patch))
             except ApiError as err:
