@@ -215,8 +215,7 @@ async def _lead(controller: Controller, elector: leader.Elector, stop: asyncio.E
         return 1
     # Told to stop: no new work; keep renewing while the reconciles in flight finish.
     hold = asyncio.ensure_future(elector.hold())
-    await _first(hold, controller.stop_workers(SHUTDOWN_GRACE_SECONDS))
-    if hold.done():
+    if hold in await _first(hold, controller.stop_workers(SHUTDOWN_GRACE_SECONDS)):
         await controller.stop_workers(0)
         log.error("lost the lease while stopping", extra={"reason": hold.result()})
         return 1
