@@ -14,8 +14,11 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic import names
+from mpijob_elastic import clients, names
+from mpijob_elastic.actions import AnnotatePod, Plan
+from mpijob_elastic.kube import ApiError, Kube
 from mpijob_elastic.leader import Timings
+from mpijob_elastic.writer import Writer
 from tests.cluster import Cluster
 from tests.controller import ControllerProcess, StartController, free_port, wait_for
 from tests.faults import proxied_kubeconfig, tcp_proxy
@@ -205,3 +208,46 @@ def test_a_leader_that_cannot_renew_stops_and_exits_non_zero(
         finally:
             first.stop()
             print(f"--- first controller log ---\n{first.logs()[-20000:]}")
+
+
+# -- fencing: a write planned on a stale view does not land -----------------------------------
+
+
+async def test_a_drain_mark_planned_on_a_stale_pod_is_refused_and_not_reported(
+    cluster: Cluster, job: Job
+) -> None:
+    """A former leader's drain mark, planned before someone else changed the pod, gets 409
+    from the server instead of landing; the turn fails for a retry, with no condition or
+    Event for the user (nothing is wrong with their job)."""
+    job.create(elastic_job(job.name, 2))
+    apis = clients.connect(
+        await clients.load_configuration(cluster.kubeconfig), write_connections=2
+    )
+    try:
+        kube = Kube(apis.write)
+        pod = names.worker_name(job.name, 0)
+        seen = await kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": pod, "namespace": job.ns},
+                "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+            }
+        )
+        await kube.patch("Pod", job.ns, pod, {"metadata": {"labels": {"changed": "since"}}})
+        mark = AnnotatePod(
+            pod,
+            {names.ANN_DRAINING_SINCE: "2026-01-01T00:00:00.000000Z"},
+            seen["metadata"]["resourceVersion"],
+        )
+        writer = Writer(kube, lambda _obj: None)
+        with pytest.raises(ApiError) as refused:
+            await writer.run(await kube.get(names.KIND, job.ns, job.name), Plan((mark,)))
+        assert refused.value.conflict
+    finally:
+        await apis.close()
+    now = cluster.raw("GET", f"/api/v1/namespaces/{job.ns}/pods/{pod}") or {}
+    annotations = now["metadata"].get("annotations") or {}
+    assert names.ANN_DRAINING_SINCE not in annotations
+    assert job.get().get("status", {}).get("conditions") is None
+    assert job.events() == []
