@@ -251,3 +251,79 @@ async def test_a_drain_mark_planned_on_a_stale_pod_is_refused_and_not_reported(
     assert names.ANN_DRAINING_SINCE not in annotations
     assert job.get().get("status", {}).get("conditions") is None
     assert job.events() == []
+
+
+# -- the shipped RBAC ------------------------------------------------------------------------
+
+SYSTEM_NAMESPACE = "mpijob-elastic-system"
+CONTROLLER = f"system:serviceaccount:{SYSTEM_NAMESPACE}:mpijob-elastic"
+CONFIG = Path(__file__).resolve().parents[2] / "config"
+
+
+def can_i(cluster: Cluster, verb: str, what: str, namespace: str) -> str:
+    proc = cluster.kubectl(
+        "auth", "can-i", verb, what, "-n", namespace, "--as", CONTROLLER, check=False
+    )
+    return proc.stdout.strip()
+
+
+@pytest.fixture
+def shipped_rbac(cluster: Cluster) -> str:
+    cluster.kubectl("apply", "-f", str(CONFIG / "manager" / "namespace.yaml"))
+    cluster.kubectl("apply", "-k", str(CONFIG / "rbac"))
+    return SYSTEM_NAMESPACE
+
+
+@pytest.mark.parametrize(
+    ("verb", "what", "where", "allowed"),
+    [
+        ("get", f"leases/{LEASE}", SYSTEM_NAMESPACE, "yes"),
+        ("update", f"leases/{LEASE}", SYSTEM_NAMESPACE, "yes"),
+        ("create", "leases", SYSTEM_NAMESPACE, "yes"),
+        ("get", "leases/another", SYSTEM_NAMESPACE, "no"),
+        ("update", "leases/another", SYSTEM_NAMESPACE, "no"),
+        ("delete", f"leases/{LEASE}", SYSTEM_NAMESPACE, "no"),
+        ("patch", f"leases/{LEASE}", SYSTEM_NAMESPACE, "no"),
+        ("list", "leases", SYSTEM_NAMESPACE, "no"),
+        ("create", "leases", "kube-system", "no"),
+        ("update", f"leases/{LEASE}", "kube-system", "no"),
+    ],
+)
+def test_the_lease_grants_are_this_name_in_this_namespace(
+    cluster: Cluster, shipped_rbac: str, verb: str, what: str, where: str, allowed: str
+) -> None:
+    assert can_i(cluster, verb, what, where) == allowed
+
+
+def test_the_shipped_service_account_can_lead(
+    cluster: Cluster, shipped_rbac: str, job: Job, tmp_path: Path
+) -> None:
+    """With the ServiceAccount's own token (no admin rights), the Lease in its namespace is
+    created and held, and the job is served."""
+    as_controller = Cluster(
+        cluster.service_account_kubeconfig(
+            SYSTEM_NAMESPACE, "mpijob-elastic", tmp_path / "controller.kubeconfig"
+        ),
+        cluster.kubectl_path,
+    )
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM_NAMESPACE}/leases/{LEASE}"
+    controller = ControllerProcess(
+        as_controller,
+        (job.ns,),
+        tmp_path / "controller.log",
+        ("--leader-elect", "--leader-elect-resource-namespace", SYSTEM_NAMESPACE),
+    )
+    try:
+        controller.start()
+        wait_for(lambda: became_leader(controller), 30, "the controller to lead")
+        job.create(elastic_job(job.name, 2))
+        job.wait_hosts(2)
+        assert not [
+            e
+            for e in controller.log_entries()
+            if e.get("msg") == "could not read or write the lease"
+        ]
+    finally:
+        controller.stop()
+        cluster.raw("DELETE", path)
+        print(f"--- controller log ---\n{controller.logs()[-20000:]}")
