@@ -165,13 +165,13 @@ def default_identity() -> str:
     return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
 
-def default_namespace(env: Mapping[str, str], in_cluster: Path = IN_CLUSTER_NAMESPACE) -> str:
+def default_namespace(env: Mapping[str, str], in_cluster: Path | None = None) -> str:
     """The pod's own namespace: POD_NAMESPACE (the downward API), else the ServiceAccount's
     mounted namespace file; empty outside a pod."""
     if env.get("POD_NAMESPACE"):
         return env["POD_NAMESPACE"]
     try:
-        return in_cluster.read_text().strip()
+        return (in_cluster or IN_CLUSTER_NAMESPACE).read_text().strip()
     except OSError:
         return ""
 
