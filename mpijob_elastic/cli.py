@@ -206,6 +206,7 @@ async def _lead(controller: Controller, elector: leader.Elector, stop: asyncio.E
     acquire = asyncio.ensure_future(elector.acquire())
     if acquire not in await _first(acquire, stop.wait()):
         return 0  # stopped while standing by: nothing to hand over
+    acquire.result()  # only a Lease actually held may start the workers
     controller.start_workers()
     hold = asyncio.ensure_future(elector.hold())
     if hold in await _first(hold, stop.wait()):

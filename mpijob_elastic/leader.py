@@ -245,7 +245,9 @@ class Elector:
     async def _attempt(self, within: float) -> bool:
         try:
             return await asyncio.wait_for(self.try_acquire_or_renew(), within)
-        except (ApiError, OSError, TimeoutError) as err:
+        # Whatever went wrong (an answer, a dropped connection, a timeout), the Lease is
+        # not ours this round; the loops around this must never die of it.
+        except Exception as err:
             log.warning(
                 "could not read or write the lease",
                 extra={"lease": f"{self.namespace}/{self.name}", "error": str(err) or repr(err)},
@@ -301,7 +303,7 @@ class Elector:
         lease = self._lease(released(self._observed.record, datetime.now(UTC)))
         try:
             await asyncio.wait_for(self.kube.replace(lease), RELEASE_TIMEOUT_SECONDS)
-        except (ApiError, OSError, TimeoutError) as err:
+        except Exception as err:
             log.warning(
                 "could not release the lease; the standby takes over when it expires",
                 extra={"lease": f"{self.namespace}/{self.name}", "error": str(err) or repr(err)},
