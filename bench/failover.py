@@ -54,9 +54,12 @@ class Controller:
     argv: list[str]
     log: Path
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    starts: int = 0
 
     def start(self) -> None:
-        self.log.write_bytes(b"")
+        # A log per start, kept: a restarted process must not show its earlier leadership.
+        self.starts += 1
+        self.log = self.log.with_name(f"{self.log.name.split('.')[0]}.{self.starts}.log")
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         wait(lambda: self.first("waiting to lead") is not None, 120, "cache sync")
@@ -184,6 +187,7 @@ def run(kubeconfig: str, kubectl: str, rounds: int, timing_args: list[str]) -> d
             proc.stop()
         sh(*k, "delete", "namespace", namespace, "--wait=false")
     return {
+        "logs": str(logs),
         "load_average": os.getloadavg(),
         "exit_codes": exits,
         **{
@@ -230,6 +234,7 @@ def main() -> None:
         if started:
             subprocess.run([str(ROOT / "hack/cluster-down.sh")], env=env, check=False)
     print(json.dumps(result))
+    print(f"controller logs: {result['logs']}")
 
 
 if __name__ == "__main__":

@@ -295,14 +295,24 @@ class Elector:
         self.leading = False
         return f"no renewal within the renew deadline ({self.timings.renew_deadline:g}s)"
 
+    async def _release(self) -> bool:
+        # Read afresh: a renewal cancelled on its way (the shutdown cuts the renew loop
+        # short) may have landed, leaving the resourceVersion we hold behind.
+        lease = await self.kube.get("Lease", self.namespace, self.name)
+        record = self._seen(lease, self._clock())
+        if record.holder != self.identity:
+            return False
+        await self.kube.replace(self._lease(released(record, datetime.now(UTC))))
+        return True
+
     async def release(self) -> None:
         """Give the Lease up so the standby takes over on its next try; best effort."""
-        if not self.leading or self._observed is None:
+        if not self.leading:
             return
         self.leading = False
-        lease = self._lease(released(self._observed.record, datetime.now(UTC)))
         try:
-            await asyncio.wait_for(self.kube.replace(lease), RELEASE_TIMEOUT_SECONDS)
+            if not await asyncio.wait_for(self._release(), RELEASE_TIMEOUT_SECONDS):
+                return
         except Exception as err:
             log.warning(
                 "could not release the lease; the standby takes over when it expires",
