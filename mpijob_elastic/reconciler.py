@@ -201,10 +201,6 @@ class Controller:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        await self.sync()
-        self.start_workers()
-
     async def sync(self) -> None:
         """Fill the caches and keep them current; no writes. A standby stops here: the
         jobs' keys pile up in the queue (once each), for its workers if it comes to lead."""
