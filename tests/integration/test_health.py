@@ -5,7 +5,12 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 
+import pytest
+
 from tests.controller import StartController, free_port, wait_for
+
+# Without the CRD the job informer never syncs: run alone, this file needs it installed.
+pytestmark = pytest.mark.usefixtures("crd")
 
 
 def get(port: int, path: str) -> tuple[int, str]:
