@@ -432,6 +432,53 @@ def test_a_leaving_taint_moves_the_workers_off_before_they_go(run: ElasticRun) -
         print(f"FIGURE taint: {line}")
 
 
+def lease_holder(run: ElasticRun) -> str:
+    return run.cluster.kubectl(
+        "get",
+        "lease",
+        "mpijob-elastic",
+        "-n",
+        CONTROLLER_NAMESPACE,
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+        check=False,
+    ).stdout.strip()
+
+
+def test_the_controller_going_mid_scale_up_loses_nothing(
+    run: ElasticRun, controller: ControllerProcess | None
+) -> None:
+    """On kind, the leader's pod is deleted right after a scale-up: it releases the Lease
+    and the standby finishes the scale (docs/operations.md). Without kind, the one
+    controller process is restarted instead. Either way the job grows, with no failure."""
+    before = set(run.discovered())
+    step = run.scale(4)
+    if controller is None:
+        leader = lease_holder(run)
+        assert leader, "no replica holds the Lease"
+        run.cluster.kubectl(
+            "delete", "pod", leader.rsplit("_", 1)[0], "-n", CONTROLLER_NAMESPACE, "--wait=false"
+        )
+        wait_for(lambda: lease_holder(run) not in ("", leader), 60, "the standby to lead")
+        print(f"FIGURE failover: the standby led {time.time() - step.started:.2f}s after the scale")
+    else:
+        controller.stop()
+        controller.start()
+    listed = run.wait_for_size(4)
+    assert before <= listed, (before, listed)
+    no_failures(run, since=step.started)
+    if controller is None:
+        # Two replicas again, both ready (the Deployment's readiness probes), for what follows.
+        run.cluster.kubectl(
+            "rollout",
+            "status",
+            "deployment/mpijob-elastic",
+            "-n",
+            CONTROLLER_NAMESPACE,
+            "--timeout=180s",
+        )
+
+
 def test_launcher_finishing_succeeds_the_job_and_cleans_up(run: ElasticRun) -> None:
     run.begin("training finishes")
     assert run.finish() == 0

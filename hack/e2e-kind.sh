@@ -27,7 +27,8 @@ cleanup() {
   local rc=$?
   if [ $rc != 0 ]; then
     log "failed; the controller's log follows"
-    k -n mpijob-elastic-system logs deployment/mpijob-elastic --tail=60 >&2 || true
+    # Both replicas: the leader has the story, the standby says whether it took over.
+    k -n mpijob-elastic-system logs -l app.kubernetes.io/name=mpijob-elastic --prefix --tail=60 >&2 || true
   fi
   if [ "${KEEP_CLUSTER:-}" = 1 ]; then
     log "KEEP_CLUSTER=1: the controller stays installed; kubeconfig $kubeconfig"

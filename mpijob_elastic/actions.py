@@ -30,10 +30,14 @@ class Replace:
 
 @dataclass(frozen=True)
 class AnnotatePod:
-    """Merge-patch pod annotations; a value of None removes the annotation."""
+    """Merge-patch pod annotations; a value of None removes the annotation. The patch
+    carries the observed resourceVersion: one planned from a stale view (a former leader's,
+    or a cache behind) is refused with 409 and planned again, never lands over a newer
+    state."""
 
     name: str
     annotations: Mapping[str, str | None]
+    resource_version: str
 
 
 @dataclass(frozen=True)

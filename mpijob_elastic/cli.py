@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,15 +16,22 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from mpijob_elastic import clients, health, logs, metrics, names
+from mpijob_elastic import clients, health, leader, logs, metrics, names
 from mpijob_elastic.actions import Create, Observed, Replace
+from mpijob_elastic.kube import Kube
 from mpijob_elastic.plan import plan
 from mpijob_elastic.reconciler import Controller
 from mpijob_elastic.settings import KubectlDelivery, Settings
 from mpijob_elastic.spec import InvalidSpec, parse
 from mpijob_elastic.writer import WRITE_CONCURRENCY
 
+log = logging.getLogger("mpijob_elastic.cli")
+
 DEFAULTS = Settings()
+TIMINGS = leader.Timings()
+# How long a leader told to stop lets its reconciles in flight finish before it cancels
+# them and releases the Lease: well inside the pod's 30 s termination grace period.
+SHUTDOWN_GRACE_SECONDS = 5.0
 
 
 def _settings_args(parser: argparse.ArgumentParser) -> None:
@@ -90,6 +98,39 @@ def _settings(args: argparse.Namespace) -> Settings:
     )
 
 
+def _leader_election_args(run: argparse.ArgumentParser) -> None:
+    run.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="run as one of several replicas: only the holder of a Lease reconciles and "
+        "writes, the others keep their caches synced and wait (docs/operations.md)",
+    )
+    run.add_argument(
+        "--leader-elect-lease-duration",
+        type=float,
+        default=TIMINGS.lease_duration,
+        help="seconds a standby waits, from the last renewal it saw, before taking over",
+    )
+    run.add_argument(
+        "--leader-elect-renew-deadline",
+        type=float,
+        default=TIMINGS.renew_deadline,
+        help="seconds a leader keeps trying to renew before it stops writing and exits",
+    )
+    run.add_argument(
+        "--leader-elect-retry-period",
+        type=float,
+        default=TIMINGS.retry_period,
+        help="seconds between tries to acquire or renew the Lease",
+    )
+    run.add_argument("--leader-elect-resource-name", default="mpijob-elastic")
+    run.add_argument(
+        "--leader-elect-resource-namespace",
+        default="",
+        help="default: the pod's own namespace ($POD_NAMESPACE, or the ServiceAccount's)",
+    )
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mpijob-elastic", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -117,6 +158,7 @@ def parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics on /metrics on this port (0: not at all); the same "
         "port as --health-port serves all three paths",
     )
+    _leader_election_args(run)
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     _settings_args(run)
@@ -144,7 +186,64 @@ async def _load_config(kubeconfig: str | None, settings: Settings) -> clients.Cl
     )
 
 
-async def _run(args: argparse.Namespace) -> None:
+def _elector(args: argparse.Namespace, apis: clients.Clients) -> leader.Elector:
+    timings = leader.Timings(
+        args.leader_elect_lease_duration,
+        args.leader_elect_renew_deadline,
+        args.leader_elect_retry_period,
+    )
+    namespace = args.leader_elect_resource_namespace or leader.default_namespace(os.environ)
+    problems = timings.problems() + (
+        [] if namespace else ["outside a pod, --leader-elect-resource-namespace is needed"]
+    )
+    if problems:
+        raise SystemExit(f"mpijob-elastic: {'; '.join(problems)}")
+    # The watch client: its connections are never all taken, so a renewal never waits
+    # behind a burst of writes (clients.py).
+    return leader.Elector(
+        Kube(apis.watch),
+        namespace,
+        args.leader_elect_resource_name,
+        leader.default_identity(),
+        timings,
+    )
+
+
+async def _first(*aws: Awaitable[Any]) -> set[asyncio.Task[Any]]:
+    """Wait for the first of ``aws`` to finish; cancel the others."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    return done
+
+
+async def _lead(controller: Controller, elector: leader.Elector, stop: asyncio.Event) -> int:
+    """Wait for the Lease, reconcile while holding it; the process's exit status."""
+    controller.standby = True
+    acquire = asyncio.ensure_future(elector.acquire())
+    if acquire not in await _first(acquire, stop.wait()):
+        return 0  # stopped while standing by: nothing to hand over
+    acquire.result()  # only a Lease actually held may start the workers
+    controller.start_workers()
+    hold = asyncio.ensure_future(elector.hold())
+    if hold in await _first(hold, stop.wait()):
+        # Deposed: stop writing now, then exit non-zero so the pod restarts as a standby.
+        await controller.stop_workers(0)
+        log.error("lost the lease; exiting", extra={"reason": hold.result()})
+        return 1
+    # Told to stop: no new work; keep renewing while the reconciles in flight finish.
+    hold = asyncio.ensure_future(elector.hold())
+    if hold in await _first(hold, controller.stop_workers(SHUTDOWN_GRACE_SECONDS)):
+        await controller.stop_workers(0)
+        log.error("lost the lease while stopping", extra={"reason": hold.result()})
+        return 1
+    await elector.release()
+    return 0
+
+
+async def _run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     apis = await _load_config(args.kubeconfig, settings)
     stop = asyncio.Event()
@@ -152,12 +251,15 @@ async def _run(args: argparse.Namespace) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
+        elector = _elector(args, apis) if args.leader_elect else None
         controller = Controller(apis.write, settings, watch_api=apis.watch)
+        role = None if elector is None else lambda: "leader" if elector.leading else "standby"
         shared = args.metrics_port == args.health_port
         probes = (
             health.HealthServer(
                 args.health_port,
                 controller.problems,
+                role,
                 extra={"/metrics": metrics.serve} if shared else None,
             )
             if args.health_port
@@ -173,8 +275,17 @@ async def _run(args: argparse.Namespace) -> None:
                 metrics_site = await health.serve(
                     web.Application(), {"/metrics": metrics.serve}, args.metrics_port
                 )
-            await controller.start()
+            # A SIGTERM during a long first list ends the process at once: it holds no
+            # Lease and has made no writes.
+            sync = asyncio.ensure_future(controller.sync())
+            if sync not in await _first(sync, stop.wait()):
+                return 0
+            sync.result()
+            if elector is not None:
+                return await _lead(controller, elector, stop)
+            controller.start_workers()
             await stop.wait()
+            return 0
         finally:
             await controller.stop()
             if probes is not None:
@@ -251,8 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "render":
         return _render(args)
     logs.setup(args.log_format, args.log_level)
-    asyncio.run(_run(args))
-    return 0
+    return asyncio.run(_run(args))
 
 
 if __name__ == "__main__":

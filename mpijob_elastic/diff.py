@@ -107,6 +107,10 @@ def _observed_object(observed: Observed, kind: str) -> Mapping[str, Any] | None:
     }[kind]
 
 
+def _resource_version(obj: Mapping[str, Any]) -> str:
+    return str(obj["metadata"].get("resourceVersion", ""))
+
+
 def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
     def ensure(kind: str) -> list[Action]:
         obj = want.objects.get(kind)
@@ -136,16 +140,26 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
         current = (launcher["metadata"].get("annotations") or {}).get(names.ANN_CONFIG_HASH)
         if current != want.config_hash:
             writes.append(
-                AnnotatePod(launcher["metadata"]["name"], {names.ANN_CONFIG_HASH: want.config_hash})
+                AnnotatePod(
+                    launcher["metadata"]["name"],
+                    {names.ANN_CONFIG_HASH: want.config_hash},
+                    _resource_version(launcher),
+                )
             )
 
     for w in want.workers:
         if w.marked and not w.terminating:
-            writes.append(AnnotatePod(w.name, {names.ANN_DRAINING_SINCE: None}))
+            writes.append(
+                AnnotatePod(w.name, {names.ANN_DRAINING_SINCE: None}, _resource_version(w.pod))
+            )
     mark = format_precise_time(now)
     for v in want.victims:
         if v.action == "mark":
-            writes.append(AnnotatePod(v.worker.name, {names.ANN_DRAINING_SINCE: mark}))
+            writes.append(
+                AnnotatePod(
+                    v.worker.name, {names.ANN_DRAINING_SINCE: mark}, _resource_version(v.worker.pod)
+                )
+            )
     writes += [
         DeletePod(v.worker.name, v.worker.uid, v.grace_seconds)
         for v in want.victims

@@ -7,7 +7,9 @@
   worker task alive, and no write left without an answer from the API server for
   ``WRITE_STALL_SECONDS`` (``WriteHealth``). A controller whose watches died, or that
   cannot write (its connections stalled, the server unreachable), is taken out of
-  readiness, so ``kubectl get deploy`` and alerts on unavailable replicas show it.
+  readiness, so ``kubectl get deploy`` and alerts on unavailable replicas show it. With
+  leader election a standby is ready too (its caches are what a fast take-over needs; it
+  runs no workers), and the body says which of the two each replica is.
 
 ``/metrics`` (metrics.py) is served by the same server when ``--metrics-port`` equals
 ``--health-port``, and by a second one on its own port otherwise.
@@ -77,13 +79,16 @@ class HealthServer:
         self,
         port: int,
         ready: Callable[[], list[str]],
+        role: Callable[[], str] | None = None,
         *,
         extra: Mapping[str, Handler] | None = None,
     ) -> None:
         """``ready`` returns what keeps the controller from being ready (empty: ready);
-        ``extra`` adds routes (``/metrics`` when it shares the port)."""
+        ``role``, with leader election, whether this replica leads or stands by; ``extra``
+        adds routes (``/metrics`` when it shares the port)."""
         self.port = port
         self._ready = ready
+        self._role = role
         self._extra = dict(extra or {})
         self._runner: web.AppRunner | None = None
 
@@ -92,9 +97,10 @@ class HealthServer:
 
     async def _readyz(self, _request: web.Request) -> web.Response:
         problems = self._ready()
+        role = "" if self._role is None else f"{self._role()}\n"
         if problems:
-            return web.Response(status=503, text="".join(f"{p}\n" for p in problems))
-        return web.Response(text="ok\n")
+            return web.Response(status=503, text=role + "".join(f"{p}\n" for p in problems))
+        return web.Response(text=f"ok\n{role}")
 
     async def start(self) -> None:
         app = web.Application()

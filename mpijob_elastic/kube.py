@@ -7,6 +7,7 @@ server's status code and message, so callers can tell a conflict from a rejected
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any, Final
@@ -17,6 +18,8 @@ from kubernetes_asyncio.client import ApiClient
 
 from mpijob_elastic import metrics
 from mpijob_elastic.health import WriteHealth
+
+log = logging.getLogger("mpijob_elastic.kube")
 
 Obj = dict[str, Any]
 
@@ -30,6 +33,7 @@ RESOURCES: Final[Mapping[str, tuple[str, str]]] = {
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     "MPIJob": ("/apis/kubeflow.org/v1", "mpijobs"),
+    "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
 }
 
 # Kubernetes' verbs for the methods we use; a GET of a collection is a list.
@@ -121,6 +125,10 @@ class Kube:
         finally:
             self.writes.finished(token, answered, time.monotonic())
         data = json.loads(raw) if raw else {}
+        if method != "GET":
+            # Every request that can change the cluster, at debug level: which process of
+            # two wrote what (docs/operations.md, leader election).
+            log.debug("api write", extra={"method": method, "path": path, "code": response.status})
         if not 200 <= response.status < 300:
             metrics.API_ERRORS.labels(str(response.status), *request_labels(method, path)).inc()
             raise ApiError(

@@ -156,6 +156,9 @@ class Controller:
         self._workers: list[asyncio.Task[None]] = []
         self.preflight = Preflight(self.kube, settings.namespaces)
         self._rechecks: asyncio.Task[None] | None = None
+        self._synced = False
+        # Leader election (leader.py): a standby keeps its caches and makes no writes.
+        self.standby = False
 
     # -- events -> keys ---------------------------------------------------------------------
 
@@ -218,7 +221,9 @@ class Controller:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def sync(self) -> None:
+        """Fill the caches and keep them current; no writes. A standby stops here: the
+        jobs' keys pile up in the queue (once each), for its workers if it comes to lead."""
         # Before the caches: a missing list or an MPI Operator v2 CRD keeps them from ever
         # syncing, and the log must say why first.
         await self._check()
@@ -227,7 +232,11 @@ class Controller:
         for informer in self.informers():
             informer.start()
         await asyncio.gather(*(i.synced.wait() for i in self.informers()))
+        self._synced = True
         log.info("caches synced", extra={"informers": len(self.informers())})
+
+    def start_workers(self) -> None:
+        self.standby = False
         self._workers = [
             asyncio.create_task(self._worker(), name=f"reconcile-{n}")
             for n in range(self.settings.reconcile_workers)
@@ -247,22 +256,32 @@ class Controller:
         """What keeps the controller from doing its job now (empty: ready), for /readyz."""
         found = list(self.preflight.problems)
         found += [f"{i!r}: not synced or not heard from" for i in self.informers() if not i.healthy]
-        if not self._workers:
-            found.append("reconcile workers not started (caches not synced yet)")
+        if not self._synced:
+            found.append("caches not synced yet")
+        elif not self._workers and not self.standby:
+            found.append("reconcile workers not started")
         found += [f"{t.get_name()} has stopped" for t in self._workers if t.done()]
         stalled = self.kube.writes.problem(time.monotonic())
         if stalled is not None:
             found.append(stalled)
         return found
 
-    async def stop(self) -> None:
-        if self._rechecks is not None:
-            self._rechecks.cancel()
+    async def stop_workers(self, grace: float) -> None:
+        """Take no more work; let reconciles in flight finish for ``grace`` seconds, then
+        cancel them (a cancelled write may or may not have reached the server; the next
+        leader's level-triggered reconcile finds out which)."""
         self.queue.shutdown()
+        if self._workers and grace > 0:
+            await asyncio.wait(self._workers, timeout=grace)
         for task in self._workers:
             task.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
         await self.probes.stop()
+
+    async def stop(self) -> None:
+        if self._rechecks is not None:
+            self._rechecks.cancel()
+        await self.stop_workers(0)
         await self.pod_exec.close()
         await asyncio.gather(*(i.stop() for i in self.informers()))
 

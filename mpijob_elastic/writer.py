@@ -289,7 +289,9 @@ class Writer:
                         },
                     )
         elif isinstance(action, AnnotatePod):
-            patch = {"metadata": {"annotations": dict(action.annotations)}}
+            patch: Obj = {"metadata": {"annotations": dict(action.annotations)}}
+            if action.resource_version:
+                patch["metadata"]["resourceVersion"] = action.resource_version
             try:
                 self._cache(await self.kube.patch("Pod", ns, action.name, patch))
             except ApiError as err:

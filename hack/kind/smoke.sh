@@ -22,7 +22,7 @@ overlay=$(mktemp -d)
 cleanup() {
   if [ "$ok" != 1 ]; then
     log "failed; the controller's log and the namespace's events follow"
-    k -n mpijob-elastic-system logs deployment/mpijob-elastic --tail=40 >&2 || true
+    k -n mpijob-elastic-system logs -l app.kubernetes.io/name=mpijob-elastic --prefix --tail=40 >&2 || true
     k -n "$ns" get events --sort-by=.lastTimestamp >&2 || true
   fi
   [ "${KEEP:-}" != 1 ] || { log "KEEP=1: leaving namespace $ns and the controller installed"; return; }

@@ -66,7 +66,8 @@ async def test_a_controller_that_cannot_write_turns_unready_until_a_write_goes_t
     held = None
     try:
         await server.start()
-        await controller.start()
+        await controller.sync()
+        controller.start_workers()
         async with aiohttp.ClientSession() as session:
 
             async def readyz() -> tuple[int, str]:

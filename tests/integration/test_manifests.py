@@ -65,6 +65,8 @@ def test_kustomize_default_renders_every_object(cluster: Cluster) -> None:
         ("ClusterRoleBinding", "mpijob-elastic-controller"),
         ("ClusterRole", "mpijob-elastic-nodes"),
         ("ClusterRoleBinding", "mpijob-elastic-nodes"),
+        ("Role", "mpijob-elastic-leader-election"),
+        ("RoleBinding", "mpijob-elastic-leader-election"),
         ("Deployment", "mpijob-elastic"),
         ("Service", "mpijob-elastic-metrics"),
     }
@@ -80,7 +82,13 @@ def test_namespaced_overlay_binds_per_namespace(
     assert ("ClusterRole", "mpijob-elastic-controller") in found
     # Nodes belong to no namespace: their read stays bound cluster-wide.
     assert ("ClusterRoleBinding", "mpijob-elastic-nodes") in found
-    bindings = [d for d in docs if d["kind"] == "RoleBinding"]
+    # The Lease stays in the controller's own namespace, whichever it watches.
+    assert ("RoleBinding", "mpijob-elastic-leader-election") in found
+    bindings = [
+        d
+        for d in docs
+        if d["kind"] == "RoleBinding" and d["roleRef"]["name"] == "mpijob-elastic-controller"
+    ]
     watched = {b["metadata"]["namespace"] for b in bindings}
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -89,6 +97,7 @@ def test_namespaced_overlay_binds_per_namespace(
         "--log-format=json",
         "--health-port=8081",
         "--metrics-port=8080",
+        "--leader-elect",
         f"--namespaces={','.join(sorted(watched))}",
     ]
     for binding in bindings:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mpijob_elastic import leader
 from mpijob_elastic.cli import main
 
 SAMPLE = Path(__file__).resolve().parents[2] / "config" / "samples" / "elastic-mpijob.yaml"
@@ -40,3 +41,40 @@ def test_render_reports_field_errors(tmp_path: Path, capsys: pytest.CaptureFixtu
     path.write_text(yaml.safe_dump(job))
     assert main(["render", str(path)]) == 1
     assert "spec.slotsPerWorker" in capsys.readouterr().err
+
+
+def kubeconfig(tmp_path: Path) -> str:
+    """A kubeconfig naming a server nobody listens on: these runs stop before any request."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--leader-elect-renew-deadline", "15"], "lease duration must exceed the renew deadline"),
+        (["--leader-elect-retry-period", "9"], "renew deadline must exceed"),
+        ([], "--leader-elect-resource-namespace is needed"),
+    ],
+)
+def test_leader_election_that_could_not_work_is_refused_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], needle: str
+) -> None:
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    monkeypatch.setattr(leader, "IN_CLUSTER_NAMESPACE", tmp_path / "not-in-a-pod")
+    namespace = [] if not flags else ["--leader-elect-resource-namespace", "ns"]
+    args = ["run", "--kubeconfig", kubeconfig(tmp_path), "--leader-elect", *namespace, *flags]
+    with pytest.raises(SystemExit, match=needle):
+        main(args)

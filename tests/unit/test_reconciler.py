@@ -26,7 +26,7 @@ def test_runs_of_one_pod_write_kind_are_batched_in_order() -> None:
     actions: list[Action] = [
         role,
         cm,
-        AnnotatePod("l", {}),
+        AnnotatePod("l", {}, "1"),
         DeletePod("a", "1"),
         DeletePod("b", "2"),
         pod("w0"),
@@ -38,7 +38,7 @@ def test_runs_of_one_pod_write_kind_are_batched_in_order() -> None:
     assert out == [
         [role],
         [cm],
-        [AnnotatePod("l", {})],
+        [AnnotatePod("l", {}, "1")],
         [DeletePod("a", "1"), DeletePod("b", "2")],
         [pod("w0"), pod("w1"), pod("w2")],
         [Emit("Normal", "ScaledUp", "x")],
