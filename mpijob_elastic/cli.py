@@ -252,7 +252,12 @@ async def _run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         elector = _elector(args, apis) if args.leader_elect else None
-        controller = Controller(apis.write, settings, watch_api=apis.watch)
+        controller = Controller(
+            apis.write,
+            settings,
+            watch_api=apis.watch,
+            lease=None if elector is None else (elector.namespace, elector.name),
+        )
         role = None if elector is None else lambda: "leader" if elector.leading else "standby"
         shared = args.metrics_port == args.health_port
         probes = (

@@ -38,6 +38,8 @@ class Permission:
     subresource: str = ""
     # Cluster-scoped (nodes): checked once, not per namespace.
     cluster_scoped: bool = False
+    # One object only (the leader election's Lease).
+    name: str = ""
 
     def describe(self, namespace: str) -> str:
         resource = self.resource + (f"/{self.subresource}" if self.subresource else "")
@@ -50,7 +52,7 @@ class Permission:
             if namespace
             else " in all namespaces"
         )
-        return f"{self.verb} {resource}{where}"
+        return f"{self.verb} {resource}{f' {self.name}' if self.name else ''}{where}"
 
 
 def _each(group: str, resources: Sequence[str], verbs: Sequence[str]) -> list[Permission]:
@@ -86,6 +88,8 @@ def review(permission: Permission, namespace: str) -> dict[str, Any]:
     }
     if not permission.cluster_scoped and namespace:
         attributes["namespace"] = namespace
+    if permission.name:
+        attributes["name"] = permission.name
     return {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SelfSubjectAccessReview",
@@ -93,12 +97,29 @@ def review(permission: Permission, namespace: str) -> dict[str, Any]:
     }
 
 
-def checks(namespaces: Sequence[str]) -> list[tuple[Permission, str]]:
-    """Each permission in each namespace served ("": all of them), cluster-scoped once."""
+def lease_permissions(name: str) -> list[Permission]:
+    """What leader election does with its Lease (config/rbac/leader_election.yaml): create
+    it once, then read and renew that one."""
+    group = "coordination.k8s.io"
+    return [
+        Permission("create", "leases", group),
+        Permission("get", "leases", group, name=name),
+        Permission("update", "leases", group, name=name),
+    ]
+
+
+def checks(
+    namespaces: Sequence[str], lease: tuple[str, str] | None = None
+) -> list[tuple[Permission, str]]:
+    """Each permission in each namespace served ("": all of them), cluster-scoped once, and
+    with leader election the Lease's (``lease``: its namespace and name)."""
     scopes = list(namespaces) or [""]
-    return [(p, "") for p in REQUIRED if p.cluster_scoped] + [
+    wanted = [(p, "") for p in REQUIRED if p.cluster_scoped] + [
         (p, ns) for ns in scopes for p in REQUIRED if not p.cluster_scoped
     ]
+    if lease is not None:
+        wanted += [(p, lease[0]) for p in lease_permissions(lease[1])]
+    return wanted
 
 
 def missing_message(missing: Sequence[str]) -> str:
@@ -141,9 +162,12 @@ def crd_problem(group: dict[str, Any] | None, v1_resources: Sequence[str]) -> st
 class Preflight:
     """Runs the checks; ``problems`` is what they found last."""
 
-    def __init__(self, kube: Kube, namespaces: Sequence[str]) -> None:
+    def __init__(
+        self, kube: Kube, namespaces: Sequence[str], lease: tuple[str, str] | None = None
+    ) -> None:
         self.kube = kube
         self.namespaces = tuple(namespaces)
+        self.lease = lease
         self.problems: list[str] = ["start-up checks have not run yet"]
 
     async def run(self) -> list[str]:
@@ -159,7 +183,7 @@ class Preflight:
         return self.problems
 
     async def _missing_permissions(self) -> list[str]:
-        wanted = checks(self.namespaces)
+        wanted = checks(self.namespaces, self.lease)
         answers: list[dict[str, Any]] = []
         # A batch at a time: many namespaces make hundreds of reviews, and all at once they
         # would queue for the write connections longer than a write may wait for one.

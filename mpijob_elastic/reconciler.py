@@ -103,10 +103,16 @@ class _Caches:
 
 class Controller:
     def __init__(
-        self, api: ApiClient, settings: Settings, *, watch_api: ApiClient | None = None
+        self,
+        api: ApiClient,
+        settings: Settings,
+        *,
+        watch_api: ApiClient | None = None,
+        lease: tuple[str, str] | None = None,
     ) -> None:
         """``api`` carries the writes; ``watch_api``, if given, the long-lived watches, so
-        open watches can never take the connections a write needs."""
+        open watches can never take the connections a write needs; ``lease``, with leader
+        election, the Lease's namespace and name, whose grants the start-up check asks for."""
         self.settings = settings
         self.kube = Kube(api)
         watches = watch_api or api
@@ -154,7 +160,7 @@ class Controller:
         self.probes = RankProbes(self._read_launcher, self.queue.add)
         self._job_signatures: dict[Key, tuple[Any, ...]] = {}
         self._workers: list[asyncio.Task[None]] = []
-        self.preflight = Preflight(self.kube, settings.namespaces)
+        self.preflight = Preflight(self.kube, settings.namespaces, lease)
         self._rechecks: asyncio.Task[None] | None = None
         self._synced = False
         # Leader election (leader.py): a standby keeps its caches and makes no writes.

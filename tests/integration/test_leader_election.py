@@ -8,6 +8,8 @@ default timings (15 s lease, 10 s renew deadline, 2 s retry).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ from mpijob_elastic.actions import AnnotatePod, Plan
 from mpijob_elastic.kube import ApiError, Kube
 from mpijob_elastic.leader import Timings
 from mpijob_elastic.writer import Writer
-from tests.cluster import Cluster
+from tests.cluster import ROOT, Cluster
 from tests.controller import ControllerProcess, StartController, free_port, wait_for
 from tests.faults import proxied_kubeconfig, tcp_proxy
 from tests.integration.test_controller import Job, elastic_job
@@ -208,6 +210,45 @@ def test_a_leader_that_cannot_renew_stops_and_exits_non_zero(
         finally:
             first.stop()
             print(f"--- first controller log ---\n{first.logs()[-20000:]}")
+
+
+def test_sigterm_before_the_caches_sync_ends_the_process_at_once(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A controller whose first lists cannot finish (the API server unreachable) holds no
+    Lease and has written nothing: a rollout's SIGTERM must end it, not wait for a sync
+    that may never come."""
+    with tcp_proxy(cluster.kubeconfig) as proxy:
+        proxy.cut()
+        kubeconfig = proxied_kubeconfig(cluster.kubeconfig, proxy.port, tmp_path / "k")
+        port = free_port()
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "mpijob_elastic.cli", "run", "--kubeconfig", kubeconfig),
+                *("--health-port", str(port), "--leader-elect"),
+                *("--leader-elect-resource-namespace", "default"),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_for(lambda: _answers(port), 60, "the health server")
+            status, body = get(port, "/readyz")
+            assert status == 503
+            assert "caches not synced yet" in body
+            proc.terminate()
+            assert proc.wait(15) == 0
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+def _answers(port: int) -> bool:
+    try:
+        return get(port, "/healthz")[0] == 200
+    except OSError:
+        return False
 
 
 # -- fencing: a write planned on a stale view does not land -----------------------------------

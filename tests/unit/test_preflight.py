@@ -47,6 +47,20 @@ def test_cluster_scoped_permissions_are_asked_once_and_the_rest_per_namespace() 
     assert {ns for _, ns in checks([])} == {""}
 
 
+def test_with_leader_election_the_lease_grants_are_asked_in_its_namespace_only() -> None:
+    asked = [(p, ns) for p, ns in checks(["a"], ("system", "lease")) if p.resource == "leases"]
+    assert [(p.verb, p.name, ns) for p, ns in asked] == [
+        ("create", "", "system"),
+        ("get", "lease", "system"),
+        ("update", "lease", "system"),
+    ]
+    assert review(*asked[1])["spec"]["resourceAttributes"]["name"] == "lease"
+    assert "get leases.coordination.k8s.io lease in namespace system" in [
+        p.describe(ns) for p, ns in asked
+    ]
+    assert not [p for p, _ in checks(["a"]) if p.resource == "leases"]
+
+
 def test_a_review_names_the_subresource_and_the_namespace() -> None:
     body = review(Permission("get", "pods", "", "exec"), "team-a")
     assert body["kind"] == "SelfSubjectAccessReview"
