@@ -30,6 +30,7 @@ from mpijob_elastic.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
 from mpijob_elastic.settings import Settings
 from mpijob_elastic.spec import launcher_service_account, managed_by
 from mpijob_elastic.store import metadata_only, slim
+from mpijob_elastic.times import parse_time
 from mpijob_elastic.workqueue import ShutDownError, WorkQueue
 from mpijob_elastic.writer import Writer
 
@@ -76,6 +77,17 @@ def _job_signature(job: Obj) -> tuple[Any, ...]:
     )
 
 
+def _may_move_hosts(type_: str, obj: Obj) -> bool:
+    """Whether a child's change can add a host to its job's lists or take one off: a pod
+    that runs, ended, or is going. Such changes go to the front of the queue; a pod
+    created or scheduled only moves its job along."""
+    if obj.get("kind") != "Pod":
+        return False
+    if type_ == "DELETED" or obj["metadata"].get("deletionTimestamp"):
+        return True
+    return (obj.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed")
+
+
 def manages(job: Mapping[str, Any], settings: Settings) -> bool:
     value = managed_by(job)
     if settings.only_managed_by:
@@ -109,7 +121,7 @@ class Controller:
         self.settings = settings
         self.kube = Kube(api)
         watches = watch_api or api
-        self.queue: WorkQueue[Key] = WorkQueue()
+        self.queue: WorkQueue[Key] = WorkQueue(rank=self._rank)
         self.caches = _Caches()
         self.handover = _Caches()
         namespaces: list[str | None] = list(settings.namespaces) or [None]
@@ -149,6 +161,15 @@ class Controller:
 
     # -- events -> keys ---------------------------------------------------------------------
 
+    def _rank(self, key: Key) -> float:
+        """Older jobs first (docs/design.md, "Which job goes next"); one not in the cache
+        (deleted, or not seen yet) after all that are."""
+        namespace, name = key
+        jobs = self.caches.pick(names.KIND, namespace)
+        job = jobs.get(namespace, name) if jobs else None
+        created = parse_time(job["metadata"].get("creationTimestamp")) if job else None
+        return created.timestamp() if created else time.time()
+
     def _on_job(self, type_: str, job: Obj) -> None:
         meta = job["metadata"]
         key = (meta["namespace"], meta["name"])
@@ -159,16 +180,23 @@ class Controller:
             if self._job_signatures.get(key) == signature:
                 return
             self._job_signatures[key] = signature
-        self.queue.add(key)
+        # An edit of a job that has host lists already may shorten them: urgent. A new
+        # job's first turn waits its turn behind older jobs.
+        config_maps = self.caches.pick("ConfigMap", meta["namespace"])
+        listed = config_maps is not None and (
+            config_maps.get(meta["namespace"], names.config_map_name(meta["name"])) is not None
+        )
+        self.queue.add(key, urgent=type_ != "DELETED" and listed)
 
-    def _on_child(self, _type: str, obj: Obj) -> None:
+    def _on_child(self, type_: str, obj: Obj) -> None:
         meta = obj["metadata"]
         refs = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
+        urgent = _may_move_hosts(type_, obj)
         for ref in refs:
             if ref.get("kind") == names.KIND and ref.get("apiVersion", "").startswith(
                 f"{names.GROUP}/"
             ):
-                self.queue.add((meta["namespace"], ref["name"]))
+                self.queue.add((meta["namespace"], ref["name"]), urgent=urgent)
         if refs:
             return
         # An orphan: the job its labels name may adopt it, if there is such a job.
@@ -222,6 +250,7 @@ class Controller:
             task.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
         await self.probes.stop()
+        await self.writer.close()
         await self.pod_exec.close()
         await asyncio.gather(*(i.stop() for i in self.informers()))
 
