@@ -71,9 +71,13 @@ test: lint binaries
 demo: venv binaries
 	@$(PY) -m e2e.demo $(DEMO_ARGS)
 
-# Worker Running -> discover_hosts.sh delay on the local cluster (see docs/benchmarks.md).
+# Issue 9's benchmarks in one table (bench/out/results.md, quoted by docs/benchmarks.md):
+# worker Running -> discover_hosts.sh, single and in bursts, then a fleet of jobs from first
+# create to a mass rescale for each of BENCH_SIZES (e.g. BENCH_SIZES=100,300,1000). On the
+# local KWOK cluster, or on MPIJOB_ELASTIC_KUBECONFIG's.
+BENCH_SIZES ?= 100
 bench: venv binaries
-	@$(PY) -m bench.propagation
+	@$(PY) -m bench.report --sizes $(BENCH_SIZES)
 
 # ConfigMap change -> the launcher's mounted file, with and without the pod annotation, on
 # kind (see docs/benchmarks.md). Leaves the kind cluster up; `make kind-down` stops it.

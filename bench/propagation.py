@@ -4,9 +4,10 @@ Both moments are taken on this process's clock, from two watch streams (pods and
 job's ConfigMap) read through the project's own informer, so the figure includes the
 controller's watch delay, its reconcile and its write, plus our own watch delay (which is
 the same for both streams). Runs on the local KWOK cluster, or on the cluster named by
-MPIJOB_ELASTIC_KUBECONFIG.
+MPIJOB_ELASTIC_KUBECONFIG (or --kubeconfig); pods are found by name, so another
+controller's can be timed too.
 
-    python -m bench.propagation [--rounds N] [--burst N]
+    python -m bench.propagation [--rounds N] [--bursts 50,200]
 """
 
 from __future__ import annotations
@@ -16,57 +17,14 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import config as kube_config
 
+from bench.cluster import ROOT, Controller, ash, cluster, job_manifest, kubectl_binary, sh
 from mpijob_elastic import names
 from mpijob_elastic.informer import Informer
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def sh(*args: str, input: str | None = None) -> str:
-    return subprocess.run(args, check=True, capture_output=True, text=True, input=input).stdout
-
-
-async def ash(*args: str, input: str | None = None) -> None:
-    """kubectl without blocking the loop, whose informers are timing events meanwhile."""
-    proc = await asyncio.create_subprocess_exec(
-        *args,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, err = await proc.communicate(input.encode() if input else None)
-    if proc.returncode:
-        raise RuntimeError(f"{' '.join(args)}: {err.decode()}")
-
-
-def job_manifest(name: str, workers: int, max_workers: int) -> dict[str, Any]:
-    template = {"spec": {"containers": [{"name": "main", "image": "busybox"}]}}
-    return {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "metadata": {
-            "name": name,
-            "annotations": {
-                names.ANN_MIN_REPLICAS: "1",
-                names.ANN_MAX_REPLICAS: str(max_workers),
-                names.ANN_DRAIN_SECONDS: "0",
-            },
-        },
-        "spec": {
-            "mpiReplicaSpecs": {
-                "Launcher": {"replicas": 1, "template": template},
-                "Worker": {"replicas": workers, "template": template},
-            }
-        },
-    }
 
 
 class Timeline:
@@ -115,22 +73,19 @@ def summary(label: str, values: list[float]) -> dict[str, Any]:
 
 
 async def bench(
-    kubeconfig: str, k: list[str], namespace: str, rounds: int, burst: int
+    kubeconfig: str, k: list[str], namespace: str, rounds: int, bursts: list[int]
 ) -> list[dict[str, Any]]:
     api = await kube_config.new_client_from_config(config_file=kubeconfig)
     timeline = Timeline("bench")
-    selector = f"{names.LABEL_JOB}=bench"
+    # By name, not by label: training-operator's pods carry other labels than ours.
     informers = [
-        Informer(
-            api, "/api/v1", "pods", timeline.on_pod, namespace=namespace, label_selector=selector
-        ),
+        Informer(api, "/api/v1", "pods", timeline.on_pod, namespace=namespace),
         Informer(
             api,
             "/api/v1",
             "configmaps",
             timeline.on_config,
             namespace=namespace,
-            label_selector=selector,
         ),
     ]
     results = []
@@ -138,7 +93,7 @@ async def bench(
         for informer in informers:
             informer.start()
         await asyncio.gather(*(i.synced.wait() for i in informers))
-        max_workers = max(rounds + 1, burst)
+        max_workers = max(rounds + 1, *bursts)
         await ash(
             *k,
             "create",
@@ -162,28 +117,35 @@ async def bench(
         )
 
         # Back to 1, then a burst: many pods turn Running within moments of each other.
-        await ash(*k, "scale", "-n", namespace, "mpijob/bench", "--replicas=1")
-        await wait(
-            lambda: (
-                not [
-                    p
-                    for p in informers[0].list()
-                    if p["metadata"]["name"] != "bench-worker-0"
-                    and "-worker-" in p["metadata"]["name"]
-                ]
+        for burst in bursts:
+            await ash(*k, "scale", "-n", namespace, "mpijob/bench", "--replicas=1")
+            await wait(
+                lambda: (
+                    not [
+                        p
+                        for p in informers[0].list()
+                        if p["metadata"]["name"] != "bench-worker-0"
+                        and "-worker-" in p["metadata"]["name"]
+                    ]
+                ),
+                limit=300,
             )
-        )
-        for i in range(1, burst):
-            timeline.running.pop(f"bench-worker-{i}", None)
-            timeline.listed.pop(f"bench-worker-{i}", None)
-        await ash(*k, "scale", "-n", namespace, "mpijob/bench", f"--replicas={burst}")
-        await wait(lambda: all(f"bench-worker-{i}" in timeline.listed for i in range(burst)))
-        results.append(
-            summary(
-                f"burst of {burst - 1} workers at once",
-                timeline.delays([f"bench-worker-{i}" for i in range(1, burst)]),
+            for i in range(1, burst):
+                timeline.running.pop(f"bench-worker-{i}", None)
+                timeline.listed.pop(f"bench-worker-{i}", None)
+            await ash(*k, "scale", "-n", namespace, "mpijob/bench", f"--replicas={burst}")
+            await wait(
+                lambda burst=burst: all(
+                    f"bench-worker-{i}" in timeline.listed for i in range(burst)
+                ),
+                limit=300,
             )
-        )
+            results.append(
+                summary(
+                    f"burst 1 → {burst}",
+                    timeline.delays([f"bench-worker-{i}" for i in range(1, burst)]),
+                )
+            )
     finally:
         for informer in informers:
             await informer.stop()
@@ -191,59 +153,42 @@ async def bench(
     return results
 
 
-def run(kubeconfig: str, kubectl: str, rounds: int, burst: int) -> list[dict[str, Any]]:
-    namespace = f"bench-{os.getpid()}"
-    k = [kubectl, "--kubeconfig", kubeconfig]
-    sh(*k, "apply", "-f", str(ROOT / "config/crd/kubeflow.org_mpijobs.yaml"))
-    sh(*k, "wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
-    sh(*k, "create", "namespace", namespace)
-    controller = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mpijob_elastic.cli",
-            "run",
-            "--kubeconfig",
-            kubeconfig,
-            "--namespaces",
-            namespace,
-            "--kubectl-delivery",
-            "none",
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-    )
-    try:
-        return asyncio.run(bench(kubeconfig, k, namespace, rounds, burst))
-    finally:
-        controller.terminate()
-        controller.wait(10)
-        sh(*k, "delete", "namespace", namespace, "--wait=false")
+def run(kubeconfig: str | None, rounds: int, bursts: list[int]) -> list[dict[str, Any]]:
+    """The cases on the given cluster, or on a fresh local one."""
+    with cluster(kubeconfig, pods=max(bursts) + 50) as config:
+        namespace = f"bench-{os.getpid()}"
+        k = [kubectl_binary(), "--kubeconfig", config]
+        sh(*k, "apply", "-f", str(ROOT / "config/crd/kubeflow.org_mpijobs.yaml"))
+        sh(*k, "wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
+        sh(*k, "create", "namespace", namespace)
+        controller = Controller(config, namespaces=namespace)
+        controller.start()
+        try:
+            return asyncio.run(bench(config, k, namespace, rounds, bursts))
+        finally:
+            controller.stop()
+            sh(*k, "delete", "namespace", namespace, "--wait=false")
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = ["| case | workers | median | p95 | max |", "|---|---|---|---|---|"]
+    for r in results:
+        lines.append(
+            f"| {r['case']} | {r['workers']} | {r['median_ms']} ms | {r['p95_ms']} ms"
+            f" | {r['max_ms']} ms |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--burst", type=int, default=50)
+    parser.add_argument("--bursts", default="50,200", help="comma-separated burst sizes")
+    parser.add_argument("--kubeconfig", default=os.environ.get("MPIJOB_ELASTIC_KUBECONFIG"))
     args = parser.parse_args()
-    bin_dir = sh(str(ROOT / "hack/build-binaries.sh")).strip()
-    kubeconfig = os.environ.get("MPIJOB_ELASTIC_KUBECONFIG")
-    env = dict(os.environ, MPIJOB_ELASTIC_CLUSTER="mpijob-elastic-bench")
-    started = kubeconfig is None
-    if kubeconfig is None:
-        up = [str(ROOT / "hack/cluster-up.sh")]
-        out = subprocess.run(up, env=env, check=True, capture_output=True, text=True).stdout
-        kubeconfig = out.strip().splitlines()[-1]
-    try:
-        results = run(kubeconfig, f"{bin_dir}/kubectl", args.rounds, args.burst)
-    finally:
-        if started:
-            subprocess.run([str(ROOT / "hack/cluster-down.sh")], env=env, check=False)
-    print(f"{'case':40} {'workers':>7} {'median':>9} {'p95':>9} {'max':>9}")
-    for r in results:
-        times = "".join(f"{r[k]:>7}ms" for k in ("median_ms", "p95_ms", "max_ms"))
-        print(f"{r['case']:40} {r['workers']:>7}  {times}")
+    bursts = [int(b) for b in args.bursts.split(",")]
+    results = run(args.kubeconfig, args.rounds, bursts)
+    print(table(results))
     print(json.dumps(results))
 
 

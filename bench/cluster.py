@@ -1,0 +1,224 @@
+"""What every benchmark needs around its measurement: a cluster, a controller, the machine.
+
+The benchmarks measure any cluster given a kubeconfig (``--kubeconfig`` or
+MPIJOB_ELASTIC_KUBECONFIG); without one they bring up the local KWOK cluster
+``mpijob-elastic-bench`` and take it down afterwards. They start our controller as a
+process of their own, or measure one that already runs (another controller, say
+training-operator's, given by its PID or not at all).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from mpijob_elastic import names
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_CLUSTER = "mpijob-elastic-bench"
+# Pods one fake bench node takes; the test cluster's four nodes take 110 each, too few for
+# a thousand jobs of eight workers.
+BENCH_NODE_PODS = 1000
+
+
+def sh(*args: str, input: str | None = None, env: dict[str, str] | None = None) -> str:
+    return subprocess.run(
+        args, check=True, capture_output=True, text=True, input=input, env=env
+    ).stdout
+
+
+async def ash(*args: str, input: str | None = None) -> None:
+    """kubectl without blocking the loop, whose informers are timing events meanwhile."""
+    proc = await asyncio.create_subprocess_exec(
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await proc.communicate(input.encode() if input else None)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(args)}: {err.decode()}")
+
+
+def kubectl_binary() -> str:
+    return f"{sh(str(ROOT / 'hack/build-binaries.sh')).strip()}/kubectl"
+
+
+@contextlib.contextmanager
+def cluster(kubeconfig: str | None, pods: int = 0) -> Iterator[str]:
+    """The kubeconfig to measure: the given one, or the local bench cluster's, started
+    here with room for ``pods`` pods and stopped on the way out."""
+    if kubeconfig is not None:
+        yield kubeconfig
+        return
+    env = dict(os.environ, MPIJOB_ELASTIC_CLUSTER=BENCH_CLUSTER)
+    out = sh(str(ROOT / "hack/cluster-up.sh"), env=env)
+    local = out.strip().splitlines()[-1]
+    try:
+        if pods:
+            add_nodes(local, pods)
+        yield local
+    finally:
+        subprocess.run([str(ROOT / "hack/cluster-down.sh")], env=env, check=False)
+
+
+def add_nodes(kubeconfig: str, pods: int) -> None:
+    """Fake nodes for ``pods`` pods on the local cluster (bench only: tests need four)."""
+    count = -(-pods // BENCH_NODE_PODS)
+    capacity = {"cpu": "1000", "memory": "4Ti", "pods": str(BENCH_NODE_PODS)}
+    nodes = [
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": f"kwok-bench-{i}",
+                "annotations": {"kwok.x-k8s.io/node": "fake"},
+                "labels": {"kubernetes.io/hostname": f"kwok-bench-{i}", "type": "kwok"},
+            },
+            "status": {"allocatable": capacity, "capacity": capacity},
+        }
+        for i in range(count)
+    ]
+    k = [kubectl_binary(), "--kubeconfig", kubeconfig]
+    listing = {"apiVersion": "v1", "kind": "List", "items": nodes}
+    sh(*k, "apply", "-f", "-", input=json.dumps(listing))
+    sh(*k, "wait", "--for=condition=Ready", "node", "--all", "--timeout=120s")
+
+
+def job_manifest(name: str, workers: int, max_workers: int, min_workers: int = 1) -> dict[str, Any]:
+    """An elastic MPIJob of fake pods whose victims leave at once (no drain)."""
+    template = {"spec": {"containers": [{"name": "main", "image": "busybox"}]}}
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {
+            "name": name,
+            "annotations": {
+                names.ANN_MIN_REPLICAS: str(min_workers),
+                names.ANN_MAX_REPLICAS: str(max_workers),
+                names.ANN_DRAIN_SECONDS: "0",
+            },
+        },
+        "spec": {
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "template": template},
+                "Worker": {"replicas": workers, "template": template},
+            }
+        },
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Controller:
+    """Our controller as a child process, with its health port."""
+
+    kubeconfig: str
+    namespaces: str = ""
+    workers: int | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    port: int = 0
+    started_at: float = 0.0
+
+    def start(self) -> None:
+        self.port = free_port()
+        args = [
+            sys.executable,
+            "-m",
+            "mpijob_elastic.cli",
+            "run",
+            "--kubeconfig",
+            self.kubeconfig,
+            "--kubectl-delivery",
+            "none",
+            "--log-level",
+            "warning",
+            "--health-port",
+            str(self.port),
+        ]
+        if self.namespaces:
+            args += ["--namespaces", self.namespaces]
+        if self.workers is not None:
+            args += ["--workers", str(self.workers)]
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen(args, cwd=ROOT)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def ready(self, limit: float = 600) -> float:
+        """Seconds from the process start to its first /readyz 200."""
+        import aiohttp
+
+        deadline = time.monotonic() + limit
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                assert self.proc is not None
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"controller exited with {self.proc.returncode}")
+                with contextlib.suppress(aiohttp.ClientError):
+                    url = f"http://127.0.0.1:{self.port}/readyz"
+                    async with session.get(url) as response:
+                        if response.status == 200:
+                            return time.monotonic() - self.started_at
+                await asyncio.sleep(0.05)
+        raise TimeoutError("controller not ready")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine() -> dict[str, Any]:
+    """Where and when: figures on a shared 2-core machine mean little without the load."""
+    mem_kb = next(
+        int(line.split()[1])
+        for line in Path("/proc/meminfo").read_text().splitlines()
+        if line.startswith("MemTotal:")
+    )
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpus": os.cpu_count(),
+        "ram_gib": round(mem_kb / 2**20, 1),
+        "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+        "python": platform.python_version(),
+    }
