@@ -157,25 +157,36 @@ class Controller:
         self.pod_exec = PodExec(api.configuration)
         self.probes = RankProbes(self._read_launcher, self.queue.add)
         self._job_signatures: dict[Key, tuple[Any, ...]] = {}
+        self._first_seen: dict[Key, float] = {}
         self._workers: list[asyncio.Task[None]] = []
 
     # -- events -> keys ---------------------------------------------------------------------
 
     def _rank(self, key: Key) -> float:
         """Older jobs first (docs/design.md, "Which job goes next"); one not in the cache
-        (deleted, or not seen yet) after all that are."""
+        (deleted, or not seen yet) after all that are.
+
+        creationTimestamp has whole seconds, and a hundred jobs submitted together share
+        one: within the second, the order this controller first saw them in decides (after
+        a restart, when all are seen at once, the order they were queued in)."""
         namespace, name = key
         jobs = self.caches.pick(names.KIND, namespace)
         job = jobs.get(namespace, name) if jobs else None
         created = parse_time(job["metadata"].get("creationTimestamp")) if job else None
-        return created.timestamp() if created else time.time()
+        if created is None:
+            return time.time()
+        seconds = created.timestamp()
+        seen = self._first_seen.get(key, seconds + 1)
+        return seconds + min(max(seen - seconds, 0.0), 0.999)
 
     def _on_job(self, type_: str, job: Obj) -> None:
         meta = job["metadata"]
         key = (meta["namespace"], meta["name"])
         if type_ == "DELETED":
             self._job_signatures.pop(key, None)
+            self._first_seen.pop(key, None)
         else:
+            self._first_seen.setdefault(key, time.time())
             signature = _job_signature(job)
             if self._job_signatures.get(key) == signature:
                 return
