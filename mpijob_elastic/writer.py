@@ -244,7 +244,12 @@ class Writer:
 
     async def _emit_bounded(self, job: Obj, event: Emit) -> None:
         async with self._event_slots:
-            await self.emit(job, event)
+            try:
+                await self.emit(job, event)
+            except Exception as err:  # a lost connection, a timeout: nobody awaits this task
+                log.warning(
+                    "could not record event", extra={"reason": event.reason, "error": str(err)}
+                )
 
     async def close(self, grace_seconds: float = 2.0) -> None:
         """Send the Events still waiting, for at most ``grace_seconds``, and drop the rest."""
