@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from aiohttp import web
 
-from mpijob_elastic import clients, logs, names
+from mpijob_elastic import clients, health, logs, metrics, names
 from mpijob_elastic.actions import Create, Observed, Replace
-from mpijob_elastic.health import HealthServer
 from mpijob_elastic.plan import plan
 from mpijob_elastic.reconciler import Controller
 from mpijob_elastic.settings import KubectlDelivery, Settings
@@ -98,6 +98,13 @@ def parser() -> argparse.ArgumentParser:
         default=0,
         help="serve /healthz and /readyz on this port (0: not at all)",
     )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve Prometheus metrics on /metrics on this port (0: not at all); the same "
+        "port as --health-port serves all three paths",
+    )
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     _settings_args(run)
@@ -135,17 +142,34 @@ async def _run(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         controller = Controller(apis.write, settings, watch_api=apis.watch)
-        # Up before the caches sync, so the liveness probe answers during a long first list.
-        health = HealthServer(args.health_port, controller.problems) if args.health_port else None
+        shared = args.metrics_port == args.health_port
+        probes = (
+            health.HealthServer(
+                args.health_port,
+                controller.problems,
+                extra={"/metrics": metrics.serve} if shared else None,
+            )
+            if args.health_port
+            else None
+        )
+        metrics_site: web.AppRunner | None = None
         try:
-            if health is not None:
-                await health.start()
+            # Up before the caches sync, so the liveness probe answers during a long first
+            # list, and the metrics show the lists' progress.
+            if probes is not None:
+                await probes.start()
+            if args.metrics_port and not shared:
+                metrics_site = await health.serve(
+                    web.Application(), {"/metrics": metrics.serve}, args.metrics_port
+                )
             await controller.start()
             await stop.wait()
         finally:
             await controller.stop()
-            if health is not None:
-                await health.stop()
+            if probes is not None:
+                await probes.stop()
+            if metrics_site is not None:
+                await metrics_site.cleanup()
     finally:
         await apis.close()
 

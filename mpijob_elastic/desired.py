@@ -557,6 +557,7 @@ class _Builder:
             "listed": len(hosts),
             "draining": sum(1 for v in victims if v.deadline is not None or v.action == "mark"),
             "retired": format_indexes(retired),
+            **_bounds(spec),
             # Shown only once there is something to show.
             **({"workerFailures": failures} if failures else {}),
             **({"launcherRestarts": restarts} if restarts else {}),
@@ -660,7 +661,7 @@ class _Builder:
         if s.get(RUNNING) is not None:
             s.set(RUNNING, False, "MPIJobSuspended", f"MPIJob {spec.name} is suspended.")
         s.clear(SCALING, "Suspended", "the job is suspended")
-        s.fields["elastic"] = {"listed": 0, "draining": 0, "retired": ""}
+        s.fields["elastic"] = {"listed": 0, "draining": 0, "retired": "", **_bounds(spec)}
         # A new launcher is a new Horovod job with an empty blacklist: names are fresh again.
         data = render.config_data(spec, self.settings, [], [])
         objects = {
@@ -977,6 +978,13 @@ class _Builder:
         if len(doomed) > POD_WRITES_PER_TURN:
             self.requeue(0)
         return doomed[:POD_WRITES_PER_TURN]
+
+
+def _bounds(spec: JobSpec) -> dict[str, int]:
+    """min- and max-replicas for `kubectl get mpijob`, whose columns are jsonPaths: one
+    cannot name an annotation key with dots and slashes in it."""
+    found = {"minReplicas": spec.bounds.min, "maxReplicas": spec.bounds.max}
+    return {k: v for k, v in found.items() if v is not None}
 
 
 def _by_index(job_name: str, workers: Sequence[Worker], new: Sequence[int]) -> list[str]:

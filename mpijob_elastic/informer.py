@@ -49,6 +49,8 @@ from typing import Any, cast
 import aiohttp
 from kubernetes_asyncio.client import ApiClient
 
+from mpijob_elastic import metrics
+from mpijob_elastic.kube import kind_of
 from mpijob_elastic.store import (
     ADDED,
     DELETED,
@@ -134,6 +136,7 @@ class Informer:
         self._api = api
         ns = f"/namespaces/{namespace}" if namespace else ""
         self._path = f"{api_path}{ns}/{plural}"
+        self._kind = kind_of(plural)
         self._selector: list[tuple[str, str]] = (
             [("labelSelector", label_selector)] if label_selector else []
         )
@@ -242,6 +245,7 @@ class Informer:
                 failures = 0
                 continue
             except StatusError as err:
+                metrics.WATCH_RESTARTS.labels(self._kind).inc()
                 if self._watch_progressed:
                     failures = 0
                 if err.code != 410:
@@ -254,6 +258,7 @@ class Informer:
                     logger.info("%r: %s; relisting in %.1fs", self, err, delay)
                     self._resource_version = None
             except Exception as err:
+                metrics.WATCH_RESTARTS.labels(self._kind).inc()
                 if self._watch_progressed:
                     failures = 0
                 delay = self._backoff(failures)
@@ -299,6 +304,8 @@ class Informer:
                 status = json.loads(body)
             except ValueError:
                 status = body.decode(errors="replace")
+            verb = "watch" if ("watch", "true") in query else "list"
+            metrics.API_ERRORS.labels(str(response.status), verb, self._kind).inc()
             raise StatusError.from_status(status, response.status)
         self._last_contact = time.monotonic()
         return response
@@ -307,6 +314,7 @@ class Informer:
         timeout = aiohttp.ClientTimeout(
             sock_connect=CONNECT_TIMEOUT_SECONDS, sock_read=LIST_READ_TIMEOUT_SECONDS
         )
+        metrics.RELISTS.labels(self._kind).inc()
         items: builtins.list[Obj] = []
         resource_version = ""
         query: Query = [("limit", LIST_PAGE_SIZE)]

@@ -7,10 +7,15 @@ server's status code and message, so callers can tell a conflict from a rejected
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from typing import Any, Final
 
+import aiohttp
 from kubernetes_asyncio.client import ApiClient
+
+from mpijob_elastic import metrics
+from mpijob_elastic.health import WriteHealth
 
 Obj = dict[str, Any]
 
@@ -25,6 +30,10 @@ RESOURCES: Final[Mapping[str, tuple[str, str]]] = {
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     "MPIJob": ("/apis/kubeflow.org/v1", "mpijobs"),
 }
+
+# Kubernetes' verbs for the methods we use; a GET of a collection is a list.
+_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+_KINDS = {plural: kind for kind, (_, plural) in RESOURCES.items()} | {"nodes": "Node"}
 
 MERGE_PATCH = "application/merge-patch+json"
 WRITE_TIMEOUT = 30
@@ -50,6 +59,27 @@ class ApiError(Exception):
         return self.status == 422
 
 
+def kind_of(plural: str) -> str:
+    return _KINDS.get(plural, plural)
+
+
+def request_labels(method: str, path: str) -> tuple[str, str]:
+    """(verb, kind) of a request, e.g. ("patch", "Pod") for
+    ``PATCH /api/v1/namespaces/ns/pods/name/status``, for the API error metric."""
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    if "namespaces" in parts and len(parts) > parts.index("namespaces") + 2:
+        rest = parts[parts.index("namespaces") + 2 :]
+    else:
+        # Cluster-scoped: /api/v1/<plural>... or /apis/<group>/<version>/<plural>...
+        rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    plural = rest[0] if rest else ""
+    if method == "GET":
+        verb = "get" if len(rest) > 1 else "list"
+    else:
+        verb = _VERBS.get(method, method.lower())
+    return verb, kind_of(plural)
+
+
 def collection_path(kind: str, namespace: str) -> str:
     prefix, plural = RESOURCES[kind]
     return f"{prefix}/namespaces/{namespace}/{plural}"
@@ -58,6 +88,7 @@ def collection_path(kind: str, namespace: str) -> str:
 class Kube:
     def __init__(self, api: ApiClient) -> None:
         self.api = api
+        self.writes = WriteHealth()
 
     async def request(
         self,
@@ -66,19 +97,31 @@ class Kube:
         body: Any = None,
         content_type: str = "application/json",
     ) -> Obj:
-        response = await self.api.call_api(
-            path,
-            method,
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=WRITE_TIMEOUT,
-        )
-        async with response:
-            raw = await response.read()
+        token = self.writes.started(time.monotonic())
+        answered: bool | None = None  # None: cancelled, which says nothing of the server
+        try:
+            response = await self.api.call_api(
+                path,
+                method,
+                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=WRITE_TIMEOUT,
+            )
+            async with response:
+                raw = await response.read()
+            answered = True
+        except (aiohttp.ClientError, OSError, TimeoutError) as err:
+            answered = False
+            code = "timeout" if isinstance(err, TimeoutError) else "network"
+            metrics.API_ERRORS.labels(code, *request_labels(method, path)).inc()
+            raise
+        finally:
+            self.writes.finished(token, answered, time.monotonic())
         data = json.loads(raw) if raw else {}
         if not 200 <= response.status < 300:
+            metrics.API_ERRORS.labels(str(response.status), *request_labels(method, path)).inc()
             raise ApiError(
                 response.status, str(data.get("reason", "")), str(data.get("message", raw[:200]))
             )

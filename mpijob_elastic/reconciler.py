@@ -19,7 +19,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 
-from mpijob_elastic import names, nodes
+from mpijob_elastic import metrics, names, nodes
 from mpijob_elastic.actions import Observed
 from mpijob_elastic.informer import Informer
 from mpijob_elastic.kube import RESOURCES, ApiError, Kube
@@ -121,7 +121,12 @@ class Controller:
         self.settings = settings
         self.kube = Kube(api)
         watches = watch_api or api
-        self.queue: WorkQueue[Key] = WorkQueue(rank=self._rank)
+        self.queue: WorkQueue[Key] = WorkQueue(
+            rank=self._rank, observe_wait=metrics.QUEUE_WAIT_SECONDS.observe
+        )
+        metrics.QUEUE_DEPTH.set_function(lambda: len(self.queue))
+        metrics.JOBS.jobs = self._managed_jobs
+        self.latency = metrics.HostListLatency()
         self.caches = _Caches()
         self.handover = _Caches()
         namespaces: list[str | None] = list(settings.namespaces) or [None]
@@ -153,7 +158,7 @@ class Controller:
             Informer(watches, "/api/v1", "nodes", self._on_node, transform=nodes.slim),
         )
         self._leaving_nodes: dict[str, str] = {}
-        self.writer = Writer(self.kube, self._cache)
+        self.writer = Writer(self.kube, self._cache, self._cached)
         self.pod_exec = PodExec(api.configuration)
         self.probes = RankProbes(self._read_launcher, self.queue.add)
         self._job_signatures: dict[Key, tuple[Any, ...]] = {}
@@ -201,6 +206,8 @@ class Controller:
 
     def _on_child(self, type_: str, obj: Obj) -> None:
         meta = obj["metadata"]
+        if obj.get("kind") == "Pod":
+            self.latency.pod(type_, obj, time.monotonic())
         refs = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
         urgent = _may_move_hosts(type_, obj)
         for ref in refs:
@@ -232,6 +239,14 @@ class Controller:
                 if (pod.get("spec") or {}).get("nodeName") == name:
                     self._on_child("MODIFIED", pod)
 
+    def _managed_jobs(self) -> list[Obj]:
+        return [
+            job
+            for cache in self.caches.by_kind.get(names.KIND, {}).values()
+            for job in cache.list()
+            if manages(job, self.settings)
+        ]
+
     def informers(self) -> list[Informer]:
         return self.caches.all() + self.handover.all()
 
@@ -253,6 +268,9 @@ class Controller:
         if not self._workers:
             found.append("reconcile workers not started (caches not synced yet)")
         found += [f"{t.get_name()} has stopped" for t in self._workers if t.done()]
+        stalled = self.kube.writes.problem(time.monotonic())
+        if stalled is not None:
+            found.append(stalled)
         return found
 
     async def stop(self) -> None:
@@ -271,9 +289,11 @@ class Controller:
                 key = await self.queue.get()
             except ShutDownError:
                 return
+            started = time.monotonic()
             try:
                 requeue = await self.reconcile(key)
             except Exception as err:  # one bad job must never stop the controller
+                metrics.reconciled("error", time.monotonic() - started)
                 # A conflict only means the cache was behind: routine, not a warning.
                 level = (
                     logging.INFO if isinstance(err, ApiError) and err.conflict else logging.WARNING
@@ -287,6 +307,8 @@ class Controller:
                 self.queue.add_rate_limited(key)
             else:
                 self.queue.forget(key)
+                result = "success" if requeue is None else "requeue"
+                metrics.reconciled(result, time.monotonic() - started)
                 if requeue is not None:
                     # A hair late rather than early, so the deadline has passed on arrival.
                     self.queue.add_after(key, requeue + 0.05)
@@ -377,7 +399,13 @@ class Controller:
             raise RuntimeError(result.failure or f"exit status {result.exit_code}")
         return result.stdout
 
+    def _cached(self, kind: str, namespace: str, name: str) -> Obj | None:
+        cache = self.caches.pick(kind, namespace)
+        return cache.get(namespace, name) if cache is not None else None
+
     def _cache(self, obj: Obj) -> None:
+        # Every object the server returned from a write passes here.
+        metrics.observe_write(obj, self.latency)
         cache = self.caches.pick(obj.get("kind", ""), obj["metadata"]["namespace"])
         if cache is not None:
             cache.upsert(obj)

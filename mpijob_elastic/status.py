@@ -18,9 +18,10 @@ from mpijob_elastic.workers import Worker
 
 Obj = dict[str, Any]
 
-# Condition types: the v1 ones, plus Scaling, InvalidSpec and WriteRefused. Kept in this
-# order so that the last condition, which `kubectl get mpijob` shows as the job's state, is
-# its lifecycle.
+# Condition types: the v1 ones, plus Scaling, InvalidSpec and WriteRefused. The True ones
+# are kept in this order after the False ones (StatusBuilder.build), so that the last
+# condition, which `kubectl get mpijob` shows as the job's state, is the latest stage of
+# its lifecycle that holds: a jsonPath cannot filter on status and then take the last.
 CREATED = "Created"
 INVALID = "InvalidSpec"
 REFUSED = "WriteRefused"
@@ -121,12 +122,15 @@ class StatusBuilder:
         status = {**self.observed, **self.fields}
         order = {t: i for i, t in enumerate(CONDITION_ORDER)}
 
-        def position(c: Obj) -> float:
+        def position(c: Obj) -> tuple[bool, float]:
+            # False ones first: a condition turned False (Restarting once the launcher
+            # runs again, Running once the job finished) must not be shown as the state.
+            holds = c.get("status") == "True"
             if c["type"] == SUSPENDED:
                 # Last while it holds, so `kubectl get mpijob` shows it as the state; a job
                 # that resumed shows Running again.
-                return len(order) if c.get("status") == "True" else order[SCALING] + 0.5
-            return order.get(c["type"], len(order))
+                return holds, len(order) if holds else order[SCALING] + 0.5
+            return holds, order.get(c["type"], len(order))
 
         status["conditions"] = sorted(self.conditions.values(), key=position)
         return status

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import time
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
@@ -69,8 +70,13 @@ class WorkQueue(Generic[K]):
     """
 
     def __init__(
-        self, max_backoff_seconds: float = 60.0, rank: Callable[[K], float] | None = None
+        self,
+        max_backoff_seconds: float = 60.0,
+        rank: Callable[[K], float] | None = None,
+        observe_wait: Callable[[float], None] | None = None,
     ) -> None:
+        """``observe_wait`` is told, at each ``get``, how long the key waited since it was
+        queued (for the queue-wait metric)."""
         # (0 urgent / 1 not, rank, sequence, key): a heap whose sequence breaks ties by
         # arrival and is never equal, so keys are never compared.
         self._heap: list[tuple[int, float, int, K]] = []
@@ -87,6 +93,9 @@ class WorkQueue(Generic[K]):
         self._backoff: ItemBackoff[K] = ItemBackoff(max_backoff_seconds)
         self._not_empty = asyncio.Event()
         self._shutting_down = False
+        self._observe_wait = observe_wait
+        # Key -> time.monotonic() when it was queued; only kept with observe_wait.
+        self._queued_at: dict[K, float] = {}
 
     def __len__(self) -> int:
         """The number of keys waiting to be handed out (not delayed, not in progress)."""
@@ -108,6 +117,9 @@ class WorkQueue(Generic[K]):
         self._push(key)
 
     def _push(self, key: K) -> None:
+        if self._observe_wait is not None:
+            # A key moved forward keeps the time it was first queued.
+            self._queued_at.setdefault(key, time.monotonic())
         sequence = next(self._sequence)
         if self._dirty[key]:
             entry = (0, 0.0, sequence, key)
@@ -133,6 +145,8 @@ class WorkQueue(Generic[K]):
                 del self._queued[key]
                 del self._dirty[key]
                 self._processing.add(key)
+                if self._observe_wait is not None:
+                    self._observe_wait(time.monotonic() - self._queued_at.pop(key))
                 return key
             # Every waiter wakes on each add and all but one find the queue empty again;
             # with a few dozen workers that is cheaper than tracking waiters one by one.

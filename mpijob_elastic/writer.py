@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from mpijob_elastic import names
+from mpijob_elastic import metrics, names
 from mpijob_elastic.actions import (
     DELETE_MEMORY_SECONDS,
     Action,
@@ -44,6 +44,7 @@ from mpijob_elastic.actions import (
 from mpijob_elastic.kube import ApiError, Kube
 from mpijob_elastic.status import INVALID, POD_REJECTED, REFUSED, with_condition
 from mpijob_elastic.times import format_time
+from mpijob_elastic.workers import discovered_hosts
 
 log = logging.getLogger("mpijob_elastic.writer")
 
@@ -130,6 +131,30 @@ def refusal(err: BaseException) -> ApiError | None:
     return err if 400 <= err.status < 500 else None
 
 
+def _job(job: Mapping[str, Any]) -> str:
+    """How log lines name a job: namespace/name."""
+    return f"{job['metadata']['namespace']}/{job['metadata']['name']}"
+
+
+def _log_annotations(key: Key, action: AnnotatePod) -> None:
+    job = "/".join(key)
+    for annotation, value in action.annotations.items():
+        if annotation == names.ANN_DRAINING_SINCE:
+            if value is None:
+                log.info("drain mark removed", extra={"job": job, "pod": action.name})
+            else:
+                log.info("marked draining", extra={"job": job, "pod": action.name, "since": value})
+        elif annotation == names.ANN_CONFIG_HASH:
+            log.info(
+                "launcher refreshed", extra={"job": job, "pod": action.name, "config_hash": value}
+            )
+        else:
+            log.info(
+                "annotated",
+                extra={"job": job, "pod": action.name, "annotation": annotation, "value": value},
+            )
+
+
 def owner_description(obj: Mapping[str, Any]) -> str:
     for ref in obj.get("metadata", {}).get("ownerReferences") or []:
         if ref.get("controller"):
@@ -180,9 +205,17 @@ class JobMemory:
 class Writer:
     """Runs plans against the API server and keeps each job's memory of what landed."""
 
-    def __init__(self, kube: Kube, cache: Callable[[Obj], None]) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        cache: Callable[[Obj], None],
+        cached: Callable[[str, str, str], Obj | None] = lambda _kind, _ns, _name: None,
+    ) -> None:
+        """``cache`` takes every object the server returned from a write; ``cached`` reads
+        the cache (kind, namespace, name), for logging what an update changed."""
         self.kube = kube
         self._cache = cache
+        self._cached = cached
         self.memory: dict[Key, JobMemory] = {}
         self._host_lists = asyncio.Semaphore(HOST_LIST_WRITES)
         self._bulk = asyncio.Semaphore(BULK_WRITES)
@@ -248,7 +281,8 @@ class Writer:
                 await self.emit(job, event)
             except Exception as err:  # a lost connection, a timeout: nobody awaits this task
                 log.warning(
-                    "could not record event", extra={"reason": event.reason, "error": str(err)}
+                    "could not record event",
+                    extra={"job": _job(job), "reason": event.reason, "error": str(err)},
                 )
 
     async def close(self, grace_seconds: float = 2.0) -> None:
@@ -292,7 +326,23 @@ class Writer:
                 },
             )
         elif isinstance(action, Replace):
+            kind, name = action.obj["kind"], action.obj["metadata"]["name"]
+            before = self._cached(kind, ns, name)
             self._cache(await self.kube.replace(action.obj))
+            log.info("updated", extra={"job": "/".join(key), "kind": kind, "object": name})
+            if kind == "ConfigMap":
+                old = discovered_hosts((before or {}).get("data"))
+                new = discovered_hosts(action.obj.get("data"))
+                if old != new:
+                    log.info(
+                        "host list rewritten",
+                        extra={
+                            "job": "/".join(key),
+                            "added": ",".join(sorted(new - old)),
+                            "removed": ",".join(sorted(old - new)),
+                            "hosts": len(new),
+                        },
+                    )
         elif isinstance(action, AnnotatePod):
             patch = {"metadata": {"annotations": dict(action.annotations)}}
             try:
@@ -300,6 +350,8 @@ class Writer:
             except ApiError as err:
                 if not err.not_found:
                     raise
+                return
+            _log_annotations(key, action)
         elif isinstance(action, DeletePod):
             try:
                 result = await self.kube.delete(
@@ -309,11 +361,12 @@ class Writer:
                 # Gone already, or a successor with another UID: nothing of ours to delete.
                 if not (err.not_found or err.conflict):
                     raise
+                log.info("pod to delete was gone", extra={"job": "/".join(key), "pod": action.name})
             else:
                 if result.get("kind") == "Pod":
                     self._cache(result)
                 self.of(key).deletes[action.uid] = time.monotonic()
-            log.info("deleted pod", extra={"job": "/".join(key), "pod": action.name})
+                log.info("deleted pod", extra={"job": "/".join(key), "pod": action.name})
         elif isinstance(action, Claim):
             await self._claim(job, action)
             # A name once held by someone else and now adopted is the job's own.
@@ -355,7 +408,7 @@ class Writer:
             patch["metadata"]["ownerReferences"] = [dict(r) for r in action.owner_references]
         self._cache(await self.kube.patch(action.kind, meta["namespace"], action.name, patch))
         verb, kind, name = describe(action)
-        log.info(verb, extra={"job": meta["name"], "kind": kind, "object": name})
+        log.info(verb, extra={"job": _job(job), "kind": kind, "object": name})
 
     async def _conflict(self, key: Key, job: Obj, action: Create, err: ApiError) -> None:
         """Learn who holds a name we wanted, unless it is our own object the cache missed."""
@@ -387,7 +440,7 @@ class Writer:
                 logging.INFO if isinstance(err, ApiError) else logging.WARNING,
                 "write failed, retrying with backoff",
                 extra={
-                    "job": job["metadata"]["name"],
+                    "job": _job(job),
                     "write": f"{verb} {kind} {name}",
                     "error": str(err),
                 },
@@ -404,14 +457,17 @@ class Writer:
         status = with_condition(job, planned, type_, reason, message)
         log.warning(
             "write refused",
-            extra={"job": job["metadata"]["name"], "reason": reason, "error": message},
+            extra={"job": _job(job), "reason": reason, "error": message},
         )
         if status is None:
             return  # already reported
         try:
             await self._write_status(job, status, str(job["metadata"].get("resourceVersion", "")))
         except Exception as write_err:
-            log.info("could not report a refused write", extra={"error": str(write_err)})
+            log.info(
+                "could not report a refused write",
+                extra={"job": _job(job), "error": str(write_err)},
+            )
             return
         self.emit_soon(job, Emit("Warning", reason if type_ == INVALID else REFUSED, message))
 
@@ -421,6 +477,7 @@ class Writer:
         # stale job is refused (409) and recomputed, never written over a newer one.
         body = {"metadata": {"resourceVersion": resource_version}, "status": status}
         updated = await self.kube.patch(names.KIND, meta["namespace"], meta["name"], body, "status")
+        metrics.status_written(job.get("status"), status)
         self._cache({**updated, "kind": names.KIND})
 
     async def emit(self, job: Obj, event: Emit) -> None:
@@ -454,4 +511,7 @@ class Writer:
             await self.kube.create(body)
         except ApiError as err:
             # An Event is a courtesy; losing one must not fail the reconcile that made it.
-            log.warning("could not record event", extra={"reason": event.reason, "error": str(err)})
+            log.warning(
+                "could not record event",
+                extra={"job": _job(job), "reason": event.reason, "error": str(err)},
+            )

@@ -17,10 +17,14 @@ from tests.manifests import CONFIG, CRD_NAME, load_documents, mpijob
 
 NAMESPACED = CONFIG / "namespaced"
 # The namespaced overlay's RoleBindings name example namespaces; it has a test of its own.
+# The ServiceMonitor's kind exists only with the Prometheus Operator's CRDs.
+PROMETHEUS = CONFIG / "prometheus"
 MANIFESTS = sorted(
     p
     for p in CONFIG.rglob("*.yaml")
-    if p.name != "kustomization.yaml" and not p.is_relative_to(NAMESPACED)
+    if p.name != "kustomization.yaml"
+    and not p.is_relative_to(NAMESPACED)
+    and not p.is_relative_to(PROMETHEUS)
 )
 SAMPLE = CONFIG / "samples" / "elastic-mpijob.yaml"
 SYSTEM_NAMESPACE = "mpijob-elastic-system"
@@ -62,6 +66,7 @@ def test_kustomize_default_renders_every_object(cluster: Cluster) -> None:
         ("ClusterRole", "mpijob-elastic-nodes"),
         ("ClusterRoleBinding", "mpijob-elastic-nodes"),
         ("Deployment", "mpijob-elastic"),
+        ("Service", "mpijob-elastic-metrics"),
     }
 
 
@@ -83,6 +88,7 @@ def test_namespaced_overlay_binds_per_namespace(
         "run",
         "--log-format=json",
         "--health-port=8081",
+        "--metrics-port=8080",
         f"--namespaces={','.join(sorted(watched))}",
     ]
     for binding in bindings:
@@ -160,7 +166,13 @@ def set_worker_status(cluster: Cluster, namespace: str, job: str, active: int) -
                     "labelSelector": {"matchLabels": names.labels(job, names.ROLE_WORKER)},
                 },
             },
-            "elastic": {"listed": active - 1, "draining": 1, "retired": ""},
+            "elastic": {
+                "listed": active - 1,
+                "draining": 1,
+                "retired": "",
+                "minReplicas": 1,
+                "maxReplicas": 4,
+            },
             "startTime": "2025-01-01T00:00:00Z",
             "lastReconcileTime": "2025-01-01T00:00:02Z",
         }
@@ -190,13 +202,14 @@ def test_sample_is_stored_with_its_pod_templates_unpruned(
 
 def test_get_shows_printer_columns(cluster: Cluster, namespace: str, sample: str) -> None:
     before = cluster.kubectl("get", "-n", namespace, "mpijob", sample).stdout.splitlines()
-    assert before[0].split() == ["NAME", "DESIRED", "READY", "DRAINING", "STATE", "AGE"]
+    header = ["NAME", "DESIRED", "READY", "DRAINING", "MIN", "MAX", "STATE", "AGE"]
+    assert before[0].split() == header
     assert before[1].split()[:2] == [sample, "2"]
 
     # Two pods running, one of them draining: ready (listed) 1, draining 1.
     set_worker_status(cluster, namespace, sample, active=2)
     after = cluster.kubectl("get", "-n", namespace, "mpijob", sample).stdout.splitlines()
-    assert after[1].split()[:5] == [sample, "2", "1", "1", "Running"]
+    assert after[1].split()[:7] == [sample, "2", "1", "1", "1", "4", "Running"]
 
 
 def test_status_keeps_fields_the_controller_adds(

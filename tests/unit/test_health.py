@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 
+from mpijob_elastic import metrics
 from mpijob_elastic.health import HealthServer
 from tests.controller import free_port
 
@@ -25,3 +26,21 @@ async def test_readyz_lists_the_problems_and_healthz_still_answers() -> None:
                 assert answer.status == 200
     finally:
         await server.stop()
+
+
+async def test_metrics_can_share_the_health_port() -> None:
+    """--metrics-port equal to --health-port: one server, three paths."""
+    port = free_port()
+    server = HealthServer(port, list, extra={"/metrics": metrics.serve})
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{port}/metrics") as answer:
+                assert answer.status == 200
+                assert answer.headers["Content-Type"].startswith("text/plain")
+                text = await answer.text()
+            async with session.get(f"http://127.0.0.1:{port}/readyz") as answer:
+                assert answer.status == 200
+    finally:
+        await server.stop()
+    assert 'mpijob_elastic_reconciles_total{result="error"}' in text

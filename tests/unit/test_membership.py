@@ -228,7 +228,8 @@ def test_named_scale_in_removes_exactly_the_named_workers() -> None:
     assert discovered(c.get("ConfigMap", "job-config")) == ["job-worker-1", "job-worker-3"]
     scaling = next(x for x in c.job["status"]["conditions"] if x["type"] == "Scaling")
     assert "job-worker-0 (named for removal, until" in scaling["message"]
-    assert c.job["status"]["elastic"] == {"listed": 2, "draining": 2, "retired": ""}
+    bounds = {"minReplicas": 1, "maxReplicas": 8}
+    assert c.job["status"]["elastic"] == {"listed": 2, "draining": 2, "retired": "", **bounds}
     c.converge(rounds=60)
     remaining = sorted(p["metadata"]["name"] for p in c.pods if "-worker-" in p["metadata"]["name"])
     assert remaining == ["job-worker-1", "job-worker-3"]
@@ -246,7 +247,8 @@ def test_a_finished_job_lists_and_drains_nobody() -> None:
     assert c.job["status"]["elastic"]["listed"] == 2
     c.objects[("Pod", "job-launcher")]["status"] = {"phase": "Succeeded"}
     c.apply(c.plan())
-    assert c.job["status"]["elastic"] == {"listed": 0, "draining": 0, "retired": ""}
+    bounds = {"minReplicas": 1, "maxReplicas": 8}
+    assert c.job["status"]["elastic"] == {"listed": 0, "draining": 0, "retired": "", **bounds}
 
 
 def test_a_worker_about_to_be_disrupted_goes_before_the_newest() -> None:

@@ -1,0 +1,239 @@
+"""Prometheus metrics: what the controller does, served on ``/metrics``.
+
+The series live in prometheus_client's default registry, as module globals, because the
+process runs one controller and every layer (queue, informers, writes) reports to the
+same place without being handed an object. Hot paths only increment a counter or observe
+a histogram (a lock and an addition); anything that needs a walk over the caches (jobs by
+state, queue depth) is computed when Prometheus scrapes, not when things change.
+
+docs/operations.md lists the series and what each means.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from mpijob_elastic import names
+from mpijob_elastic.times import parse_time
+from mpijob_elastic.workers import discovered_hosts
+
+PREFIX = "mpijob_elastic"
+
+# The process has one registry and scrapes see its start time in process_start_time_seconds;
+# a `_created` series next to every counter and histogram would double the series for that.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+# Reconciles take milliseconds unless a write waits on the server; drains take the job's
+# drain period (30 s unless annotated, up to minutes); a new worker reaches the host list
+# within a reconcile or two of running.
+_FAST = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_SLOW = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+
+RECONCILES = Counter(
+    f"{PREFIX}_reconciles",
+    "Reconciles of one job, by result: success, requeue (success with a later look "
+    "asked for), error (a write failed; retried with backoff).",
+    ["result"],
+)
+RECONCILE_SECONDS = Histogram(
+    f"{PREFIX}_reconcile_duration_seconds",
+    "How long one reconcile took, planning and writes.",
+    ["result"],
+    buckets=_FAST,
+)
+QUEUE_DEPTH = Gauge(f"{PREFIX}_queue_depth", "Jobs waiting for a reconcile worker.")
+QUEUE_WAIT_SECONDS = Histogram(
+    f"{PREFIX}_queue_wait_seconds",
+    "Time a job waited in the work queue, from its add to a worker taking it.",
+    buckets=_FAST,
+)
+WATCH_RESTARTS = Counter(
+    f"{PREFIX}_watch_restarts",
+    "Watches or lists that failed and were retried (not the routine end of a watch).",
+    ["kind"],
+)
+RELISTS = Counter(
+    f"{PREFIX}_relists",
+    "Full lists of a kind: one per informer at start, then one per expired watch (410).",
+    ["kind"],
+)
+API_ERRORS = Counter(
+    f"{PREFIX}_api_errors",
+    "Requests to the API server that failed, by HTTP code ('timeout' or 'network' when "
+    "no answer came), verb and kind.",
+    ["code", "verb", "kind"],
+)
+SCALE_OPERATIONS = Counter(
+    f"{PREFIX}_scale_operations",
+    "Scale operations begun (the Scaling condition turned to ScalingUp or ScalingDown).",
+    ["direction"],
+)
+DRAIN_SECONDS = Histogram(
+    f"{PREFIX}_drain_duration_seconds",
+    "From a worker's drain mark to the accepted delete of its pod.",
+    buckets=_SLOW,
+)
+RUNNING_TO_LISTED_SECONDS = Histogram(
+    f"{PREFIX}_running_to_listed_seconds",
+    "From the controller seeing a worker pod Running to the accepted write of the "
+    "discover_hosts.sh that lists it.",
+    buckets=_FAST,
+)
+
+
+# Children made once: every result and direction is exported from the start (a rate over
+# a series that appears only at its first increment misses that increment), and a hot
+# path skips the label lookup.
+_RECONCILED = {
+    result: (RECONCILES.labels(result), RECONCILE_SECONDS.labels(result))
+    for result in ("success", "requeue", "error")
+}
+_SCALED = {direction: SCALE_OPERATIONS.labels(direction) for direction in ("out", "in")}
+
+
+def reconciled(result: str, seconds: float) -> None:
+    """One reconcile ended (a cancelled one, at shutdown, is not counted)."""
+    count, duration = _RECONCILED[result]
+    count.inc()
+    duration.observe(seconds)
+
+
+def state(status: Mapping[str, Any] | None) -> str:
+    """The job's state as ``kubectl get mpijob`` shows it: its last condition that is True."""
+    conditions = (status or {}).get("conditions") or []
+    true = [c for c in conditions if isinstance(c, Mapping) and c.get("status") == "True"]
+    return str(true[-1].get("type", "")) if true else ""
+
+
+def scale_direction(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> str | None:
+    """'out' or 'in' when a status write begins a scale operation, else None."""
+
+    def scaling(status: Mapping[str, Any] | None) -> str | None:
+        for c in (status or {}).get("conditions") or []:
+            if isinstance(c, Mapping) and c.get("type") == "Scaling" and c.get("status") == "True":
+                return str(c.get("reason"))
+        return None
+
+    before, after = scaling(old), scaling(new)
+    if after == before:
+        return None
+    return {"ScalingUp": "out", "ScalingDown": "in"}.get(after or "")
+
+
+class _JobStates(Collector):
+    """``mpijob_elastic_jobs{namespace,state}``, counted from the job cache at scrape time."""
+
+    def __init__(self) -> None:
+        self.jobs: Callable[[], Iterable[Mapping[str, Any]]] = list
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            f"{PREFIX}_jobs",
+            "MPIJobs this controller manages, by namespace and state (the last True "
+            "condition, as kubectl get mpijob shows it).",
+            labels=["namespace", "state"],
+        )
+        tally = Tally(
+            (job["metadata"]["namespace"], state(job.get("status")) or "Pending")
+            for job in self.jobs()
+        )
+        for (namespace, job_state), count in sorted(tally.items()):
+            family.add_metric([namespace, job_state], count)
+        yield family
+
+
+JOBS = _JobStates()
+REGISTRY.register(JOBS)
+
+
+class HostListLatency:
+    """Feeds ``running_to_listed_seconds``: when each pod was seen turn Running, until a
+    written ``discover_hosts.sh`` lists it.
+
+    Only a pod seen not Running first is timed: one already running when the controller
+    starts (or whose earlier states it missed) has no start to measure from, and a later
+    event about it (a label, a node going away) is no start either. A pod is timed once,
+    at the first accepted write that lists it.
+    """
+
+    def __init__(self) -> None:
+        # (namespace, pod) of pods seen not (yet) Running.
+        self._pending: set[tuple[str, str]] = set()
+        # (namespace, pod) -> monotonic time it was seen turn Running.
+        self._running: dict[tuple[str, str], float] = {}
+
+    def pod(self, event_type: str, pod: Mapping[str, Any], now: float) -> None:
+        meta = pod["metadata"]
+        key = (meta["namespace"], meta["name"])
+        phase = (pod.get("status") or {}).get("phase")
+        if event_type == "DELETED" or meta.get("deletionTimestamp"):
+            self._pending.discard(key)
+            self._running.pop(key, None)
+        elif phase != "Running":
+            self._pending.add(key)
+            self._running.pop(key, None)
+        elif key in self._pending:
+            self._pending.discard(key)
+            self._running[key] = now
+
+    def written(self, config_map: Mapping[str, Any], now: float) -> list[float]:
+        """A ConfigMap write the server accepted: the waits of the hosts it lists first."""
+        ns = config_map["metadata"]["namespace"]
+        waits = []
+        for host in discovered_hosts(config_map.get("data")):
+            seen = self._running.pop((ns, host), None)
+            if seen is not None:
+                waits.append(now - seen)
+        return waits
+
+
+def drain_seconds(pod: Mapping[str, Any], now: datetime) -> float | None:
+    """How long a pod whose delete was just accepted had been draining, if it was."""
+    annotations = pod.get("metadata", {}).get("annotations") or {}
+    since = parse_time(annotations.get(names.ANN_DRAINING_SINCE))
+    return None if since is None else max(0.0, (now - since).total_seconds())
+
+
+def status_written(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
+    """A job's status write the server accepted; ``old`` is the status it was planned
+    from (not the cache's, which the write's own watch event may have updated already)."""
+    direction = scale_direction(old, new)
+    if direction is not None:
+        _SCALED[direction].inc()
+
+
+def observe_write(written: Mapping[str, Any], latency: HostListLatency) -> None:
+    """Metrics of one write the server accepted, from its answer."""
+    kind = written.get("kind")
+    if kind == "ConfigMap":
+        for wait in latency.written(written, time.monotonic()):
+            RUNNING_TO_LISTED_SECONDS.observe(wait)
+    elif kind == "Pod" and written["metadata"].get("deletionTimestamp"):
+        # The answer to a delete: the pod, now terminating.
+        drained = drain_seconds(written, datetime.now(UTC))
+        if drained is not None:
+            DRAIN_SECONDS.observe(drained)
+
+
+async def serve(_request: web.Request) -> web.Response:
+    # Formatting every series takes well under a millisecond at this size.
+    return web.Response(
+        body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )

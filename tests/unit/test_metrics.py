@@ -1,0 +1,223 @@
+"""The pure parts of the metrics and the readiness write check (no cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from prometheus_client import REGISTRY
+
+from mpijob_elastic import metrics, names
+from mpijob_elastic.health import WRITE_STALL_SECONDS, WriteHealth
+from mpijob_elastic.kube import request_labels
+from mpijob_elastic.status import CONDITION_ORDER, SUSPENDED, StatusBuilder
+from mpijob_elastic.times import format_precise_time
+from mpijob_elastic.workqueue import WorkQueue
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "labels"),
+    [
+        ("PATCH", "/api/v1/namespaces/ns/pods/w-0", ("patch", "Pod")),
+        ("PATCH", "/apis/kubeflow.org/v1/namespaces/ns/mpijobs/j/status", ("patch", "MPIJob")),
+        ("POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/ns/roles", ("create", "Role")),
+        ("PUT", "/api/v1/namespaces/ns/configmaps/j-config", ("update", "ConfigMap")),
+        (
+            "DELETE",
+            "/apis/policy/v1/namespaces/ns/poddisruptionbudgets/j",
+            ("delete", "PodDisruptionBudget"),
+        ),
+        ("GET", "/api/v1/namespaces/ns/serviceaccounts/sa", ("get", "ServiceAccount")),
+        ("GET", "/api/v1/namespaces/ns/configmaps?limit=5", ("list", "ConfigMap")),
+        ("GET", "/api/v1/nodes", ("list", "Node")),
+        ("GET", "/apis/kubeflow.org/v1/mpijobs", ("list", "MPIJob")),
+    ],
+)
+def test_request_labels(method: str, path: str, labels: tuple[str, str]) -> None:
+    assert request_labels(method, path) == labels
+
+
+def condition(type_: str, status: str) -> dict[str, str]:
+    return {"type": type_, "status": status, "reason": "R", "message": "m"}
+
+
+def test_the_last_condition_built_is_the_last_true_one() -> None:
+    """What `kubectl get mpijob` shows as STATE (.status.conditions[-1:].type)."""
+    types = [*CONDITION_ORDER, SUSPENDED]
+    # Created is always True; every True/False mix of up to three other conditions.
+    for n in range(4):
+        for chosen in itertools.combinations(types[1:], n):
+            for statuses in itertools.product(("True", "False"), repeat=n):
+                given = [condition("Created", "True")] + [
+                    condition(t, s) for t, s in zip(chosen, statuses, strict=True)
+                ]
+                built = StatusBuilder({"status": {"conditions": given}}, NOW).build()
+                last = built["conditions"][-1]
+                assert last["status"] == "True", built["conditions"]
+                trues = [c["type"] for c in given if c["status"] == "True"]
+                expected = max(trues, key=types.index)
+                assert last["type"] == expected
+                assert metrics.state(built) == expected
+
+
+def test_a_running_job_that_was_restarting_shows_running() -> None:
+    given = [
+        condition("Created", "True"),
+        condition("Running", "True"),
+        condition("Restarting", "False"),
+        condition("Scaling", "False"),
+    ]
+    built = StatusBuilder({"status": {"conditions": given}}, NOW).build()
+    assert built["conditions"][-1]["type"] == "Running"
+
+
+def test_state_without_conditions() -> None:
+    assert metrics.state(None) == ""
+    assert metrics.state({"conditions": [condition("Created", "False")]}) == ""
+
+
+def scaling(reason: str | None, status: str = "True") -> dict[str, object]:
+    return {
+        "conditions": []
+        if reason is None
+        else [{"type": "Scaling", "status": status, "reason": reason}]
+    }
+
+
+def test_scale_direction_counts_the_start_of_an_operation_once() -> None:
+    done = scaling("ScalingComplete", "False")
+    assert metrics.scale_direction(scaling(None), scaling("ScalingUp")) == "out"
+    assert metrics.scale_direction(scaling("ScalingUp"), scaling("ScalingDown")) == "in"
+    assert metrics.scale_direction(done, scaling("ScalingDown")) == "in"
+    # Still the same operation (its message changed), or not one of ours to count.
+    assert metrics.scale_direction(scaling("ScalingUp"), scaling("ScalingUp")) is None
+    assert metrics.scale_direction(scaling("ScalingUp"), done) is None
+    assert metrics.scale_direction(None, scaling("Relocating")) is None
+
+
+def pod(name: str, phase: str, *, deleting: bool = False) -> dict[str, object]:
+    meta: dict[str, object] = {"namespace": "ns", "name": name}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "status": {"phase": phase}}
+
+
+def config_map(*hosts: str, namespace: str = "ns") -> dict[str, object]:
+    script = "#!/bin/sh\n" + "".join(f"echo {h}:1\n" for h in hosts)
+    return {
+        "kind": "ConfigMap",
+        "metadata": {"namespace": namespace, "name": "j-config"},
+        "data": {names.DISCOVER_HOSTS: script},
+    }
+
+
+def test_running_to_listed_times_each_pod_once_from_its_first_running_sighting() -> None:
+    latency = metrics.HostListLatency()
+    latency.pod("ADDED", pod("w-0", "Pending"), 1.0)
+    latency.pod("MODIFIED", pod("w-0", "Running"), 2.0)
+    latency.pod("MODIFIED", pod("w-0", "Running"), 3.0)  # a later event keeps the first time
+    latency.pod("ADDED", pod("w-1", "Pending"), 1.0)
+    latency.pod("MODIFIED", pod("w-1", "Running"), 2.5)
+    assert latency.written(config_map("w-0"), 4.0) == [2.0]
+    assert latency.written(config_map("w-0"), 5.0) == []  # timed once
+    # Same name in another namespace is another pod.
+    assert latency.written(config_map("w-1", namespace="other"), 5.0) == []
+    # A pod that stops running (or goes) before it is listed is not timed.
+    latency.pod("MODIFIED", pod("w-1", "Running", deleting=True), 5.5)
+    assert latency.written(config_map("w-0", "w-1"), 6.0) == []
+
+
+def test_a_pod_running_before_it_was_watched_is_never_timed() -> None:
+    """As after a controller restart: the first list shows it Running, later events too."""
+    latency = metrics.HostListLatency()
+    latency.pod("ADDED", pod("w-0", "Running"), 1.0)
+    latency.pod("MODIFIED", pod("w-0", "Running"), 2.0)
+    assert latency.written(config_map("w-0"), 3.0) == []
+    # One the first list showed Pending is seen start: it is timed.
+    latency.pod("ADDED", pod("w-1", "Pending"), 1.0)
+    latency.pod("MODIFIED", pod("w-1", "Running"), 5.0)
+    assert latency.written(config_map("w-0", "w-1"), 5.5) == [0.5]
+
+
+def test_drain_seconds_from_the_mark() -> None:
+    marked = NOW - timedelta(seconds=12.5)
+    drained = {"metadata": {"annotations": {names.ANN_DRAINING_SINCE: format_precise_time(marked)}}}
+    assert metrics.drain_seconds(drained, NOW) == 12.5
+    assert metrics.drain_seconds({"metadata": {}}, NOW) is None
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_accepted_writes_count_scale_operations_and_drains() -> None:
+    latency = metrics.HostListLatency()
+    before = sample("mpijob_elastic_scale_operations_total", direction="in")
+    metrics.status_written(scaling(None), scaling("ScalingDown"))
+    metrics.status_written(scaling("ScalingDown"), scaling("ScalingDown"))
+    assert sample("mpijob_elastic_scale_operations_total", direction="in") == before + 1
+
+    bucket = "mpijob_elastic_drain_duration_seconds_bucket"
+    drains = sample("mpijob_elastic_drain_duration_seconds_count")
+    below, above = sample(bucket, le="2.5"), sample(bucket, le="5.0")
+    since = format_precise_time(datetime.now(UTC) - timedelta(seconds=3))
+    deleted = {
+        "kind": "Pod",
+        "metadata": {
+            "namespace": "ns",
+            "name": "w-1",
+            "deletionTimestamp": "2026-01-01T00:00:00Z",
+            "annotations": {names.ANN_DRAINING_SINCE: since},
+        },
+    }
+    metrics.observe_write(deleted, latency)
+    assert sample("mpijob_elastic_drain_duration_seconds_count") == drains + 1
+    # Three seconds of drain: above the 2.5 s bucket, within the 5 s one.
+    assert (sample(bucket, le="2.5"), sample(bucket, le="5.0")) == (below, above + 1)
+
+
+def test_write_health_turns_unready_only_after_the_stall_bound() -> None:
+    health = WriteHealth()
+    assert health.problem(100.0) is None  # idle
+    slow = health.started(100.0)
+    assert health.problem(100.0 + WRITE_STALL_SECONDS - 1) is None
+    assert health.problem(100.0 + WRITE_STALL_SECONDS + 1) is not None  # in flight too long
+    health.finished(slow, True, 100.0 + WRITE_STALL_SECONDS + 1)
+    assert health.problem(100.0 + WRITE_STALL_SECONDS + 1) is None
+
+    # Writes that fail without an answer: unready from the first one's start on...
+    first = health.started(200.0)
+    health.finished(first, False, 210.0)
+    second = health.started(215.0)
+    health.finished(second, False, 225.0)
+    problem = health.problem(225.0)
+    assert problem is not None
+    assert "25s" in problem
+    # ...until one gets an answer, even a refusal.
+    third = health.started(230.0)
+    health.finished(third, True, 230.1)
+    assert health.problem(300.0) is None
+
+    # A request we cancelled says nothing about the server.
+    cancelled = health.started(400.0)
+    health.finished(cancelled, None, 401.0)
+    assert health.problem(500.0) is None
+
+
+async def test_queue_reports_each_keys_wait() -> None:
+    waits: list[float] = []
+    queue: WorkQueue[str] = WorkQueue(observe_wait=waits.append)
+    queue.add("a")
+    await asyncio.sleep(0.02)
+    assert await queue.get() == "a"
+    queue.add("a")  # added while processing: its wait starts at done()
+    await asyncio.sleep(0.02)
+    queue.done("a")
+    assert await queue.get() == "a"
+    assert len(waits) == 2
+    assert waits[0] >= 0.02
+    assert waits[1] < 0.02
