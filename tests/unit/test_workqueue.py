@@ -260,3 +260,14 @@ async def test_shutdown_stops_workers_even_with_keys_waiting() -> None:
     queue.shutdown()
     with pytest.raises(ShutDownError):
         await get_soon(queue)
+
+
+async def test_a_key_moved_forward_keeps_the_time_it_was_first_queued() -> None:
+    waits: list[float] = []
+    queue: WorkQueue[Key] = WorkQueue(observe_wait=waits.append)
+    queue.add(A)
+    await asyncio.sleep(0.02)
+    queue.add(A, urgent=True)
+    assert await get_soon(queue) == A
+    assert len(waits) == 1
+    assert waits[0] >= 0.02
