@@ -6,15 +6,28 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: test unit integration e2e e2e-kind lint demo bench bench-kind bench-kind-drain bench-planning binaries cluster-up cluster-down venv clean
+.PHONY: test unit integration e2e e2e-kind lint demo bench bench-kind bench-kind-drain bench-planning binaries cluster-up cluster-down venv lock clean
 
+# The exact versions, with hashes, of requirements-dev.lock; the image installs
+# requirements.lock (its runtime subset) the same way. The project itself goes on top
+# without dependencies, so nothing unpinned can slip in.
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml requirements-dev.lock
 	@echo "== installing the Python environment into $(VENV)"
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,dev]'
+	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements-dev.lock
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	@touch $@
+
+# Regenerates both lock files from pyproject.toml after a dependency changed there. Pins
+# already in the files are kept; `make lock LOCK_ARGS=--upgrade` moves everything to the
+# newest versions. The dev lock is constrained by the runtime one, so the two agree.
+LOCK_FLAGS := --quiet --generate-hashes --allow-unsafe --strip-extras --all-build-deps \
+	--no-emit-find-links --no-emit-index-url $(LOCK_ARGS)
+lock: venv
+	$(VENV)/bin/pip-compile $(LOCK_FLAGS) -o requirements.lock pyproject.toml
+	$(VENV)/bin/pip-compile $(LOCK_FLAGS) --extra test --extra dev \
+	  --constraint requirements.lock -o requirements-dev.lock pyproject.toml
 
 binaries:
 	@hack/build-binaries.sh >/dev/null

@@ -2,8 +2,10 @@
 # `make e2e-kind` (and the kind half of `make test`): the end-to-end suite on a real kind
 # cluster. hack/kind-up.sh starts the cluster (on machines without a registry, from
 # locally built images), hack/images.sh builds the controller, mock launcher, mock worker
-# and kubectl images and loads them, `kubectl apply -k` installs config/default through
-# an overlay that only sets those images, and e2e/test_elastic.py runs with the launcher
+# and kubectl images and loads them, the README's install steps run on a copy of config/
+# (the controller image set in config/default's `images:` entry; write_install_overlay in
+# kind/lib.sh) and `kubectl apply -k` installs it; the rollout waits for /readyz, which
+# fails while the controller misses a permission. e2e/test_elastic.py runs with the launcher
 # as a real pod: kubectl from the kubectl-delivery init container, /etc/mpi mounted by the
 # kubelet, ranks started in real worker containers through kubexec.sh. Afterwards the
 # controller is uninstalled and the cluster stopped (KEEP_CLUSTER=1 keeps both).

@@ -9,8 +9,9 @@
 # Tags are chosen here, at run time, from a hash of each image's inputs: nothing local is
 # ever written into a manifest. IMAGE_BASES=local (the default unless
 # KIND_NODE_IMAGE=official) builds on the locally made bases of hack/kind-up.sh, for
-# machines without a registry; IMAGE_BASES=official builds on python:3.11-slim and
-# registry.k8s.io/kubectl as a user would. NO_LOAD=1 builds without loading into kind.
+# machines without a registry; IMAGE_BASES=official builds on the Dockerfile's pinned
+# python:3.11-slim and registry.k8s.io/kubectl as a user would. NO_LOAD=1 builds without
+# loading into kind.
 set -euo pipefail
 log_name=images
 # shellcheck source=kind/lib.sh
@@ -40,7 +41,8 @@ if [ "$bases" = local ]; then
   kubectl_base=$KUBECTL_IMAGE
   kubectl_image=$KUBECTL_IMAGE
 else
-  python_base=python:3.11-slim
+  # The controller Dockerfile's pinned default, so the mock images share its base.
+  python_base=$(sed -n 's/^ARG BASE_IMAGE=//p' "$repo_root/Dockerfile")
   kubectl_base=registry.k8s.io/kubectl:$KUBE_VERSION
   # The kubectl-delivery init container needs a shell; the official kubectl image has none.
   kubectl_image=""
@@ -81,7 +83,7 @@ build() {
 }
 
 controller=$(build controller mpijob-elastic Dockerfile --build-arg "BASE_IMAGE=$python_base" \
-  -- pyproject.toml README.md mpijob_elastic)
+  -- requirements.lock pyproject.toml README.md mpijob_elastic)
 launcher=$(build launcher mpijob-elastic/mock-launcher e2e/images/launcher/Dockerfile \
   --build-arg "BASE_IMAGE=$python_base" --build-arg "KUBECTL_IMAGE=$kubectl_base" \
   -- e2e/images/launcher e2e/mockhorovod)

@@ -7,7 +7,7 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -63,9 +63,21 @@ def _settings_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# Set by the Deployment from the downward API (config/manager/deployment.yaml).
+OWN_NAMESPACE_ENV = "POD_NAMESPACE"
+OWN_SERVICE_ACCOUNT_ENV = "POD_SERVICE_ACCOUNT"
+
+
+def own_service_account(env: Mapping[str, str]) -> tuple[str, str] | None:
+    """The controller's own (namespace, ServiceAccount), when the Deployment says them."""
+    namespace, account = env.get(OWN_NAMESPACE_ENV), env.get(OWN_SERVICE_ACCOUNT_ENV)
+    return (namespace, account) if namespace and account else None
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     namespaces = tuple(n for n in (getattr(args, "namespaces", "") or "").split(",") if n)
     return Settings(
+        own_service_account=own_service_account(os.environ),
         namespaces=namespaces,
         only_managed_by=getattr(args, "only_managed_by", False),
         kubectl_delivery=KubectlDelivery(args.kubectl_delivery),

@@ -191,6 +191,7 @@ class _Builder:
                 self.settings.default_drain_seconds,
                 max_workers=self.settings.max_workers_per_job,
                 default_scale_out_timeout=self.settings.default_scale_out_timeout_seconds,
+                protected_service_account=self.settings.own_service_account,
             )
         except InvalidSpec as err:
             # Leave every child as it is: a typo must not cost the job its workers.

@@ -10,6 +10,7 @@ import json
 import time
 from collections.abc import Mapping
 from typing import Any, Final
+from urllib.parse import urlencode
 
 import aiohttp
 from kubernetes_asyncio.client import ApiClient
@@ -128,8 +129,27 @@ class Kube:
         return dict(data)
 
     async def get(self, kind: str, namespace: str, name: str) -> Obj:
-        """A read off the hot path: only to learn who holds a name we could not create."""
-        return await self.request("GET", f"{collection_path(kind, namespace)}/{name}")
+        """A fresh read of one object, off the hot path: who holds a name we could not
+        create, or whether a job is still there before adopting for it.
+
+        A list narrowed to the name, not a GET: the controller may list every kind it
+        reads, which already shows it every object of the kind, so RBAC's ``get`` would
+        be one more verb granting nothing new (docs/rbac.md). A list without a
+        resourceVersion is as fresh as a GET (a consistent read). 404 when nothing has
+        the name, as a GET would say.
+        """
+        query = urlencode({"fieldSelector": f"metadata.name={name}"})
+        found = await self.request("GET", f"{collection_path(kind, namespace)}?{query}")
+        items = found.get("items") or []
+        if not items:
+            raise ApiError(404, "NotFound", f"{kind} {name} not found")
+        # A list's items leave out kind and apiVersion; callers expect a whole object.
+        prefix, _ = RESOURCES[kind]
+        return {
+            "apiVersion": prefix.removeprefix("/apis/").removeprefix("/api/"),
+            "kind": kind,
+            **items[0],
+        }
 
     async def create(self, obj: Mapping[str, Any]) -> Obj:
         meta = obj["metadata"]

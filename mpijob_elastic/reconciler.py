@@ -25,6 +25,7 @@ from mpijob_elastic.informer import Informer
 from mpijob_elastic.kube import RESOURCES, ApiError, Kube
 from mpijob_elastic.plan import plan
 from mpijob_elastic.podexec import PodExec
+from mpijob_elastic.preflight import RECHECK_SECONDS, Preflight
 from mpijob_elastic.rankprobe import RankProbes
 from mpijob_elastic.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
 from mpijob_elastic.settings import Settings
@@ -164,6 +165,8 @@ class Controller:
         self._job_signatures: dict[Key, tuple[Any, ...]] = {}
         self._first_seen: dict[Key, float] = {}
         self._workers: list[asyncio.Task[None]] = []
+        self.preflight = Preflight(self.kube, settings.namespaces)
+        self._rechecks: asyncio.Task[None] | None = None
 
     # -- events -> keys ---------------------------------------------------------------------
 
@@ -253,6 +256,11 @@ class Controller:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
+        # Before the caches: a missing list or an MPI Operator v2 CRD keeps them from ever
+        # syncing, and the log must say why first.
+        await self._check()
+        if self.preflight.problems:
+            self._rechecks = asyncio.create_task(self._recheck(), name="preflight")
         for informer in self.informers():
             informer.start()
         await asyncio.gather(*(i.synced.wait() for i in self.informers()))
@@ -262,9 +270,20 @@ class Controller:
             for n in range(self.settings.reconcile_workers)
         ]
 
+    async def _check(self) -> None:
+        for problem in await self.preflight.run():
+            log.error("start-up check failed", extra={"error": problem})
+
+    async def _recheck(self) -> None:
+        while self.preflight.problems:
+            await asyncio.sleep(RECHECK_SECONDS)
+            await self._check()
+        log.info("start-up checks pass now")
+
     def problems(self) -> list[str]:
         """What keeps the controller from doing its job now (empty: ready), for /readyz."""
-        found = [f"{i!r}: not synced or not heard from" for i in self.informers() if not i.healthy]
+        found = list(self.preflight.problems)
+        found += [f"{i!r}: not synced or not heard from" for i in self.informers() if not i.healthy]
         if not self._workers:
             found.append("reconcile workers not started (caches not synced yet)")
         found += [f"{t.get_name()} has stopped" for t in self._workers if t.done()]
@@ -274,6 +293,8 @@ class Controller:
         return found
 
     async def stop(self) -> None:
+        if self._rechecks is not None:
+            self._rechecks.cancel()
         self.queue.shutdown()
         for task in self._workers:
             task.cancel()

@@ -53,3 +53,7 @@ class Settings:
     # well under etcd's 1.5 MiB per object and the 1 MiB a ConfigMap's data may hold (the
     # first limit reached, near 6500 workers). Larger MPI jobs exist; raise it for them.
     max_workers_per_job: int = 1000
+    # The controller's own (namespace, ServiceAccount), from the Deployment's downward API
+    # env (cli.py): a job in that namespace whose pods would run as it gets InvalidSpec.
+    # None: not known (run outside a cluster), nothing to protect.
+    own_service_account: tuple[str, str] | None = None

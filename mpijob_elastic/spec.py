@@ -157,6 +157,41 @@ def launcher_service_account(job: Mapping[str, Any]) -> str:
     return names.launcher_name(str(name))
 
 
+def _protected_account_errors(
+    name: str | None,
+    launcher: ReplicaSpec | None,
+    worker: ReplicaSpec | None,
+    launcher_account: str | None,
+    protected: str,
+) -> list[FieldError]:
+    """A pod running as the controller's ServiceAccount would hold the controller's token:
+    exec into every pod it serves, pods with any ServiceAccount. Whoever may create MPIJobs
+    in the controller's namespace must not get that, so the fields naming it are refused
+    (``serviceAccount`` is the deprecated alias the API server still honours)."""
+    errors = []
+    for role, replica in (("Launcher", launcher), ("Worker", worker)):
+        spec = (replica.template.get("spec") or {}) if replica is not None else {}
+        for field in ("serviceAccountName", "serviceAccount"):
+            if spec.get(field) == protected:
+                errors.append(
+                    FieldError(
+                        f"spec.mpiReplicaSpecs.{role}.template.spec.{field}",
+                        f"names the controller's own ServiceAccount {protected!r}, which no "
+                        "job's pod may run as",
+                    )
+                )
+    if launcher_account is None and name is not None and names.launcher_name(name) == protected:
+        # The launcher's default ServiceAccount, <job>-launcher, would be the controller's.
+        errors.append(
+            FieldError(
+                "metadata.name",
+                f"the launcher's default ServiceAccount {protected!r} is the controller's own; "
+                "rename the job or set " + _SERVICE_ACCOUNT_FIELD,
+            )
+        )
+    return errors
+
+
 # -- fields ------------------------------------------------------------------------------
 
 
@@ -311,12 +346,15 @@ def parse(
     *,
     max_workers: int = Settings.max_workers_per_job,
     default_scale_out_timeout: float = Settings.default_scale_out_timeout_seconds,
+    protected_service_account: tuple[str, str] | None = None,
 ) -> JobSpec:
     """Return the job's typed spec, or raise InvalidSpec listing every field to fix.
 
     Worker replicas outside the job's bounds are *not* an error here: the planner keeps such
     a job running at its current size, which needs the rest of the spec. Asking for more
     than ``max_workers`` is, because it is the controller's limit, not the job's.
+    ``protected_service_account`` is the controller's own (namespace, name): no pod of a job
+    may run as it (docs/rbac.md).
     """
     if not isinstance(job, Mapping):
         raise InvalidSpec([FieldError("MPIJob", f"must be an object, got {show(job)}")])
@@ -473,6 +511,11 @@ def parse(
                     f"must be a ServiceAccount name (DNS-1123 subdomain), got {show(account)}",
                 )
             )
+
+    if protected_service_account is not None and namespace == protected_service_account[0]:
+        errors += _protected_account_errors(
+            name, launcher, worker, account, protected_service_account[1]
+        )
 
     if errors or launcher is None or worker is None or slots is None or name is None:
         raise InvalidSpec(errors)

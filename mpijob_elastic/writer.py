@@ -419,7 +419,7 @@ class Writer:
         except ApiError as read_err:
             if read_err.not_found:
                 return  # gone meanwhile: the retry will simply create it
-            # The shipped role reads only pods one by one: the holder stays unknown, but
+            # Refused (a role without list here) or failed: the holder stays unknown, but
             # the name is still taken, and the user must hear of it.
             what = f"{kind} {meta['name']} already exists (its owner could not be read: {read_err})"
         else:

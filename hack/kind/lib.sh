@@ -112,21 +112,23 @@ host_mtu() {
   cat "/sys/class/net/${dev:-eth0}/mtu" 2>/dev/null || echo 1500
 }
 
-# write_install_overlay DIR: a kustomize overlay over config/default that only sets what a
-# cluster without our registry needs: the controller image, and the kubectl image the
-# kubectl-delivery init container copies from (MPIJOB_ELASTIC_IMAGE and E2E_KUBECTL_IMAGE,
-# as hack/images.sh prints them; an empty E2E_KUBECTL_IMAGE keeps the controller's default).
+# write_install_overlay DIR: the README's install steps, on a copy of config/ in DIR: the
+# controller image set in config/default's `images:` entry (newName, newTag) to
+# MPIJOB_ELASTIC_IMAGE as hack/images.sh prints it. DIR's kustomization.yaml is
+# config/default plus, only when E2E_KUBECTL_IMAGE is set (no registry for the default
+# kubectl image), the --kubectl-image argument the kubectl-delivery init container copies
+# from. `kubectl apply -k DIR` installs, `kubectl delete -k DIR` uninstalls.
 write_install_overlay() {
-  local dir=$1
+  local dir=$1 default
+  cp -r "$repo_root/config" "$dir/config"
+  default="$dir/config/default/kustomization.yaml"
+  sed -i -E "s|^(    newName:).*|\1 ${MPIJOB_ELASTIC_IMAGE%:*}|; s|^(    newTag:).*|\1 ${MPIJOB_ELASTIC_IMAGE##*:}|" "$default"
+  grep -qxF "    newTag: ${MPIJOB_ELASTIC_IMAGE##*:}" "$default" || die "no images: entry in $default"
   {
     echo "apiVersion: kustomize.config.k8s.io/v1beta1"
     echo "kind: Kustomization"
     echo "resources:"
-    echo "  - $(realpath --relative-to="$dir" "$repo_root/config/default")"
-    echo "images:"
-    echo "  - name: mpijob-elastic"
-    echo "    newName: ${MPIJOB_ELASTIC_IMAGE%:*}"
-    echo "    newTag: ${MPIJOB_ELASTIC_IMAGE##*:}"
+    echo "  - config/default"
     if [ -n "${E2E_KUBECTL_IMAGE:-}" ]; then
       echo "patches:"
       echo "  - target: {kind: Deployment, name: mpijob-elastic}"

@@ -23,6 +23,7 @@ from tests.controller import ControllerProcess, StartController, free_port, wait
 from tests.faults import proxied_kubeconfig, tcp_proxy
 from tests.manifests import mpijob
 
+# Without the CRD the job cache never syncs, and the start-up check reports it unready.
 pytestmark = pytest.mark.usefixtures("crd")
 
 

@@ -266,8 +266,8 @@ def test_unknown_spec_fields_are_refused_or_pruned_but_templates_are_kept(
 # What the controller must be able to do, per docs/rbac.md, as `kubectl auth can-i`
 # arguments: verb, resource, subresource.
 GRANTED = [
-    *[(v, "mpijobs.kubeflow.org", "") for v in ("get", "list", "watch", "delete")],
-    *[(v, "mpijobs.kubeflow.org", "status") for v in ("update", "patch")],
+    *[(v, "mpijobs.kubeflow.org", "") for v in ("list", "watch", "delete")],
+    ("patch", "mpijobs.kubeflow.org", "status"),
     ("update", "mpijobs.kubeflow.org", "finalizers"),
     *[(v, "pods", "") for v in ("get", "list", "watch", "create", "delete", "patch")],
     *[(v, "pods", "exec") for v in ("get", "create")],
@@ -282,7 +282,6 @@ GRANTED = [
         for v in ("list", "watch", "create", "update", "patch")
     ],
     ("create", "events", ""),
-    ("patch", "events", ""),
     *[(v, "nodes", "") for v in ("list", "watch")],
     *[
         (v, "poddisruptionbudgets.policy", "")
@@ -290,6 +289,10 @@ GRANTED = [
     ],
 ]
 DENIED = [
+    # Read by name as a list narrowed to the name (mpijob_elastic/kube.py).
+    ("get", "mpijobs.kubeflow.org", ""),
+    # Status is only ever merge-patched.
+    ("update", "mpijobs.kubeflow.org", "status"),
     ("create", "mpijobs.kubeflow.org", ""),
     ("update", "mpijobs.kubeflow.org", ""),
     ("patch", "mpijobs.kubeflow.org", ""),
@@ -312,6 +315,8 @@ DENIED = [
     ("create", "clusterroles.rbac.authorization.k8s.io", ""),
     ("create", "clusterrolebindings.rbac.authorization.k8s.io", ""),
     ("get", "events", ""),
+    # Every Event is a new one; none is patched.
+    ("patch", "events", ""),
     ("create", "events.events.k8s.io", ""),
     ("create", "namespaces", ""),
     ("get", "poddisruptionbudgets.policy", ""),

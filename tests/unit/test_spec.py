@@ -519,3 +519,40 @@ def test_the_cap_is_the_controllers_setting() -> None:
         MAX,
     ]
     assert parse(job, 30, max_workers=8).bounds.max == 8
+
+
+# -- the controller's own ServiceAccount ----------------------------------------------------
+
+OWN = ("ns", "mpijob-elastic")
+
+
+@pytest.mark.parametrize("role", ["Launcher", "Worker"])
+@pytest.mark.parametrize("field", ["serviceAccountName", "serviceAccount"])
+def test_a_template_naming_the_controllers_service_account_is_refused(
+    role: str, field: str
+) -> None:
+    job = make_job()
+    job["spec"]["mpiReplicaSpecs"][role]["template"]["spec"][field] = OWN[1]
+    with pytest.raises(InvalidSpec) as info:
+        parse(job, 30, protected_service_account=OWN)
+    (error,) = info.value.errors
+    assert error.field == f"spec.mpiReplicaSpecs.{role}.template.spec.{field}"
+    assert "controller's own ServiceAccount 'mpijob-elastic'" in error.message
+
+
+def test_the_same_name_elsewhere_is_someone_elses_service_account() -> None:
+    job = make_job()
+    job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["serviceAccountName"] = OWN[1]
+    parse(job, 30, protected_service_account=("controller-ns", OWN[1]))
+    # Unknown (outside a cluster): nothing to protect.
+    parse(job, 30)
+
+
+def test_a_job_whose_default_launcher_account_is_the_controllers_is_refused() -> None:
+    job = make_job(name="mpijob")
+    with pytest.raises(InvalidSpec) as info:
+        parse(job, 30, protected_service_account=("ns", names.launcher_name("mpijob")))
+    assert [e.field for e in info.value.errors] == ["metadata.name"]
+    # Naming another ServiceAccount for the launcher is the way out.
+    job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["serviceAccountName"] = "x"
+    parse(job, 30, protected_service_account=("ns", names.launcher_name("mpijob")))

@@ -1,0 +1,482 @@
+"""Every verb the shipped ClusterRoles grant is needed: the controller runs as a
+ServiceAccount bound to the roles minus that one verb, and a scenario that needs it fails
+(the job's condition, or the controller's log, quotes the API server's 403), while the
+controller reports the missing permission at start-up and is not ready.
+
+The controller is the real command, a process acting with a token of its own
+ServiceAccount, watching only the test's namespace (so its role is granted there by a
+RoleBinding, as in config/namespaced). ``test_with_every_verb_every_scenario_succeeds``
+runs the same scenarios with the whole role, so a failure below is the missing verb's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mpijob_elastic import names
+from mpijob_elastic.preflight import REQUIRED, Permission
+from tests.cluster import ROOT, Cluster
+from tests.controller import free_port, wait_for
+from tests.integration.test_controller import Job, elastic_job
+from tests.manifests import CONFIG, load_documents
+
+pytestmark = pytest.mark.usefixtures("crd")
+
+ACCOUNT = "proof"
+RBAC = "rbac.authorization.k8s.io"
+
+
+def shipped_rules() -> list[dict[str, Any]]:
+    """The rules of both shipped ClusterRoles, one (group, resource, verb) per rule."""
+    rules = []
+    for path in (CONFIG / "rbac" / "role.yaml", CONFIG / "rbac" / "nodes.yaml"):
+        for doc in load_documents(path):
+            if doc["kind"] != "ClusterRole":
+                continue
+            for rule in doc["rules"]:
+                rules += [
+                    {"apiGroups": [g], "resources": [r], "verbs": [v]}
+                    for g in rule["apiGroups"]
+                    for r in rule["resources"]
+                    for v in rule["verbs"]
+                ]
+    return rules
+
+
+def matches(rule: dict[str, Any], p: Permission) -> bool:
+    resource = p.resource + (f"/{p.subresource}" if p.subresource else "")
+    return rule == {"apiGroups": [p.group], "resources": [resource], "verbs": [p.verb]}
+
+
+@dataclass
+class Controller:
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    port: int
+
+    def logs(self) -> str:
+        return self.log_path.read_text()
+
+    def readyz(self) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+        except OSError:
+            return 0, ""
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+RunAs = Callable[..., Controller]
+
+
+@pytest.fixture
+def run_as(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[RunAs]:
+    """Start the controller as a ServiceAccount holding the shipped rules, minus one."""
+    started: list[Controller] = []
+    role = f"proof-{namespace}"
+
+    def run(without: Permission | None, env: dict[str, str] | None = None) -> Controller:
+        rules = [r for r in shipped_rules() if without is None or not matches(r, without)]
+        assert without is None or len(rules) == len(shipped_rules()) - 1, without
+        nodes = [r for r in rules if r["resources"] == ["nodes"]]
+        ref = {"apiGroup": RBAC, "kind": "ClusterRole"}
+        subject = {"kind": "ServiceAccount", "name": ACCOUNT, "namespace": namespace}
+        objects = [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": ACCOUNT}},
+            {
+                "apiVersion": f"{RBAC}/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": role},
+                "rules": [r for r in rules if r not in nodes],
+            },
+            # As config/namespaced grants it: in the served namespace only.
+            {
+                "apiVersion": f"{RBAC}/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": ACCOUNT},
+                "roleRef": {**ref, "name": role},
+                "subjects": [subject],
+            },
+            {
+                "apiVersion": f"{RBAC}/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": f"{role}-nodes"},
+                "rules": nodes,
+            },
+            {
+                "apiVersion": f"{RBAC}/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": f"{role}-nodes"},
+                "roleRef": {**ref, "name": f"{role}-nodes"},
+                "subjects": [subject],
+            },
+        ]
+        cluster.apply({"apiVersion": "v1", "kind": "List", "items": objects}, namespace)
+        kubeconfig = cluster.service_account_kubeconfig(
+            namespace, ACCOUNT, tmp_path / "proof.kubeconfig"
+        )
+        port = free_port()
+        log_path = tmp_path / "controller.log"
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(
+                [
+                    sys.executable, "-m", "mpijob_elastic.cli", "run",
+                    "--kubeconfig", kubeconfig, "--namespaces", namespace,
+                    "--kubectl-delivery", "none", "--log-format", "json",
+                    "--health-port", str(port),
+                ],
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+            )  # fmt: skip
+        controller = Controller(proc, log_path, port)
+        started.append(controller)
+        return controller
+
+    yield run
+    for controller in started:
+        controller.stop()
+        print(f"--- controller log ---\n{controller.logs()[-20000:]}")
+    cluster.kubectl("delete", "clusterrole,clusterrolebinding", f"{role}-nodes", check=False)
+    cluster.kubectl("delete", "clusterrole", role, check=False)
+
+
+# -- scenarios: each ends early once ``done`` says the refusal was seen ---------------------
+
+Done = Callable[[], bool]
+
+
+def step(done: Done, reached: Callable[[], Any], what: str, timeout: float = 40) -> bool:
+    """Wait until the step is reached or the refusal seen; True: go on."""
+    wait_for(lambda: done() or reached(), timeout, what)
+    return not done()
+
+
+def start(job: Job, done: Done) -> bool:
+    job.create(elastic_job(job.name, 1))
+    return step(done, lambda: job.hosts() and job.pods(names.ROLE_LAUNCHER), "a started job")
+
+
+def scale(job: Job, done: Done) -> bool:
+    if not start(job, done):
+        return False
+    job.set_workers(2)
+    if not step(done, lambda: len(job.hosts()) == 2 and len(job.exec_names()) == 2, "2 hosts"):
+        return False
+    job.set_workers(1)
+    return step(done, lambda: len(job.workers()) == 1, "the surplus worker drained and deleted")
+
+
+def edit(job: Job, done: Done) -> bool:
+    """Someone edits the launcher's ServiceAccount and RoleBinding: both are restored."""
+    if not start(job, done):
+        return False
+    launcher = names.launcher_name(job.name)
+    job.cluster.kubectl(
+        "label", "-n", job.ns, "serviceaccount", launcher, "app=edited", "--overwrite"
+    )
+    patch = json.dumps({"subjects": [{"kind": "ServiceAccount", "name": "x", "namespace": job.ns}]})
+    job.cluster.kubectl("patch", "-n", job.ns, "rolebinding", launcher, "--type=merge", "-p", patch)
+
+    def restored() -> bool:
+        sa = job.cluster.raw("GET", f"/api/v1/namespaces/{job.ns}/serviceaccounts/{launcher}")
+        rb = job.cluster.raw("GET", f"/apis/{RBAC}/v1/namespaces/{job.ns}/rolebindings/{launcher}")
+        return bool(
+            sa and rb and sa["metadata"]["labels"]["app"] == job.name
+            and rb["subjects"][0]["name"] == launcher
+        )  # fmt: skip
+
+    return step(done, restored, "the ServiceAccount and RoleBinding restored")
+
+
+def budget(job: Job) -> dict[str, Any] | None:
+    path = f"/apis/policy/v1/namespaces/{job.ns}/poddisruptionbudgets"
+    return job.cluster.raw("GET", f"{path}/{names.disruption_budget_name(job.name)}")
+
+
+def bounds(job: Job, done: Done) -> bool:
+    """A new min-replicas: the PodDisruptionBudget follows it, then suspending drops it."""
+    if not start(job, done):
+        return False
+    job.patch(
+        {
+            "metadata": {"annotations": {names.ANN_MIN_REPLICAS: "2"}},
+            "spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 2}}},
+        }
+    )
+
+    def follows() -> bool:
+        pdb = budget(job)
+        return bool(pdb and pdb["spec"].get("minAvailable") == 2)
+
+    if not step(done, follows, "the budget at 2"):
+        return False
+    job.patch({"spec": {"runPolicy": {"suspend": True}}})
+    return step(done, lambda: budget(job) is None, "the budget dropped")
+
+
+def adopt(job: Job, done: Done) -> bool:
+    """Orphans named and labelled as the job's children are adopted (docs/handover.md)."""
+    launcher = names.launcher_name(job.name)
+    labels = {names.LABEL_APP: job.name}
+    orphans: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{job.name}-config"}},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": launcher}},
+        {"apiVersion": f"{RBAC}/v1", "kind": "Role", "metadata": {"name": launcher}, "rules": []},
+        {
+            "apiVersion": f"{RBAC}/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": launcher},
+            "roleRef": {"apiGroup": RBAC, "kind": "Role", "name": launcher},
+            "subjects": [{"kind": "ServiceAccount", "name": launcher, "namespace": job.ns}],
+        },
+    ]  # fmt: skip
+    for obj in orphans:
+        obj["metadata"]["labels"] = labels
+    job.cluster.apply({"apiVersion": "v1", "kind": "List", "items": orphans}, job.ns)
+    return start(job, done)
+
+
+def finish(job: Job, done: Done) -> bool:
+    """runPolicy.ttlSecondsAfterFinished: 0 deletes the job once its launcher succeeds."""
+    manifest = elastic_job(job.name, 1)
+    manifest["spec"]["runPolicy"] = {"ttlSecondsAfterFinished": 0}
+    job.create(manifest)
+    if not step(done, lambda: job.pods(names.ROLE_LAUNCHER), "the launcher"):
+        return False
+    annotation = "kwok.mpijob-elastic.io/exit-code=0"
+    launcher = names.launcher_name(job.name)
+    job.cluster.kubectl("annotate", "pod", launcher, "-n", job.ns, annotation)
+    path = f"{job.path}/{job.name}"
+    return step(done, lambda: job.cluster.raw("GET", path) is None, "the job deleted")
+
+
+def nothing(job: Job, done: Done) -> bool:
+    """The caches alone: a controller that cannot list or watch a kind never syncs."""
+    return True
+
+
+Scenario = Callable[[Job, Done], bool]
+
+
+def forbidden(p: Permission) -> str:
+    resource = p.resource + (f"/{p.subresource}" if p.subresource else "")
+    return f'cannot {p.verb} resource \\"{resource}\\"'
+
+
+def escalation(resource: str) -> str:
+    # The API server's refusal of a Role holding a rule we do not hold ourselves.
+    return f'Resources:[\\"{resource}\\"]'
+
+
+# What needs each verb, and the words of its refusal. Refusals of a job's writes are in its
+# conditions (and the log); the rest only in the log: a status that cannot be written,
+# a lost Event, a cache that cannot list or watch, a launcher that cannot be read.
+def proof(p: Permission) -> tuple[Scenario, str] | None:
+    key = (p.resource + (f"/{p.subresource}" if p.subresource else ""), p.verb)
+    if p.verb in ("list", "watch"):
+        return nothing, forbidden(p)
+    return {
+        ("mpijobs", "delete"): (finish, forbidden(p)),
+        ("mpijobs/status", "patch"): (start, forbidden(p)),
+        # Only clusters running the OwnerReferencesPermissionEnforcement admission plugin
+        # refuse children without it; the test cluster runs the default plugins.
+        ("mpijobs/finalizers", "update"): None,
+        # The launcher's Role grants pods get (kubectl exec reads the pod first), and
+        # RBAC lets us grant only what we hold.
+        ("pods", "get"): (start, escalation("pods") + ', Verbs:[\\"get\\"]'),
+        ("pods", "create"): (start, forbidden(p)),
+        ("pods", "delete"): (scale, forbidden(p)),
+        ("pods", "patch"): (scale, forbidden(p)),
+        ("pods/exec", "get"): (scale, forbidden(p)),
+        ("pods/exec", "create"): (start, escalation("pods/exec")),
+        ("configmaps", "create"): (start, forbidden(p)),
+        ("configmaps", "update"): (scale, forbidden(p)),
+        ("configmaps", "patch"): (adopt, forbidden(p)),
+        ("serviceaccounts", "create"): (start, forbidden(p)),
+        ("serviceaccounts", "update"): (edit, forbidden(p)),
+        ("serviceaccounts", "patch"): (adopt, forbidden(p)),
+        ("roles", "create"): (start, forbidden(p)),
+        ("roles", "update"): (scale, forbidden(p)),
+        ("roles", "patch"): (adopt, forbidden(p)),
+        ("rolebindings", "create"): (start, forbidden(p)),
+        ("rolebindings", "update"): (edit, forbidden(p)),
+        ("rolebindings", "patch"): (adopt, forbidden(p)),
+        ("poddisruptionbudgets", "create"): (start, forbidden(p)),
+        ("poddisruptionbudgets", "update"): (bounds, forbidden(p)),
+        ("poddisruptionbudgets", "delete"): (bounds, forbidden(p)),
+        ("events", "create"): (start, forbidden(p)),
+    }[key]
+
+
+def describe(p: Permission) -> str:
+    return p.describe("").removesuffix(" in all namespaces").replace(" ", "-")
+
+
+@pytest.mark.parametrize("permission", REQUIRED, ids=describe)
+def test_without_the_verb_a_scenario_fails_and_the_controller_says_so(
+    cluster: Cluster, namespace: str, run_as: RunAs, permission: Permission
+) -> None:
+    controller = run_as(permission)
+    missing = permission.describe(namespace)
+    wait_for(
+        lambda: (r := controller.readyz())[0] == 503 and missing in r[1],
+        60,
+        f"/readyz naming {missing}",
+    )
+    _, body = controller.readyz()
+    assert f"missing 1 permission(s): {missing}." in body, body
+    assert '"start-up check failed"' in controller.logs()
+    found = proof(permission)
+    if found is None:
+        return
+    scenario, refusal = found
+    job = Job(cluster, namespace, "proof")
+
+    def refused() -> bool:
+        return refusal in controller.logs()
+
+    # Some refusals stop the scenario, others (a lost Event, a status never written, a
+    # probe that fails) let it go on: either way the refusal must come.
+    scenario(job, refused)
+    wait_for(refused, 40, f"the controller to meet {refusal}")
+    if refusal != forbidden(permission) or permission.verb in ("list", "watch"):
+        return
+    if (permission.resource, permission.subresource) in (("mpijobs", "status"), ("events", "")):
+        return  # nothing can reach the job without these
+    if (permission.resource, permission.subresource) == ("pods", "exec"):
+        return  # a probe that fails only lets drains run to their deadline
+    # The job itself says what was refused, quoting the server.
+    wait_for(
+        lambda: any(
+            c.get("reason") == "Forbidden" and refusal.replace("\\", "") in c.get("message", "")
+            for c in job.get().get("status", {}).get("conditions", [])
+        ),
+        30,
+        "a condition quoting the refusal",
+    )
+
+
+def test_with_every_verb_every_scenario_succeeds(
+    cluster: Cluster, namespace: str, run_as: RunAs
+) -> None:
+    """The control: the same scenarios, the whole role, nothing refused, ready."""
+    controller = run_as(None)
+    wait_for(lambda: controller.readyz()[0] == 200, 60, "/readyz ok")
+    for n, scenario in enumerate((scale, edit, bounds, adopt, finish)):
+        job = Job(cluster, namespace, f"control-{n}")
+        assert scenario(job, lambda: False), scenario.__name__
+    assert "forbidden" not in controller.logs().lower()
+    assert controller.readyz()[0] == 200
+
+
+@pytest.fixture
+def elsewhere(cluster: Cluster, namespace: str) -> Iterator[str]:
+    other = f"{namespace}-else"
+    cluster.kubectl("create", "namespace", other)
+    yield other
+    cluster.kubectl("delete", "namespace", other, "--wait=false", check=False)
+
+
+def test_namespaced_controller_ignores_other_namespaces(
+    cluster: Cluster, namespace: str, elsewhere: str, run_as: RunAs
+) -> None:
+    """config/namespaced: rights in the listed namespaces only, and jobs elsewhere left
+    alone (not tried and refused: not seen at all)."""
+    controller = run_as(None)
+    wait_for(lambda: controller.readyz()[0] == 200, 60, "/readyz ok")
+    ignored = Job(cluster, elsewhere, "ignored")
+    ignored.create(elastic_job(ignored.name, 1))
+    served = Job(cluster, namespace, "served")
+    assert start(served, lambda: False)
+    # The served job started after the other was created: a window, not a wait.
+    assert ignored.pods() == {}
+    assert ignored.pods(names.ROLE_LAUNCHER) == {}
+    assert ignored.config() == {}
+    assert "status" not in ignored.get() or not ignored.get()["status"]
+    assert "forbidden" not in controller.logs().lower()
+
+
+def test_a_taken_config_map_name_is_reported_with_its_holder(
+    cluster: Cluster, namespace: str, run_as: RunAs
+) -> None:
+    """With the shipped role, which has no get on ConfigMaps, the conflict report still
+    names who holds the name: the holder is read as a list narrowed to the name."""
+    holder = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "holder"}}
+    cluster.apply(holder, namespace)
+    holder_uid = json.loads(
+        cluster.kubectl("get", "configmap", "holder", "-n", namespace, "-o", "json").stdout
+    )["metadata"]["uid"]
+    job = Job(cluster, namespace, "taken")
+    owned = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": f"{job.name}-config",
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "name": "holder",
+                    "uid": holder_uid,
+                    "controller": True,
+                }
+            ],
+        },
+    }
+    cluster.apply(owned, namespace)
+    controller = run_as(None)
+    wait_for(lambda: controller.readyz()[0] == 200, 60, "/readyz ok")
+    job.create(elastic_job(job.name, 1))
+    want = f"ConfigMap {job.name}-config already exists and is controlled by ConfigMap holder"
+    wait_for(
+        lambda: any(
+            want in c.get("message", "") for c in job.get().get("status", {}).get("conditions", [])
+        ),
+        40,
+        want,
+    )
+    assert "could not be read" not in controller.logs()
+
+
+def test_a_job_naming_the_controllers_service_account_is_refused(
+    cluster: Cluster, namespace: str, run_as: RunAs
+) -> None:
+    """The controller knows its ServiceAccount from the Deployment's env; a job in its
+    namespace whose worker template names it gets InvalidSpec naming the field, no pod."""
+    controller = run_as(None, {"POD_NAMESPACE": namespace, "POD_SERVICE_ACCOUNT": ACCOUNT})
+    wait_for(lambda: controller.readyz()[0] == 200, 60, "/readyz ok")
+    job = Job(cluster, namespace, "sneaky")
+    manifest = elastic_job(job.name, 1)
+    manifest["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["serviceAccountName"] = (
+        ACCOUNT
+    )
+    job.create(manifest)
+    field = "spec.mpiReplicaSpecs.Worker.template.spec.serviceAccountName"
+    cond = wait_for(lambda: job.condition("InvalidSpec"), 30, "InvalidSpec")
+    assert cond["status"] == "True"
+    assert field in cond["message"], cond
+    assert f"controller's own ServiceAccount '{ACCOUNT}'" in cond["message"], cond
+    # A job elsewhere in the namespace runs as usual, so the refusal is this job's alone.
+    other = Job(cluster, namespace, "honest")
+    assert start(other, lambda: False)
+    assert job.pods() == {}
+    assert job.pods(names.ROLE_LAUNCHER) == {}
