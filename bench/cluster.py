@@ -94,7 +94,7 @@ def add_nodes(kubeconfig: str, pods: int) -> None:
     k = [kubectl_binary(), "--kubeconfig", kubeconfig]
     listing = {"apiVersion": "v1", "kind": "List", "items": nodes}
     sh(*k, "apply", "-f", "-", input=json.dumps(listing))
-    sh(*k, "wait", "--for=condition=Ready", "node", "--all", "--timeout=120s")
+    sh(*k, "wait", "--for=condition=Ready", "node", "--all", "--timeout=300s")
 
 
 def job_manifest(name: str, workers: int, max_workers: int, min_workers: int = 1) -> dict[str, Any]:

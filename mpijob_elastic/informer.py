@@ -324,18 +324,19 @@ class Informer:
                 page = json.loads(await response.read())
             # Items in a list come without kind and apiVersion, unlike watch events; fill
             # them in so that every cached object looks the same to the controller.
-            kind = page["kind"].removesuffix("List")
+            kind, meta = page["kind"].removesuffix("List"), page["metadata"]
             for item in page["items"]:
                 item.setdefault("kind", kind)
                 item.setdefault("apiVersion", page["apiVersion"])
-            items.extend(page["items"])
+                items.append(self._store.transform(item))
+            del page  # before the next page is read: one page of whole objects at a time
             # Every page is cut from the same snapshot; the first page's version is its.
-            resource_version = resource_version or page["metadata"]["resourceVersion"]
-            token = page["metadata"].get("continue")
+            resource_version = resource_version or meta["resourceVersion"]
+            token = meta.get("continue")
             if not token:
                 break
             query = [("limit", LIST_PAGE_SIZE), ("continue", token)]
-        for event_type, obj in self._store.replace(items, resource_version):
+        for event_type, obj in self._store.replace(items, resource_version, transformed=True):
             self._notify(event_type, obj)
         self._resource_version = resource_version
         logger.info("%r: listed %d at resourceVersion %s", self, len(items), resource_version)

@@ -30,7 +30,7 @@ from mpijob_elastic.rankprobe import RankProbes
 from mpijob_elastic.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
 from mpijob_elastic.settings import Settings
 from mpijob_elastic.spec import launcher_service_account, managed_by
-from mpijob_elastic.store import metadata_only, slim
+from mpijob_elastic.store import compact, metadata_only, slim_pod
 from mpijob_elastic.times import parse_time
 from mpijob_elastic.workqueue import ShutDownError, WorkQueue
 from mpijob_elastic.writer import Writer
@@ -133,9 +133,13 @@ class Controller:
         namespaces: list[str | None] = list(settings.namespaces) or [None]
         for ns in namespaces:
             path, plural = RESOURCES[names.KIND]
-            jobs = Informer(watches, path, plural, self._on_job, namespace=ns)
+            jobs = Informer(watches, path, plural, self._on_job, namespace=ns, transform=compact)
             self.caches.add(names.KIND, ns, jobs)
-            watched = [(kind, CHILD_SELECTOR, self.caches, slim) for kind in CHILD_KINDS]
+            # What each cache keeps, and why: docs/design.md, "What the caches hold".
+            watched = [
+                (kind, CHILD_SELECTOR, self.caches, slim_pod if kind == "Pod" else compact)
+                for kind in CHILD_KINDS
+            ]
             watched += [
                 (kind, selector, self.handover, metadata_only)
                 for kind, selector in HANDOVER_SELECTORS.items()

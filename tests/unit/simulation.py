@@ -44,6 +44,7 @@ from mpijob_elastic.reconciler import _job_signature
 from mpijob_elastic.render import exec_names, requests_gpu
 from mpijob_elastic.settings import KubectlDelivery, Settings
 from mpijob_elastic.spec import launcher_service_account
+from mpijob_elastic.store import compact, slim_pod
 from mpijob_elastic.workers import Worker, worker_index
 from mpijob_elastic.workqueue import ItemBackoff
 from mpijob_elastic.writer import JobMemory, Writer
@@ -128,8 +129,10 @@ def observe(
 ) -> Observed:
     """What the controller's caches hold for one job, as ``Controller.observe`` reads them."""
     uid, job_name = job["metadata"]["uid"], job["metadata"]["name"]
+    # Through the caches' transforms, so a field the planner reads but a cache drops fails
+    # the planner's tests.
     owned = {
-        key: copy.deepcopy(obj)
+        key: (slim_pod if key[0] == "Pod" else compact)(copy.deepcopy(obj))
         for key, obj in sorted(objects.items())
         if key[0] != names.KIND and _controller_uid(obj) == uid
     }

@@ -955,10 +955,14 @@ def rank_process(tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
     )
 
 
-def still_running_then_terminated(proc: subprocess.Popen[str], settle: float) -> str:
-    """Asserts the rank is still alive after ``settle`` s and exits 0 on SIGTERM; its stderr."""
+def still_running_then_terminated(
+    proc: subprocess.Popen[str], settle: float, after: Callable[[], bool] = lambda: True
+) -> str:
+    """Asserts the rank is still alive ``settle`` s after ``after`` holds and exits 0 on
+    SIGTERM; its stderr. ``after`` lets a loaded machine start the rank's checks first."""
     try:
         wait_marker(proc)
+        wait_until(after, 10, "the rank to get going")
         time.sleep(settle)
         assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
@@ -1031,7 +1035,13 @@ def test_rank_takes_its_mark_off_its_terminating_pod_however_it_ends(
     args = ["--kubeconfig", "/k", "--kubectl", str(kubectl), "--poll-interval", "0.05"]
     proc = rank_process(tmp_path, *args, "--alive-file", str(alive))
     if how == "leaves":
-        assert "still training" in still_running_then_terminated(proc, settle=0.3)
+        # Its first look at the pod says it is terminating: wait for that look, so a slow
+        # start cannot let the SIGTERM come first.
+        def looked() -> bool:
+            calls = tmp_path / "pods" / "calls"
+            return calls.exists() and "get pod w-0 -o json" in calls.read_text()
+
+        assert "still training" in still_running_then_terminated(proc, 0.3, looked)
     else:
         # What kwok's exec does to the command when the kubectl exec client goes away.
         try:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
+from mpijob_elastic.scaleout import why_not_running
+from mpijob_elastic.status import _counts
 from mpijob_elastic.store import (
     ADDED,
     DELETED,
@@ -13,10 +16,13 @@ from mpijob_elastic.store import (
     MODIFIED,
     Obj,
     Store,
+    compact,
     is_older,
     metadata_only,
     slim,
+    slim_pod,
 )
+from mpijob_elastic.workers import Worker
 
 
 def pod(
@@ -279,3 +285,119 @@ def test_a_custom_transform_sees_every_object_before_it_is_indexed() -> None:
     store.apply(ADDED, pod("a", 1))
     store.upsert(pod("b", 2))
     assert keys(store.by_owner("adopter")) == [("ns", "a"), ("ns", "b")]
+
+
+def kubelet_pod(phase: str, container_state: Obj, *, ready: bool = True, **status: Any) -> Obj:
+    """A pod as the API server serves it, with everything a kubelet and defaulting add."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "job-worker-0",
+            "namespace": "ns",
+            "uid": "u1",
+            "resourceVersion": "7",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "deletionTimestamp": None,
+            "labels": {"mpi-job-name": "job", "mpi-job-role": "worker"},
+            "annotations": {"mpijob-elastic.io/draining-since": "2026-01-01T00:00:05.000000Z"},
+            "ownerReferences": [{"uid": "job-uid", "controller": True, "name": "job"}],
+            "managedFields": [{"manager": "kubelet"}],
+        },
+        "spec": {
+            "nodeName": "node-1",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "env": [{"name": "A", "value": "b"}],
+                    "readinessProbe": {"exec": {"command": ["true"]}},
+                    "volumeMounts": [{"name": "v", "mountPath": "/v"}],
+                },
+                {"name": "sidecar", "image": "busybox"},
+            ],
+            "volumes": [{"name": "v", "emptyDir": {}}],
+            "tolerations": [{"key": "k", "operator": "Exists"}],
+        },
+        "status": {
+            "phase": phase,
+            "hostIP": "10.0.0.1",
+            "conditions": [
+                {"type": "Ready", "status": "True", "lastTransitionTime": "t"},
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/4 nodes are available",
+                },
+                {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"},
+            ],
+            "containerStatuses": [
+                {
+                    "name": "main",
+                    "ready": ready,
+                    "image": "busybox",
+                    "imageID": "sha256:x",
+                    "restartCount": 0,
+                    "state": container_state,
+                },
+                {"name": "sidecar", "ready": True, "state": {"running": {}}},
+            ],
+            **status,
+        },
+    }
+
+
+def worker_view(pod: Obj) -> tuple[Any, ...]:
+    """Everything the planner reads of a worker pod, through the code that reads it."""
+    w = Worker(0, pod)
+    return (
+        w.name,
+        w.uid,
+        w.phase,
+        w.terminating,
+        w.draining_since,
+        w.marked,
+        w.created,
+        w.node,
+        w.disrupted,
+        w.reason,
+        w.main_container(None),
+        w.exit_code(None),
+        w.main_running(None),
+        w.running_since(None),
+        w.can_take_ranks(None),
+        w.can_take_ranks("sidecar"),
+        why_not_running(w, None),
+        _counts([pod]),
+    )
+
+
+def test_slim_pod_keeps_everything_the_planner_reads_of_a_pod() -> None:
+    pods = [
+        kubelet_pod("Running", {"running": {"startedAt": "2026-01-01T00:00:01Z"}}),
+        # Running but not Ready: its readiness probe says it cannot take ranks yet.
+        kubelet_pod("Running", {"running": {"startedAt": "2026-01-01T00:00:01Z"}}, ready=False),
+        kubelet_pod("Pending", {"waiting": {"reason": "ImagePullBackOff", "message": "no"}}),
+        kubelet_pod("Failed", {"terminated": {"exitCode": 3, "reason": "Error"}}, reason="Evicted"),
+    ]
+    for full in pods:
+        kept = slim_pod(copy.deepcopy(full))
+        assert worker_view(kept) == worker_view(full)
+        assert "managedFields" not in kept["metadata"]
+        assert "volumes" not in kept["spec"]
+        assert "hostIP" not in kept["status"]
+        assert [c["type"] for c in kept["status"]["conditions"]] == [
+            "PodScheduled",
+            "DisruptionTarget",
+        ]
+
+
+def test_cached_objects_share_their_strings() -> None:
+    first, second = (
+        compact(json.loads(json.dumps(pod("a", 1, labels={"role": "worker"})))) for _ in range(2)
+    )
+    k1 = next(iter(first["metadata"]["labels"]))
+    k2 = next(iter(second["metadata"]["labels"]))
+    assert k1 is k2
+    assert first["metadata"]["labels"]["role"] is second["metadata"]["labels"]["role"]
