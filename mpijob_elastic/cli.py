@@ -179,8 +179,9 @@ def _kubeconfig_path(kubeconfig: str | None) -> str | None:
 
 async def _load_config(kubeconfig: str | None, settings: Settings) -> clients.Clients:
     configuration = await clients.load_configuration(_kubeconfig_path(kubeconfig))
-    # Outside a batch each reconcile worker makes one write at a time; batches share
-    # WRITE_CONCURRENCY slots. So no write ever waits for a connection in normal operation.
+    # Every write takes a slot of its lane (WRITE_CONCURRENCY in all); the reports of
+    # refused writes, one per reconcile worker at most, go outside them. So no write ever
+    # waits for a connection in normal operation.
     return clients.connect(
         configuration, write_connections=settings.reconcile_workers + WRITE_CONCURRENCY
     )

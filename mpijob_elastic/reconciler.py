@@ -31,6 +31,7 @@ from mpijob_elastic.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
 from mpijob_elastic.settings import Settings
 from mpijob_elastic.spec import launcher_service_account, managed_by
 from mpijob_elastic.store import compact, metadata_only, slim_pod
+from mpijob_elastic.times import parse_time
 from mpijob_elastic.workqueue import ShutDownError, WorkQueue
 from mpijob_elastic.writer import Writer
 
@@ -77,6 +78,17 @@ def _job_signature(job: Obj) -> tuple[Any, ...]:
     )
 
 
+def _may_move_hosts(type_: str, obj: Obj) -> bool:
+    """Whether a child's change can add a host to its job's lists or take one off: a pod
+    that runs, ended, or is going. Such changes go to the front of the queue; a pod
+    created or scheduled only moves its job along."""
+    if obj.get("kind") != "Pod":
+        return False
+    if type_ == "DELETED" or obj["metadata"].get("deletionTimestamp"):
+        return True
+    return (obj.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed")
+
+
 def manages(job: Mapping[str, Any], settings: Settings) -> bool:
     value = managed_by(job)
     if settings.only_managed_by:
@@ -116,7 +128,9 @@ class Controller:
         self.settings = settings
         self.kube = Kube(api)
         watches = watch_api or api
-        self.queue: WorkQueue[Key] = WorkQueue(observe_wait=metrics.QUEUE_WAIT_SECONDS.observe)
+        self.queue: WorkQueue[Key] = WorkQueue(
+            rank=self._rank, observe_wait=metrics.QUEUE_WAIT_SECONDS.observe
+        )
         metrics.QUEUE_DEPTH.set_function(lambda: len(self.queue))
         metrics.JOBS.jobs = self._managed_jobs
         self.latency = metrics.HostListLatency()
@@ -159,6 +173,7 @@ class Controller:
         self.pod_exec = PodExec(api.configuration)
         self.probes = RankProbes(self._read_launcher, self.queue.add)
         self._job_signatures: dict[Key, tuple[Any, ...]] = {}
+        self._first_seen: dict[Key, float] = {}
         self._workers: list[asyncio.Task[None]] = []
         self.preflight = Preflight(self.kube, settings.namespaces, lease)
         self._rechecks: asyncio.Task[None] | None = None
@@ -168,28 +183,54 @@ class Controller:
 
     # -- events -> keys ---------------------------------------------------------------------
 
+    def _rank(self, key: Key) -> float:
+        """Older jobs first (docs/design.md, "Which job goes next"); one not in the cache
+        (deleted, or not seen yet) after all that are.
+
+        creationTimestamp has whole seconds, and a hundred jobs submitted together share
+        one: within the second, the order this controller first saw them in decides (after
+        a restart, when all are seen at once, the order they were queued in)."""
+        namespace, name = key
+        jobs = self.caches.pick(names.KIND, namespace)
+        job = jobs.get(namespace, name) if jobs else None
+        created = parse_time(job["metadata"].get("creationTimestamp")) if job else None
+        if created is None:
+            return time.time()
+        seconds = created.timestamp()
+        seen = self._first_seen.get(key, seconds + 1)
+        return seconds + min(max(seen - seconds, 0.0), 0.999)
+
     def _on_job(self, type_: str, job: Obj) -> None:
         meta = job["metadata"]
         key = (meta["namespace"], meta["name"])
         if type_ == "DELETED":
             self._job_signatures.pop(key, None)
+            self._first_seen.pop(key, None)
         else:
+            self._first_seen.setdefault(key, time.time())
             signature = _job_signature(job)
             if self._job_signatures.get(key) == signature:
                 return
             self._job_signatures[key] = signature
-        self.queue.add(key)
+        # An edit of a job that has host lists already may shorten them: urgent. A new
+        # job's first turn waits its turn behind older jobs.
+        config_maps = self.caches.pick("ConfigMap", meta["namespace"])
+        listed = config_maps is not None and (
+            config_maps.get(meta["namespace"], names.config_map_name(meta["name"])) is not None
+        )
+        self.queue.add(key, urgent=type_ != "DELETED" and listed)
 
     def _on_child(self, type_: str, obj: Obj) -> None:
         meta = obj["metadata"]
         if obj.get("kind") == "Pod":
             self.latency.pod(type_, obj, time.monotonic())
         refs = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
+        urgent = _may_move_hosts(type_, obj)
         for ref in refs:
             if ref.get("kind") == names.KIND and ref.get("apiVersion", "").startswith(
                 f"{names.GROUP}/"
             ):
-                self.queue.add((meta["namespace"], ref["name"]))
+                self.queue.add((meta["namespace"], ref["name"]), urgent=urgent)
         if refs:
             return
         # An orphan: the job its labels name may adopt it, if there is such a job.
@@ -288,6 +329,9 @@ class Controller:
         if self._rechecks is not None:
             self._rechecks.cancel()
         await self.stop_workers(0)
+        # Events change nothing a plan reads, so they need no fencing: let those being
+        # sent finish.
+        await self.writer.close()
         await self.pod_exec.close()
         await asyncio.gather(*(i.stop() for i in self.informers()))
 

@@ -10,13 +10,21 @@ the informer caches, and call ``done``. Three properties make that safe and chea
   reconcile sees the first one's writes.
 * Failures are retried with per-key exponential backoff (``add_rate_limited``) that a
   success resets (``forget``), so one broken object neither spins nor starves the others.
+
+Unlike client-go's FIFO, keys come out in an order (docs/design.md, "Which job goes
+next"): first the urgent ones, in the order they were added (the reconciler marks a
+change that can move a job's host list urgent), then the others by their ``rank``
+(the reconciler's: the job's creation time), so that the follow-up turns of older jobs go
+before newer jobs' turns instead of every job advancing in lock-step. Without a ``rank``
+the queue is a FIFO.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import time
-from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
@@ -54,48 +62,71 @@ class ItemBackoff(Generic[K]):
 
 
 class WorkQueue(Generic[K]):
-    """A deduplicating FIFO of keys with delayed and rate-limited adds.
+    """A deduplicating priority queue of keys with delayed and rate-limited adds.
 
     All methods but ``get`` are synchronous so informer event handlers can call them
-    directly. Must be used from one event loop.
+    directly. Must be used from one event loop. ``rank(key)`` orders keys that are not
+    urgent, lowest first; it is read when a key is queued.
     """
 
     def __init__(
         self,
         max_backoff_seconds: float = 60.0,
+        rank: Callable[[K], float] | None = None,
         observe_wait: Callable[[float], None] | None = None,
     ) -> None:
         """``observe_wait`` is told, at each ``get``, how long the key waited since it was
         queued (for the queue-wait metric)."""
-        self._queue: deque[K] = deque()
-        # Keys that need processing: those waiting in _queue, plus keys added again while
-        # being processed (those are not in _queue until done() puts them there).
-        self._dirty: set[K] = set()
+        # (0 urgent / 1 not, rank, sequence, key): a heap whose sequence breaks ties by
+        # arrival and is never equal, so keys are never compared.
+        self._heap: list[tuple[int, float, int, K]] = []
+        # The sequence of each waiting key's live heap entry; an entry whose sequence is
+        # not here is stale (its key was made urgent, and pushed again) and is skipped.
+        self._queued: dict[K, int] = {}
+        # Keys that need processing, with whether urgently: those waiting in the heap,
+        # plus keys added again while being processed (not in the heap until done()).
+        self._dirty: dict[K, bool] = {}
         self._processing: set[K] = set()
+        self._sequence = itertools.count()
+        self._rank = rank
         self._timers: dict[K, asyncio.TimerHandle] = {}
         self._backoff: ItemBackoff[K] = ItemBackoff(max_backoff_seconds)
         self._not_empty = asyncio.Event()
         self._shutting_down = False
         self._observe_wait = observe_wait
-        # Key -> time.monotonic() when it entered _queue; only kept with observe_wait.
+        # Key -> time.monotonic() when it was queued; only kept with observe_wait.
         self._queued_at: dict[K, float] = {}
 
     def __len__(self) -> int:
         """The number of keys waiting to be handed out (not delayed, not in progress)."""
-        return len(self._queue)
+        return len(self._queued)
 
-    def add(self, key: K) -> None:
-        if self._shutting_down or key in self._dirty:
+    def add(self, key: K, *, urgent: bool = False) -> None:
+        """Queue ``key``; an urgent add of a key already waiting moves it to the front."""
+        if self._shutting_down:
             return
-        self._dirty.add(key)
+        if key in self._dirty:
+            if urgent and not self._dirty[key]:
+                self._dirty[key] = True
+                if key in self._queued:
+                    self._push(key)
+            return
+        self._dirty[key] = urgent
         if key in self._processing:
             return
-        self._enqueue(key)
+        self._push(key)
 
-    def _enqueue(self, key: K) -> None:
+    def _push(self, key: K) -> None:
         if self._observe_wait is not None:
-            self._queued_at[key] = time.monotonic()
-        self._queue.append(key)
+            # A key moved forward keeps the time it was first queued.
+            self._queued_at.setdefault(key, time.monotonic())
+        sequence = next(self._sequence)
+        if self._dirty[key]:
+            entry = (0, 0.0, sequence, key)
+        else:
+            entry = (1, self._rank(key) if self._rank else 0.0, sequence, key)
+        heapq.heappush(self._heap, entry)
+        self._queued[key] = sequence
         self._not_empty.set()
 
     async def get(self) -> K:
@@ -107,15 +138,18 @@ class WorkQueue(Generic[K]):
         while True:
             if self._shutting_down:
                 raise ShutDownError
-            if self._queue:
-                key = self._queue.popleft()
-                self._dirty.discard(key)
+            while self._heap:
+                _, _, sequence, key = heapq.heappop(self._heap)
+                if self._queued.get(key) != sequence:
+                    continue
+                del self._queued[key]
+                del self._dirty[key]
                 self._processing.add(key)
                 if self._observe_wait is not None:
                     self._observe_wait(time.monotonic() - self._queued_at.pop(key))
                 return key
             # Every waiter wakes on each add and all but one find the queue empty again;
-            # with a handful of workers that is cheaper than tracking waiters one by one.
+            # with a few dozen workers that is cheaper than tracking waiters one by one.
             self._not_empty.clear()
             await self._not_empty.wait()
 
@@ -123,7 +157,7 @@ class WorkQueue(Generic[K]):
         """Mark ``key`` finished; if it was added meanwhile, it is queued again now."""
         self._processing.discard(key)
         if key in self._dirty and not self._shutting_down:
-            self._enqueue(key)
+            self._push(key)
 
     def add_after(self, key: K, delay_seconds: float) -> None:
         """Add ``key`` once ``delay_seconds`` have passed.

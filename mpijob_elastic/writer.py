@@ -54,7 +54,18 @@ Key = tuple[str, str]
 # Pod writes of one kind that the plan puts side by side are independent of each other
 # (the Role they depend on was written before them), so they go out together: a scale-up
 # of 50 workers must not wait for 50 round trips before the next host list is written.
-WRITE_CONCURRENCY = 16
+# One turn has at most TURN_CONCURRENCY of them in flight, so a 1000-worker job's creates
+# leave room for other jobs' writes.
+TURN_CONCURRENCY = 16
+# Writes go through two lanes with slots of their own (docs/design.md, "Write lanes"):
+# the host lists and drain marks, which say where ranks may run, never wait behind other
+# jobs' pod creates, deletes, Roles and statuses.
+HOST_LIST_WRITES = 32
+BULK_WRITES = 32
+# Events are sent in the background, a few at a time: a reconcile does not wait for them.
+EVENT_WRITES = 4
+# What the write client's connection pool must hold so that no write waits for one.
+WRITE_CONCURRENCY = HOST_LIST_WRITES + BULK_WRITES + EVENT_WRITES
 _BATCHABLE = (AnnotatePod, DeletePod, Claim)
 # How long a name held by someone else's object is left alone before we try it again.
 CONFLICT_RETRY_SECONDS = 30.0
@@ -68,6 +79,15 @@ def _batchable(action: Action) -> str | None:
     if isinstance(action, Create) and action.obj["kind"] == "Pod":
         return "create-pod"
     return type(action).__name__ if isinstance(action, _BATCHABLE) else None
+
+
+def host_list_write(action: Action) -> bool:
+    """Whether the write says where ranks may run: the ConfigMap (its hostfile and
+    discover_hosts.sh), the launcher's config-hash annotation that refreshes its copy, and
+    drain marks. Those of every job go before bulk writes (docs/design.md)."""
+    if isinstance(action, Create | Replace):
+        return bool(action.obj["kind"] == "ConfigMap")
+    return isinstance(action, AnnotatePod)
 
 
 def batches(actions: Sequence[Action]) -> list[list[Action]]:
@@ -197,7 +217,10 @@ class Writer:
         self._cache = cache
         self._cached = cached
         self.memory: dict[Key, JobMemory] = {}
-        self._slots = asyncio.Semaphore(WRITE_CONCURRENCY)
+        self._host_lists = asyncio.Semaphore(HOST_LIST_WRITES)
+        self._bulk = asyncio.Semaphore(BULK_WRITES)
+        self._event_slots = asyncio.Semaphore(EVENT_WRITES)
+        self._events: set[asyncio.Task[None]] = set()
 
     def of(self, key: Key) -> JobMemory:
         return self.memory.setdefault(key, JobMemory())
@@ -210,9 +233,11 @@ class Writer:
         meta = job["metadata"]
         key = (meta["namespace"], meta["name"])
         children = [a for a in plan.actions if not isinstance(a, WriteStatus | Emit)]
+        turn = asyncio.Semaphore(TURN_CONCURRENCY)
         for batch in batches(children):
             results = await asyncio.gather(
-                *(self._bounded(self._write(key, job, a)) for a in batch), return_exceptions=True
+                *(self._bounded(turn, a, self._write(key, job, a)) for a in batch),
+                return_exceptions=True,
             )
             # The first failure in the plan's order, so that a retry meets the same one and
             # the condition it sets does not flip between two messages.
@@ -231,13 +256,43 @@ class Writer:
                 raise err
         for action in plan.actions:
             if isinstance(action, WriteStatus):
-                await self._write_status(job, action.status, action.resource_version)
+                async with self._bulk:
+                    await self._write_status(job, action.status, action.resource_version)
             elif isinstance(action, Emit):
-                await self.emit(job, action)
+                self.emit_soon(job, action)
 
-    async def _bounded(self, write: Awaitable[None]) -> None:
-        async with self._slots:
+    async def _bounded(
+        self, turn: asyncio.Semaphore, action: Action, write: Awaitable[None]
+    ) -> None:
+        async with turn, self._host_lists if host_list_write(action) else self._bulk:
             await write
+
+    def emit_soon(self, job: Obj, event: Emit) -> None:
+        """Send the Event in the background: the job's next turn must not wait for it
+        (a worker that turned Running while its creator's ScaledUp Event was being sent
+        waited for that round trip before its host list was written)."""
+        task = asyncio.create_task(self._emit_bounded(job, event), name="event")
+        self._events.add(task)
+        task.add_done_callback(self._events.discard)
+
+    async def _emit_bounded(self, job: Obj, event: Emit) -> None:
+        async with self._event_slots:
+            try:
+                await self.emit(job, event)
+            except Exception as err:  # a lost connection, a timeout: nobody awaits this task
+                log.warning(
+                    "could not record event",
+                    extra={"job": _job(job), "reason": event.reason, "error": str(err)},
+                )
+
+    async def close(self, grace_seconds: float = 2.0) -> None:
+        """Send the Events still waiting, for at most ``grace_seconds``, and drop the rest."""
+        if not self._events:
+            return
+        _, pending = await asyncio.wait(set(self._events), timeout=grace_seconds)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     async def _write(self, key: Key, job: Obj, action: Action) -> None:
         ns = job["metadata"]["namespace"]
@@ -416,7 +471,7 @@ class Writer:
                 extra={"job": _job(job), "error": str(write_err)},
             )
             return
-        await self.emit(job, Emit("Warning", reason if type_ == INVALID else REFUSED, message))
+        self.emit_soon(job, Emit("Warning", reason if type_ == INVALID else REFUSED, message))
 
     async def _write_status(self, job: Obj, status: Obj, resource_version: str) -> None:
         meta = job["metadata"]

@@ -12,8 +12,8 @@ from mpijob_elastic.actions import (
     Replace,
 )
 from mpijob_elastic.kube import ApiError
-from mpijob_elastic.reconciler import _job_signature
-from mpijob_elastic.writer import JobMemory, batches, refusal
+from mpijob_elastic.reconciler import _job_signature, _may_move_hosts
+from mpijob_elastic.writer import JobMemory, batches, host_list_write, refusal
 
 
 def pod(name: str) -> Create:
@@ -100,3 +100,24 @@ def test_a_status_write_does_not_trigger_a_reconcile_but_an_edit_does() -> None:
     assert _job_signature(job) != _job_signature({"metadata": {**job["metadata"], "generation": 2}})
     edited = {"metadata": {**job["metadata"], "annotations": {"a": "2"}}}
     assert _job_signature(job) != _job_signature(edited)
+
+
+def test_host_lists_and_drain_marks_take_the_host_list_lane() -> None:
+    assert host_list_write(Create({"kind": "ConfigMap", "metadata": {"name": "c"}}))
+    assert host_list_write(Replace({"kind": "ConfigMap", "metadata": {"name": "c"}}))
+    assert host_list_write(AnnotatePod("w0", {"mpijob-elastic.io/draining-since": "t"}))
+    assert not host_list_write(pod("w0"))
+    assert not host_list_write(DeletePod("w0", "1"))
+    assert not host_list_write(Replace({"kind": "Role", "metadata": {"name": "r"}}))
+
+
+def test_only_pod_changes_that_can_move_a_host_are_urgent() -> None:
+    def worker(phase: str, **meta: str) -> dict[str, object]:
+        return {"kind": "Pod", "metadata": {"name": "w", **meta}, "status": {"phase": phase}}
+
+    assert _may_move_hosts("MODIFIED", worker("Running"))
+    assert _may_move_hosts("MODIFIED", worker("Failed"))
+    assert _may_move_hosts("MODIFIED", worker("Pending", deletionTimestamp="t"))
+    assert _may_move_hosts("DELETED", worker("Pending"))
+    assert not _may_move_hosts("ADDED", worker("Pending"))
+    assert not _may_move_hosts("MODIFIED", {"kind": "ConfigMap", "metadata": {"name": "c"}})

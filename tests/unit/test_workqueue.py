@@ -108,6 +108,70 @@ async def test_waiting_worker_wakes_on_add() -> None:
     assert await asyncio.wait_for(getter, SHORT) == B
 
 
+D: Key = ("ns", "d")
+# Lower comes first: in the controller, the job's creation time.
+RANKS = {A: 3.0, B: 1.0, C: 2.0, D: 0.0}
+
+
+async def test_keys_come_out_by_rank_not_by_arrival() -> None:
+    queue: WorkQueue[Key] = WorkQueue(rank=RANKS.__getitem__)
+    for key in (A, B, C):
+        queue.add(key)
+    assert [await get_soon(queue) for _ in range(3)] == [B, C, A]
+
+
+async def test_urgent_keys_go_first_in_arrival_order() -> None:
+    queue: WorkQueue[Key] = WorkQueue(rank=RANKS.__getitem__)
+    queue.add(D)
+    queue.add(A, urgent=True)
+    queue.add(C)
+    queue.add(B, urgent=True)
+    assert [await get_soon(queue) for _ in range(4)] == [A, B, D, C]
+
+
+async def test_an_urgent_add_moves_a_waiting_key_forward_once() -> None:
+    queue: WorkQueue[Key] = WorkQueue(rank=RANKS.__getitem__)
+    queue.add(D)
+    queue.add(A)
+    queue.add(A, urgent=True)
+    queue.add(A)  # not urgent: leaves it urgent
+    assert len(queue) == 2
+    assert await get_soon(queue) == A
+    assert await get_soon(queue) == D
+    # The entry A left behind when it moved is not handed out again.
+    queue.done(A)
+    queue.done(D)
+    await assert_nothing_ready(queue)
+    assert len(queue) == 0
+
+
+async def test_urgency_added_while_processing_survives_the_requeue() -> None:
+    queue: WorkQueue[Key] = WorkQueue(rank=RANKS.__getitem__)
+    queue.add(A)
+    assert await get_soon(queue) == A
+    queue.add(A)
+    queue.add(A, urgent=True)
+    queue.add(D)
+    # One worker per key still: A waits for done() even though it is urgent now.
+    assert await get_soon(queue) == D
+    await assert_nothing_ready(queue)
+    queue.add(C)
+    queue.done(A)
+    assert [await get_soon(queue) for _ in range(2)] == [A, C]
+
+
+async def test_rank_is_read_when_the_key_is_queued() -> None:
+    ranks = dict(RANKS)
+    queue: WorkQueue[Key] = WorkQueue(rank=ranks.__getitem__)
+    queue.add(A)
+    assert await get_soon(queue) == A
+    queue.done(A)
+    ranks[A] = -1.0  # an older job than any, say once its creation time is known
+    queue.add(B)
+    queue.add(A)
+    assert [await get_soon(queue) for _ in range(2)] == [A, B]
+
+
 async def test_add_after_delivers_in_due_order() -> None:
     queue: WorkQueue[Key] = WorkQueue()
     queue.add_after(A, 0.06)
@@ -196,3 +260,14 @@ async def test_shutdown_stops_workers_even_with_keys_waiting() -> None:
     queue.shutdown()
     with pytest.raises(ShutDownError):
         await get_soon(queue)
+
+
+async def test_a_key_moved_forward_keeps_the_time_it_was_first_queued() -> None:
+    waits: list[float] = []
+    queue: WorkQueue[Key] = WorkQueue(observe_wait=waits.append)
+    queue.add(A)
+    await asyncio.sleep(0.02)
+    queue.add(A, urgent=True)
+    assert await get_soon(queue) == A
+    assert len(waits) == 1
+    assert waits[0] >= 0.02
