@@ -105,7 +105,7 @@ def test_a_status_write_does_not_trigger_a_reconcile_but_an_edit_does() -> None:
 def test_host_lists_and_drain_marks_take_the_host_list_lane() -> None:
     assert host_list_write(Create({"kind": "ConfigMap", "metadata": {"name": "c"}}))
     assert host_list_write(Replace({"kind": "ConfigMap", "metadata": {"name": "c"}}))
-    assert host_list_write(AnnotatePod("w0", {"mpijob-elastic.io/draining-since": "t"}))
+    assert host_list_write(AnnotatePod("w0", {"mpijob-elastic.io/draining-since": "t"}, "1"))
     assert not host_list_write(pod("w0"))
     assert not host_list_write(DeletePod("w0", "1"))
     assert not host_list_write(Replace({"kind": "Role", "metadata": {"name": "r"}}))
