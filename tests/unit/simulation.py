@@ -37,6 +37,7 @@ from unittest import mock
 from mpijob_elastic import names
 from mpijob_elastic import writer as writer_module
 from mpijob_elastic.actions import Emit, Observed, Plan
+from mpijob_elastic.desired import WORKER_BACKOFF_MAX_SECONDS
 from mpijob_elastic.kube import ApiError, Kube
 from mpijob_elastic.plan import plan
 from mpijob_elastic.ranks import DRAIN_FLOOR_SECONDS, RANK_WATCH_SECONDS, RankSnapshot
@@ -637,12 +638,7 @@ class Cluster:
             self.finalize_deletions()
             p = self.plan()
             if not p.actions and resting(p, self.pods):
-                if p.requeue_after is None:
-                    return
-                # A pause (a failing worker's replacement backoff) looks like rest too:
-                # look once more when it is over.
-                self.tick(p.requeue_after)
-                if not self.plan().actions:
+                if p.requeue_after is None or not self._pause_ends():
                     return
                 continue
             self.apply(p)
@@ -650,6 +646,21 @@ class Cluster:
                 self.ranks = RankSnapshot(self.now, self.world.rank_hosts(self.name))
             self.tick(p.requeue_after if p.requeue_after else 1)
         raise AssertionError(f"did not converge: {self.plan()}")
+
+    def _pause_ends(self) -> bool:
+        """Whether a pause ends in work: a failing worker's replacement backoff looks like
+        rest, and the rank watch's requeue comes sooner than its end, so look at each
+        requeue until the longest backoff has passed."""
+        waited = 0.0
+        while waited <= WORKER_BACKOFF_MAX_SECONDS:
+            p = self.plan()
+            if p.actions:
+                return True
+            if p.requeue_after is None:
+                return False
+            self.tick(p.requeue_after)
+            waited += p.requeue_after
+        return bool(self.plan().actions)
 
 
 @dataclass(frozen=True)

@@ -446,6 +446,20 @@ step = st.one_of(
     ],
     drain="0",
 )
+# Found by CI's run of perf-latency: every worker failing right after a scale-up.
+@example(
+    steps=[
+        ("replicas", 5),
+        ("fail", 0),
+        ("run", 0),
+        ("fail", 0),
+        ("fail", 1),
+        ("fail", 2),
+        ("fail", 3),
+        ("reconcile", 0),
+    ],
+    drain="0",
+)
 def test_invariants_under_any_event_order(steps: list[tuple[str, int]], drain: str) -> None:
     c = Cluster(make_job(2, annotations={**ELASTIC, names.ANN_DRAIN_SECONDS: drain}))
     c.job["spec"]["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = "OnFailure"
