@@ -60,3 +60,27 @@ log "controller available after $((SECONDS - start))s"
 log "running the suite"
 MPIJOB_ELASTIC_KUBECONFIG=$kubeconfig E2E_IN_CLUSTER=1 \
   "$repo_root/.venv/bin/python" -m pytest e2e/test_elastic.py "$@"
+
+# After the suite, the install as an admin sees it (docs/operations.md): both replicas
+# ready, one of them the Lease's holder, and the holder's /metrics declaring every series
+# and counting its reconciles; the metrics Service answers too. The walk deletes the
+# leader's pod mid-way, so what the new one saw since is only the walk's end: the values
+# of every series are asserted on KWOK (tests/integration/test_observability.py).
+ns=mpijob-elastic-system
+ready=$(k -n $ns get deployment mpijob-elastic -o jsonpath='{.status.readyReplicas}')
+[ "$ready" = 2 ] || { log "$ready of 2 replicas ready after the suite"; exit 1; }
+holder=$(k -n $ns get lease mpijob-elastic -o jsonpath='{.spec.holderIdentity}')
+leader=${holder%_*}
+k -n $ns get pod "$leader" >/dev/null || { log "the Lease's holder $holder is no pod"; exit 1; }
+metrics=$(k get --raw "/api/v1/namespaces/$ns/pods/$leader:8080/proxy/metrics")
+for series in reconciles reconcile_duration_seconds queue_depth queue_wait_seconds \
+  watch_restarts relists api_errors jobs scale_operations drain_duration_seconds \
+  running_to_listed_seconds; do
+  grep -qE "^# TYPE mpijob_elastic_$series(_total)? " <<<"$metrics" || { log "no $series"; exit 1; }
+done
+for sample in 'reconciles_total{result="success"}' relists_total reconcile_duration_seconds_count; do
+  grep -qF "mpijob_elastic_$sample" <<<"$metrics" || { log "no $sample on $leader"; exit 1; }
+done
+k get --raw "/api/v1/namespaces/$ns/services/mpijob-elastic-metrics:metrics/proxy/metrics" \
+  | grep -qE '^# TYPE mpijob_elastic_reconciles(_total)? ' || { log "the metrics Service"; exit 1; }
+log "2 replicas ready, $leader leads, its /metrics declares every series"
