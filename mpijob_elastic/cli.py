@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from mpijob_elastic import clients, health, logs, metrics, names
+from mpijob_elastic import clients, health, logs, memory, metrics, names
 from mpijob_elastic.actions import Create, Observed, Replace
 from mpijob_elastic.plan import plan
 from mpijob_elastic.reconciler import Controller
@@ -174,7 +174,11 @@ async def _run(args: argparse.Namespace) -> None:
                     web.Application(), {"/metrics": metrics.serve}, args.metrics_port
                 )
             await controller.start()
+            # The first list's transients go now, not a minute later (memory.py).
+            memory.release()
+            trims = asyncio.create_task(memory.release_periodically(), name="malloc-trim")
             await stop.wait()
+            trims.cancel()
         finally:
             await controller.stop()
             if probes is not None:
