@@ -64,14 +64,28 @@ def cluster(kubeconfig: str | None, pods: int = 0) -> Iterator[str]:
         yield kubeconfig
         return
     env = dict(os.environ, MPIJOB_ELASTIC_CLUSTER=BENCH_CLUSTER)
-    out = sh(str(ROOT / "hack/cluster-up.sh"), env=env)
-    local = out.strip().splitlines()[-1]
+    local = _cluster_up(env)
     try:
         if pods:
             add_nodes(local, pods)
         yield local
     finally:
         subprocess.run([str(ROOT / "hack/cluster-down.sh")], env=env, check=False)
+
+
+def _cluster_up(env: dict[str, str]) -> str:
+    """The local cluster's kubeconfig. Tried twice: on a loaded machine kwokctl's own 60 s
+    wait can run out (it did under a load of 20, ending a run of `make bench` before its
+    last size), and a half-made cluster must go before the next try."""
+    for attempt in (1, 2):
+        up = subprocess.run(
+            [str(ROOT / "hack/cluster-up.sh")], capture_output=True, text=True, env=env
+        )
+        if up.returncode == 0:
+            return up.stdout.strip().splitlines()[-1]
+        print(f"cluster-up failed (attempt {attempt}):\n{up.stderr}", file=sys.stderr)
+        subprocess.run([str(ROOT / "hack/cluster-down.sh")], env=env, check=False)
+    raise RuntimeError("the local bench cluster did not come up twice in a row")
 
 
 def add_nodes(kubeconfig: str, pods: int) -> None:

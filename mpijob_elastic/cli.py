@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from mpijob_elastic import clients, health, leader, logs, metrics, names
+from mpijob_elastic import clients, health, leader, logs, memory, metrics, names
 from mpijob_elastic.actions import Create, Observed, Replace
 from mpijob_elastic.kube import Kube
 from mpijob_elastic.plan import plan
@@ -272,6 +272,7 @@ async def _run(args: argparse.Namespace) -> int:
             else None
         )
         metrics_site: web.AppRunner | None = None
+        trims: asyncio.Task[None] | None = None
         try:
             # Up before the caches sync, so the liveness probe answers during a long first
             # list, and the metrics show the lists' progress.
@@ -287,12 +288,17 @@ async def _run(args: argparse.Namespace) -> int:
             if sync not in await _first(sync, stop.wait()):
                 return 0
             sync.result()
+            # The first list's transients go now, not a minute later (memory.py).
+            memory.release()
+            trims = asyncio.create_task(memory.release_periodically(), name="malloc-trim")
             if elector is not None:
                 return await _lead(controller, elector, stop)
             controller.start_workers()
             await stop.wait()
             return 0
         finally:
+            if trims is not None:
+                trims.cancel()
             await controller.stop()
             if probes is not None:
                 await probes.stop()

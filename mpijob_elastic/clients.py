@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio import config as kube_config
-from kubernetes_asyncio.client import ApiClient, Configuration
+
+from mpijob_elastic.kubeclient import ApiClient, Configuration, kube_config
 
 # Long enough for a TLS handshake with a loaded API server; a write pool that has had no
 # free connection for this long is stuck, not busy (writes finish or time out in 30 s).

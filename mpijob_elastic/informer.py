@@ -47,10 +47,10 @@ from contextlib import aclosing
 from typing import Any, cast
 
 import aiohttp
-from kubernetes_asyncio.client import ApiClient
 
 from mpijob_elastic import metrics
 from mpijob_elastic.kube import kind_of
+from mpijob_elastic.kubeclient import ApiClient
 from mpijob_elastic.store import (
     ADDED,
     DELETED,

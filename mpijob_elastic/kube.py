@@ -14,10 +14,10 @@ from typing import Any, Final
 from urllib.parse import urlencode
 
 import aiohttp
-from kubernetes_asyncio.client import ApiClient
 
 from mpijob_elastic import metrics
 from mpijob_elastic.health import WriteHealth
+from mpijob_elastic.kubeclient import ApiClient
 
 log = logging.getLogger("mpijob_elastic.kube")
 

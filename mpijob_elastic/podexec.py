@@ -53,14 +53,14 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 import aiohttp
-from kubernetes_asyncio.client import ApiClient
-from kubernetes_asyncio.stream.ws_client import (
-    ERROR_CHANNEL,
-    STDOUT_CHANNEL,
-    get_websocket_url,
-)
 
 from mpijob_elastic.kube import ApiError
+from mpijob_elastic.kubeclient import (
+    ERROR_CHANNEL,
+    STDOUT_CHANNEL,
+    ApiClient,
+    get_websocket_url,
+)
 
 # The plain channel protocol: binary frames, first byte the channel. The API server has
 # spoken it since 1.4 and its stream translator (1.30+) still does.

@@ -5,6 +5,18 @@ runs in the background, so a slow or hung exec never holds a reconcile worker; w
 ends, its answer is kept for the job and the job is queued again, and the next plan sees
 it in ``Observed.ranks``. A read never fails a reconcile: an error is an answer that says
 the signal cannot be read, and the drain falls back to its deadline.
+
+At most ``PROBES_IN_FLIGHT`` reads run at once, for all jobs together. Each read is a
+websocket of its own (a TLS handshake, buffers, the launcher's whole process list), and
+nothing else bounds how many jobs ask at the same moment: launchers start together, each
+then reads every second for ``RANK_WATCH_STARTING_SECONDS``, and after a restart every
+running job asks at once. Unbounded, 1000 jobs made 1001 execs in 26 s, and the memory of
+that peak stayed with the process (356.6 MB RSS after convergence, docs/benchmarks.md).
+A read that waits longer than ``PROBE_TIMEOUT_SECONDS`` for a slot is dropped without an
+answer: the job keeps its previous one (so a loss is still found against the last read
+that worked) and asks again when its plan next wants a read, which it has already
+scheduled. For a drain that is what an unreadable signal already means, a drain that
+ends later, never earlier; for the rank watch, a read that comes later.
 """
 
 from __future__ import annotations
@@ -24,11 +36,24 @@ Key = tuple[str, str]
 # (namespace, pod, container) -> the probe command's stdout, within PROBE_TIMEOUT_SECONDS.
 Execute = Callable[[str, str, str | None], Awaitable[bytes]]
 
+# Enough for the rank watch of 1000 running jobs (67 reads/s) at a few hundred ms a read;
+# few enough that their buffers stay a few MB.
+PROBES_IN_FLIGHT = 32
+
 
 class RankProbes:
-    def __init__(self, execute: Execute, on_answer: Callable[[Key], None]) -> None:
+    def __init__(
+        self,
+        execute: Execute,
+        on_answer: Callable[[Key], None],
+        *,
+        in_flight: int = PROBES_IN_FLIGHT,
+        slot_wait: float = PROBE_TIMEOUT_SECONDS,
+    ) -> None:
         self._execute = execute
         self._on_answer = on_answer
+        self._slots = asyncio.Semaphore(in_flight)
+        self._slot_wait = slot_wait
         self._answers: dict[Key, RankSnapshot] = {}
         self._running: dict[Key, asyncio.Task[None]] = {}
 
@@ -62,6 +87,22 @@ class RankProbes:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _read(self, key: Key, probe: Probe) -> None:
+        try:
+            async with asyncio.timeout(self._slot_wait):
+                await self._slots.acquire()
+        except TimeoutError:
+            log.debug(
+                "no free slot for a read of the launcher; the job asks again later",
+                extra={"job": "/".join(key), "pod": probe.pod},
+            )
+            return
+        try:
+            await self._read_in_slot(key, probe)
+        finally:
+            self._slots.release()
+
+    async def _read_in_slot(self, key: Key, probe: Probe) -> None:
+        # When the read began, not when it was asked for: the drain compares it to its floor.
         at = datetime.now(UTC)
         try:
             # Bounded here too: an executor that ignores its own timeout cannot hang a job.

@@ -17,12 +17,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from kubernetes_asyncio.client import ApiClient
-
 from mpijob_elastic import metrics, names, nodes
 from mpijob_elastic.actions import Observed
 from mpijob_elastic.informer import Informer
 from mpijob_elastic.kube import RESOURCES, ApiError, Kube
+from mpijob_elastic.kubeclient import ApiClient
 from mpijob_elastic.plan import plan
 from mpijob_elastic.podexec import PodExec
 from mpijob_elastic.preflight import RECHECK_SECONDS, Preflight

@@ -113,3 +113,73 @@ def test_one_read_at_a_time_per_job() -> None:
         await probes.stop()
 
     asyncio.run(main())
+
+
+def test_reads_of_all_jobs_together_are_bounded() -> None:
+    async def main() -> None:
+        running = 0
+        most = 0
+        release = asyncio.Event()
+        answered: list[tuple[str, str]] = []
+
+        async def execute(ns: str, pod: str, container: str | None) -> bytes:
+            nonlocal running, most
+            running += 1
+            most = max(most, running)
+            await release.wait()
+            running -= 1
+            return shells("w-0")
+
+        probes = RankProbes(execute, answered.append, in_flight=3)
+        keys = [("ns", f"job-{i}") for i in range(10)]
+        for key in keys:
+            probes.request(key, PROBE)
+        await asyncio.sleep(0.05)
+        assert running == 3
+        release.set()
+        for _ in range(100):
+            if len(answered) == len(keys):
+                break
+            await asyncio.sleep(0.01)
+        # Every job was read in the end, never more than three at once.
+        assert sorted(answered) == sorted(keys)
+        assert most == 3
+        await probes.stop()
+
+    asyncio.run(main())
+
+
+def test_a_read_without_a_free_slot_keeps_the_last_answer() -> None:
+    async def main() -> None:
+        release = asyncio.Event()
+        answered: list[tuple[str, str]] = []
+        other = ("ns", "other")
+
+        async def execute(ns: str, pod: str, container: str | None) -> bytes:
+            if pod == "busy":
+                await release.wait()
+            return shells("w-0", "w-1")
+
+        probes = RankProbes(execute, answered.append, in_flight=1, slot_wait=0)
+        probes.request(KEY, PROBE)
+        await asyncio.sleep(0.05)
+        first = probes.answer(KEY)
+        assert first is not None
+        assert first.hosts == frozenset({"w-0", "w-1"})
+        probes.request(other, Probe("busy", "main"))
+        await asyncio.sleep(0.05)
+        # The slot is taken and the read may not wait: no answer, not an unreadable one.
+        probes.request(KEY, PROBE)
+        await asyncio.sleep(0.05)
+        assert probes.answer(KEY) is first
+        assert answered == [KEY]
+        release.set()
+        await asyncio.sleep(0.05)
+        assert answered == [KEY, other]
+        # And the job's next read, with a slot free, goes through.
+        probes.request(KEY, PROBE)
+        await asyncio.sleep(0.05)
+        assert answered == [KEY, other, KEY]
+        await probes.stop()
+
+    asyncio.run(main())
