@@ -159,6 +159,11 @@ class Kube:
             **items[0],
         }
 
+    async def read(self, kind: str, namespace: str, name: str) -> Obj:
+        """A GET of one object: for what the controller may read by name only, its Lease
+        (RBAC ``get`` on that one name, and no ``list``: docs/rbac.md)."""
+        return await self.request("GET", f"{collection_path(kind, namespace)}/{name}")
+
     async def create(self, obj: Mapping[str, Any]) -> Obj:
         meta = obj["metadata"]
         return await self.request("POST", collection_path(obj["kind"], meta["namespace"]), obj)
