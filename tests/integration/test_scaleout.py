@@ -96,6 +96,13 @@ def test_workers_move_off_a_node_that_is_going_away(
         for name in job.workers():
             if name not in moving:
                 assert job.pods()[name]["spec"]["nodeName"] != node
+        # Horovod starts ranks on the replacements, as it would: when every worker was on
+        # the node, the launcher would otherwise run no remote shell at all once the old
+        # ones end, which reads as "the signal cannot be read" and the drain would run to
+        # its 30 s deadline (ranks.remote_shell_hosts).
+        for host in job.hosts():
+            if (name := host.rsplit(":", 1)[0]) not in staying:
+                shells.start(name)
         left = max(shells.end(n) for n in moving)
         wait_for(lambda: not set(moving) & set(job.workers()), 15, f"{moving} deleted")
         gone = time.monotonic()
