@@ -81,6 +81,8 @@ done
 for sample in 'reconciles_total{result="success"}' relists_total reconcile_duration_seconds_count; do
   grep -qF "mpijob_elastic_$sample" <<<"$metrics" || { log "no $sample on $leader"; exit 1; }
 done
-k get --raw "/api/v1/namespaces/$ns/services/mpijob-elastic-metrics:metrics/proxy/metrics" \
-  | grep -qE '^# TYPE mpijob_elastic_reconciles(_total)? ' || { log "the metrics Service"; exit 1; }
+# Read whole before grep: `grep -q` stops at its match, and pipefail would count
+# kubectl's broken pipe as a failure.
+served=$(k get --raw "/api/v1/namespaces/$ns/services/mpijob-elastic-metrics:metrics/proxy/metrics")
+grep -qE '^# TYPE mpijob_elastic_reconciles(_total)? ' <<<"$served" || { log "the metrics Service"; exit 1; }
 log "2 replicas ready, $leader leads, its /metrics declares every series"
