@@ -54,6 +54,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 # pytest exits 5 when it collects nothing; that must fail loudly, never pass quietly.
 define run_pytest

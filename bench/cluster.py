@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from mpijob_elastic import names
+from mpijob_elastic.core import names
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_CLUSTER = "mpijob-elastic-bench"
@@ -156,7 +156,7 @@ class Controller:
         args = [
             sys.executable,
             "-m",
-            "mpijob_elastic.cli",
+            "mpijob_elastic.app.cli",
             "run",
             "--kubeconfig",
             self.kubeconfig,

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mpijob_elastic import names
+from mpijob_elastic.core import names
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = "failover"
@@ -93,7 +93,7 @@ def controller_argv(kubeconfig: str, namespace: str, timing_args: list[str]) -> 
     return [
         sys.executable,
         "-m",
-        "mpijob_elastic.cli",
+        "mpijob_elastic.app.cli",
         "run",
         "--kubeconfig",
         kubeconfig,

@@ -49,9 +49,9 @@ from bench.cluster import (
     rss_mb,
     sh,
 )
-from mpijob_elastic import names
-from mpijob_elastic.informer import Informer
-from mpijob_elastic.kube import RESOURCES, Kube
+from mpijob_elastic.core import names
+from mpijob_elastic.machinery.informer import Informer
+from mpijob_elastic.machinery.kube import RESOURCES, Kube
 
 Obj = dict[str, Any]
 

@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from e2e.harness import ElasticRun, in_cluster_job
-from mpijob_elastic import names
+from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster
 
 SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"

@@ -29,7 +29,7 @@ import subprocess
 import time
 import uuid
 
-from mpijob_elastic import names
+from mpijob_elastic.core import names
 
 WATCHER = """
 import hashlib, sys, time

@@ -15,8 +15,8 @@ import statistics
 import time
 from datetime import timedelta
 
-from mpijob_elastic.actions import Create
-from mpijob_elastic.plan import plan
+from mpijob_elastic.core.actions import Create
+from mpijob_elastic.core.plan import plan
 from tests.unit.simulation import SETTINGS, Cluster, make_job
 
 

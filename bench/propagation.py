@@ -23,8 +23,8 @@ from typing import Any
 from kubernetes_asyncio import config as kube_config
 
 from bench.cluster import ROOT, Controller, ash, cluster, job_manifest, kubectl_binary, sh
-from mpijob_elastic import names
-from mpijob_elastic.informer import Informer
+from mpijob_elastic.core import names
+from mpijob_elastic.machinery.informer import Informer
 
 
 class Timeline:

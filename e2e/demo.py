@@ -21,7 +21,7 @@ import yaml
 
 from e2e.harness import ElasticRun, Step, describe_moves, spread_workers
 from e2e.mockhorovod import events as ev
-from mpijob_elastic import names
+from mpijob_elastic.core import names
 from tests.cluster import HACK, ROOT, Cluster, binaries_dir
 from tests.controller import ControllerProcess, wait_for
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from e2e.mockhorovod import CRASH_FILE
 from e2e.mockhorovod import events as ev
-from mpijob_elastic import names
+from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster
 from tests.controller import wait_for
 

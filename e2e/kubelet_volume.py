@@ -32,9 +32,9 @@ from typing import Any
 
 from kubernetes_asyncio import config as kube_config
 
-from mpijob_elastic import names
-from mpijob_elastic.informer import DELETED, Informer
-from mpijob_elastic.render import config_hash
+from mpijob_elastic.core import names
+from mpijob_elastic.core.render import config_hash
+from mpijob_elastic.machinery.informer import DELETED, Informer
 
 # The kubelet's periodic pod sync: a ConfigMap change reaches a pod that nobody touches
 # within about this long (plus its cache delay).

@@ -31,7 +31,7 @@ from e2e.harness import (
 )
 from e2e.mockhorovod import CRASH_EXIT_CODE
 from e2e.mockhorovod import events as ev
-from mpijob_elastic import names
+from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster
 from tests.controller import ControllerProcess, wait_for
 from tests.manifests import AdmissionPolicy, create_namespace
@@ -42,7 +42,7 @@ OUT = ROOT / "e2e" / "out"
 IN_CLUSTER = os.environ.get("E2E_IN_CLUSTER") == "1"
 SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
 # The drain is only the upper bound: a victim goes once the launcher no longer reaches it
-# (mpijob_elastic/ranks.py), about a second after its rank left at its next commit. A long
+# (mpijob_elastic/core/ranks.py), about a second after its rank left at its next commit. A long
 # bound shows that the early end works: waiting it out would fail the step's timing.
 DRAIN_SECONDS = 15
 # The floor of every drain (ranks.DRAIN_FLOOR_SECONDS), and how soon after its rank left a
@@ -319,7 +319,7 @@ DRAIN_TIMEOUT_SECONDS = 120
 # The controller's namespace in config/default: on kind its node is drained of the job's
 # workers only, so the walk never waits on the controller restarting.
 CONTROLLER_NAMESPACE = "mpijob-elastic-system"
-# One of the controller's default --leaving-node-taints (mpijob_elastic/nodes.py).
+# One of the controller's default --leaving-node-taints (mpijob_elastic/core/nodes.py).
 LEAVING_TAINT = "karpenter.sh/disrupted"
 
 

@@ -12,9 +12,9 @@ import copy
 import json
 from typing import Any
 
-from mpijob_elastic import names, render
-from mpijob_elastic.settings import KubectlDelivery, Settings
-from mpijob_elastic.spec import parse
+from mpijob_elastic.core import names, render
+from mpijob_elastic.core.settings import KubectlDelivery, Settings
+from mpijob_elastic.core.spec import parse
 from tests.cluster import Cluster
 from tests.unit.simulation import make_job
 

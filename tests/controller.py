@@ -53,7 +53,7 @@ class ControllerProcess:
             [
                 sys.executable,
                 "-m",
-                "mpijob_elastic.cli",
+                "mpijob_elastic.app.cli",
                 "run",
                 "--kubeconfig",
                 self.cluster.kubeconfig,

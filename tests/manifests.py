@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from mpijob_elastic import names
+from mpijob_elastic.core import names
 from tests.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic import names
+from mpijob_elastic.core import names
 from tests.cluster import Cluster
 from tests.manifests import (
     ADMISSION_ENFORCED,

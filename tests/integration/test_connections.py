@@ -15,8 +15,9 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from mpijob_elastic import clients, names
-from mpijob_elastic.kube import WRITE_TIMEOUT, Kube
+from mpijob_elastic.core import names
+from mpijob_elastic.machinery import clients
+from mpijob_elastic.machinery.kube import WRITE_TIMEOUT, Kube
 from tests.cluster import Cluster
 from tests.controller import StartController, wait_for
 from tests.manifests import mpijob

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic import names, render
+from mpijob_elastic.core import names, render
 from tests.cluster import Cluster
 from tests.controller import StartController, wait_for
 from tests.manifests import mpijob

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic import names
+from mpijob_elastic.core import names
 from tests.cluster import Cluster
 from tests.controller import ControllerProcess, StartController, wait_for
 from tests.faults import proxied_kubeconfig, tcp_proxy

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic import names, render
-from mpijob_elastic.settings import KubectlDelivery, Settings
-from mpijob_elastic.spec import parse
+from mpijob_elastic.core import names, render
+from mpijob_elastic.core.settings import KubectlDelivery, Settings
+from mpijob_elastic.core.spec import parse
 from tests.cluster import Cluster
 from tests.controller import StartController, wait_for
 from tests.integration.test_controller import Job, elastic_job

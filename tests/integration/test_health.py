@@ -13,11 +13,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from mpijob_elastic import clients, names
-from mpijob_elastic.health import WRITE_STALL_SECONDS, HealthServer
-from mpijob_elastic.informer import STALE_AFTER_SECONDS
-from mpijob_elastic.reconciler import Controller
-from mpijob_elastic.settings import Settings
+from mpijob_elastic.app.health import HealthServer
+from mpijob_elastic.app.reconciler import Controller
+from mpijob_elastic.core import names
+from mpijob_elastic.core.settings import Settings
+from mpijob_elastic.machinery import clients
+from mpijob_elastic.machinery.informer import STALE_AFTER_SECONDS
+from mpijob_elastic.machinery.write_health import WRITE_STALL_SECONDS
 from tests.cluster import Cluster
 from tests.controller import ControllerProcess, StartController, free_port, wait_for
 from tests.faults import proxied_kubeconfig, tcp_proxy

@@ -23,10 +23,10 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.config import new_client_from_config
 
-from mpijob_elastic.cli import render_children
-from mpijob_elastic.informer import WATCH_IDLE_SECONDS, EventHandler, Informer, Obj
-from mpijob_elastic.settings import Settings
-from mpijob_elastic.store import LAST_APPLIED
+from mpijob_elastic.app.cli import render_children
+from mpijob_elastic.core.settings import Settings
+from mpijob_elastic.machinery.informer import WATCH_IDLE_SECONDS, EventHandler, Informer, Obj
+from mpijob_elastic.machinery.store import LAST_APPLIED
 from tests.cluster import Cluster
 from tests.manifests import mpijob
 
@@ -375,14 +375,14 @@ def records(caplog: pytest.LogCaptureFixture, text: str) -> int:
     return sum(
         text in record.getMessage()
         for record in caplog.records
-        if record.name == "mpijob_elastic.informer"
+        if record.name == "mpijob_elastic.machinery.informer"
     )
 
 
 async def test_watch_resumes_after_server_timeout_without_relist(
     cluster: Cluster, namespace: str, make_informer: MakeInformer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="mpijob_elastic.informer")
+    caplog.set_level(logging.DEBUG, logger="mpijob_elastic.machinery.informer")
     handler = Recorder()
     # The server ends each watch after a second.
     informer = await make_informer(
@@ -427,7 +427,7 @@ async def test_410_gone_relists_and_reports_what_changed_meanwhile(
     their cache started at resourceVersion 1. And really waiting for history to expire
     takes minutes: the watch cache keeps at least 75 s of events.)
     """
-    caplog.set_level(logging.INFO, logger="mpijob_elastic.informer")
+    caplog.set_level(logging.INFO, logger="mpijob_elastic.machinery.informer")
     for name in ("gone", "changed", "same"):
         await create(cluster, manifest(namespace, name, {"k": "1"}, kind=widgets))
     handler = Recorder()
@@ -466,7 +466,7 @@ async def test_410_gone_relists_and_reports_what_changed_meanwhile(
 async def test_restart_resumes_from_last_resource_version(
     cluster: Cluster, namespace: str, make_informer: MakeInformer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="mpijob_elastic.informer")
+    caplog.set_level(logging.INFO, logger="mpijob_elastic.machinery.informer")
     await create(cluster, manifest(namespace, "a"))
     handler = Recorder()
     informer = await make_informer(handler, namespace=namespace, label_selector=selector(namespace))
@@ -563,7 +563,7 @@ async def test_a_dead_watch_is_replaced_within_the_idle_bound_and_a_quiet_one_is
     hears only bookmarks lives through the same period on one connection: the bound is
     not kept by reconnecting healthy watches.
     """
-    caplog.set_level(logging.DEBUG, logger="mpijob_elastic.informer")
+    caplog.set_level(logging.DEBUG, logger="mpijob_elastic.machinery.informer")
     upstream = urlsplit(str(aio_client.configuration.host))
     assert upstream.hostname is not None
     assert upstream.port is not None

@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic import clients, names
-from mpijob_elastic.actions import AnnotatePod, Plan
-from mpijob_elastic.kube import ApiError, Kube
-from mpijob_elastic.leader import Timings
-from mpijob_elastic.writer import Writer
+from mpijob_elastic.app.leader import Timings
+from mpijob_elastic.core import names
+from mpijob_elastic.core.actions import AnnotatePod, Plan
+from mpijob_elastic.machinery import clients
+from mpijob_elastic.machinery.kube import ApiError, Kube
+from mpijob_elastic.machinery.writer import Writer
 from tests.cluster import ROOT, Cluster
 from tests.controller import ControllerProcess, StartController, free_port, wait_for
 from tests.faults import proxied_kubeconfig, tcp_proxy
@@ -228,7 +229,14 @@ def test_sigterm_before_the_caches_sync_ends_the_process_at_once(
         port = free_port()
         proc = subprocess.Popen(
             [
-                *(sys.executable, "-m", "mpijob_elastic.cli", "run", "--kubeconfig", kubeconfig),
+                *(
+                    sys.executable,
+                    "-m",
+                    "mpijob_elastic.app.cli",
+                    "run",
+                    "--kubeconfig",
+                    kubeconfig,
+                ),
                 *("--health-port", str(port), "--leader-elect"),
                 *("--leader-elect-resource-namespace", "default"),
             ],

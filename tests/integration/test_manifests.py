@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from mpijob_elastic import names
+from mpijob_elastic.core import names
 from tests.cluster import Cluster
 from tests.manifests import CONFIG, CRD_NAME, load_documents, mpijob
 
@@ -298,7 +298,7 @@ GRANTED = [
     ],
 ]
 DENIED = [
-    # Read by name as a list narrowed to the name (mpijob_elastic/kube.py).
+    # Read by name as a list narrowed to the name (mpijob_elastic/machinery/kube.py).
     ("get", "mpijobs.kubeflow.org", ""),
     # Status is only ever merge-patched.
     ("update", "mpijobs.kubeflow.org", "status"),

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from mpijob_elastic import names
-from mpijob_elastic.ranks import RANK_WATCH_SECONDS
+from mpijob_elastic.core import names
+from mpijob_elastic.core.ranks import RANK_WATCH_SECONDS
 from tests.cluster import Cluster
 from tests.controller import RemoteShells, StartController, wait_for
 from tests.integration.test_controller import Job, elastic_job

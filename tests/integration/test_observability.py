@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mpijob_elastic import names
+from mpijob_elastic.core import names
 from tests.cluster import Cluster
 from tests.controller import StartController, free_port, wait_for
 from tests.integration.test_controller import Job, elastic_job

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic import names
+from mpijob_elastic.core import names
 from tests.cluster import Cluster
 from tests.controller import StartController, wait_for
 from tests.integration.test_controller import Job, can_exec, elastic_job

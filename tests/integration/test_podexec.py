@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic.clients import load_configuration
-from mpijob_elastic.kube import ApiError
-from mpijob_elastic.podexec import ExecConnectionError, PodExec, exec_stdout
+from mpijob_elastic.machinery.clients import load_configuration
+from mpijob_elastic.machinery.kube import ApiError
+from mpijob_elastic.machinery.podexec import ExecConnectionError, PodExec, exec_stdout
 from tests.cluster import Cluster
 from tests.controller import free_port, wait_for
 from tests.manifests import CONFIG, load_documents

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic import names
-from mpijob_elastic.preflight import REQUIRED, Permission
+from mpijob_elastic.app.preflight import REQUIRED, Permission
+from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster
 from tests.controller import free_port, wait_for
 from tests.integration.test_controller import Job, elastic_job
@@ -140,7 +140,7 @@ def run_as(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[RunAs]:
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
                 [
-                    sys.executable, "-m", "mpijob_elastic.cli", "run",
+                    sys.executable, "-m", "mpijob_elastic.app.cli", "run",
                     "--kubeconfig", kubeconfig, "--namespaces", namespace,
                     "--kubectl-delivery", "none", "--log-format", "json",
                     "--health-port", str(port),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from mpijob_elastic import names
+from mpijob_elastic.core import names
 from tests.cluster import Cluster
 from tests.controller import StartController, wait_for
 from tests.integration.test_controller import Job, elastic_job

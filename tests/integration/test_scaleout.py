@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from mpijob_elastic import names
+from mpijob_elastic.core import names
 from tests.cluster import Cluster
 from tests.controller import RemoteShells, StartController, wait_for
 from tests.integration.test_controller import Job, elastic_job

@@ -34,21 +34,21 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from unittest import mock
 
-from mpijob_elastic import names
-from mpijob_elastic import writer as writer_module
-from mpijob_elastic.actions import Emit, Observed, Plan
-from mpijob_elastic.desired import WORKER_BACKOFF_MAX_SECONDS
-from mpijob_elastic.kube import ApiError, Kube
-from mpijob_elastic.plan import plan
-from mpijob_elastic.ranks import DRAIN_FLOOR_SECONDS, RANK_WATCH_SECONDS, RankSnapshot
-from mpijob_elastic.reconciler import _job_signature
-from mpijob_elastic.render import exec_names, requests_gpu
-from mpijob_elastic.settings import KubectlDelivery, Settings
-from mpijob_elastic.spec import launcher_service_account
-from mpijob_elastic.store import compact, slim_pod
-from mpijob_elastic.workers import Worker, worker_index
-from mpijob_elastic.workqueue import ItemBackoff
-from mpijob_elastic.writer import JobMemory, Writer
+from mpijob_elastic.app.reconciler import _job_signature
+from mpijob_elastic.core import names
+from mpijob_elastic.core.actions import Emit, Observed, Plan
+from mpijob_elastic.core.desired import WORKER_BACKOFF_MAX_SECONDS
+from mpijob_elastic.core.plan import plan
+from mpijob_elastic.core.ranks import DRAIN_FLOOR_SECONDS, RANK_WATCH_SECONDS, RankSnapshot
+from mpijob_elastic.core.render import exec_names, requests_gpu
+from mpijob_elastic.core.settings import KubectlDelivery, Settings
+from mpijob_elastic.core.spec import launcher_service_account
+from mpijob_elastic.core.workers import Worker, worker_index
+from mpijob_elastic.machinery import writer as writer_module
+from mpijob_elastic.machinery.kube import ApiError, Kube
+from mpijob_elastic.machinery.store import compact, slim_pod
+from mpijob_elastic.machinery.workqueue import ItemBackoff
+from mpijob_elastic.machinery.writer import JobMemory, Writer
 
 Obj = dict[str, Any]
 Key = tuple[str, str]

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mpijob_elastic import leader
-from mpijob_elastic.cli import main
+from mpijob_elastic.app import leader
+from mpijob_elastic.app.cli import main
 
 SAMPLE = Path(__file__).resolve().parents[2] / "config" / "samples" / "elastic-mpijob.yaml"
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpijob_elastic import handover, names, render
-from mpijob_elastic.actions import Claim, Create, Observed
-from mpijob_elastic.plan import plan
-from mpijob_elastic.settings import Settings
-from mpijob_elastic.spec import parse
+from mpijob_elastic.core import handover, names, render
+from mpijob_elastic.core.actions import Claim, Create, Observed
+from mpijob_elastic.core.plan import plan
+from mpijob_elastic.core.settings import Settings
+from mpijob_elastic.core.spec import parse
 from tests.unit.simulation import make_job
 
 Obj = dict[str, Any]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import aiohttp
 
-from mpijob_elastic import metrics
-from mpijob_elastic.health import HealthServer
+from mpijob_elastic.app.health import HealthServer
+from mpijob_elastic.machinery import metrics
 from tests.controller import free_port
 
 

@@ -5,8 +5,8 @@ from pathlib import Path
 import yaml
 
 from e2e.harness import STOP_FILE_IN_POD, in_cluster_job
-from mpijob_elastic import render
-from mpijob_elastic.spec import parse
+from mpijob_elastic.core import render
+from mpijob_elastic.core.spec import parse
 
 SAMPLE = Path(__file__).resolve().parents[2] / "config" / "samples" / "elastic-mpijob.yaml"
 

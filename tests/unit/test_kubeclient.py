@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 LOADED = (
-    "import sys, mpijob_elastic.cli\n"
+    "import sys, mpijob_elastic.app.cli\n"
     "print('\\n'.join(m for m in sys.modules if m.startswith('kubernetes_asyncio')))\n"
 )
 
@@ -29,8 +29,8 @@ def test_the_controller_imports_no_model_and_no_api_class() -> None:
 
 LOADERS = """
 import asyncio, os, sys
-from mpijob_elastic import clients
-from mpijob_elastic.kubeclient import Configuration, kube_config
+from mpijob_elastic.machinery import clients
+from mpijob_elastic.machinery.kubeclient import Configuration, kube_config
 
 d = sys.argv[1]
 with open(f"{d}/kubeconfig", "w") as f:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mpijob_elastic import leader
-from mpijob_elastic.leader import Observation, Record, Step, Timings
+from mpijob_elastic.app import leader
+from mpijob_elastic.app.leader import Observation, Record, Step, Timings
 
 T = Timings()
 WALL = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)

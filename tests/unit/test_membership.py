@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic import names
-from mpijob_elastic.actions import AnnotatePod, Create, DeletePod
-from mpijob_elastic.membership import (
+from mpijob_elastic.core import names
+from mpijob_elastic.core.actions import AnnotatePod, Create, DeletePod
+from mpijob_elastic.core.membership import (
     DISRUPTED,
     NAMED,
     NEWEST,
@@ -19,14 +19,14 @@ from mpijob_elastic.membership import (
     parse_indexes,
     plan_membership,
 )
-from mpijob_elastic.ranks import (
+from mpijob_elastic.core.ranks import (
     DRAIN_FLOOR_SECONDS,
     RANK_FREE_GRACE_SECONDS,
     RankSnapshot,
     remote_shell_hosts,
 )
-from mpijob_elastic.spec import InvalidSpec, parse
-from mpijob_elastic.workers import Worker
+from mpijob_elastic.core.spec import InvalidSpec, parse
+from mpijob_elastic.core.workers import Worker
 from tests.unit.simulation import Cluster, discovered, make_job, running_status
 
 ELASTIC = {names.ANN_MIN_REPLICAS: "1", names.ANN_MAX_REPLICAS: "8"}

@@ -9,12 +9,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from prometheus_client import REGISTRY
 
-from mpijob_elastic import metrics, names
-from mpijob_elastic.health import WRITE_STALL_SECONDS, WriteHealth
-from mpijob_elastic.kube import request_labels
-from mpijob_elastic.status import CONDITION_ORDER, SUSPENDED, StatusBuilder
-from mpijob_elastic.times import format_precise_time
-from mpijob_elastic.workqueue import WorkQueue
+from mpijob_elastic.core import names
+from mpijob_elastic.core.status import CONDITION_ORDER, SUSPENDED, StatusBuilder
+from mpijob_elastic.core.times import format_precise_time
+from mpijob_elastic.machinery import metrics
+from mpijob_elastic.machinery.kube import request_labels
+from mpijob_elastic.machinery.workqueue import WorkQueue
+from mpijob_elastic.machinery.write_health import WRITE_STALL_SECONDS, WriteHealth
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from mpijob_elastic import names
-from mpijob_elastic.actions import AnnotatePod, Create, DeletePod
-from mpijob_elastic.nodes import DEFAULT_LEAVING_TAINTS, leaving, slim
-from mpijob_elastic.plan import plan
+from mpijob_elastic.core import names
+from mpijob_elastic.core.actions import AnnotatePod, Create, DeletePod
+from mpijob_elastic.core.nodes import DEFAULT_LEAVING_TAINTS, leaving, slim
+from mpijob_elastic.core.plan import plan
 from tests.unit.simulation import SETTINGS, Cluster, discovered, make_job
 
 NODE = {

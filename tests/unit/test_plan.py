@@ -9,8 +9,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from mpijob_elastic import names
-from mpijob_elastic.actions import (
+from mpijob_elastic.core import names
+from mpijob_elastic.core.actions import (
     DELETE_MEMORY_SECONDS,
     AnnotatePod,
     Create,
@@ -19,11 +19,15 @@ from mpijob_elastic.actions import (
     Replace,
     WriteStatus,
 )
-from mpijob_elastic.kube import ApiError
-from mpijob_elastic.plan import plan
-from mpijob_elastic.ranks import DRAIN_FLOOR_SECONDS, PROBE_INTERVAL_SECONDS, RANK_WATCH_SECONDS
-from mpijob_elastic.render import exec_names
-from mpijob_elastic.workers import worker_index
+from mpijob_elastic.core.plan import plan
+from mpijob_elastic.core.ranks import (
+    DRAIN_FLOOR_SECONDS,
+    PROBE_INTERVAL_SECONDS,
+    RANK_WATCH_SECONDS,
+)
+from mpijob_elastic.core.render import exec_names
+from mpijob_elastic.core.workers import worker_index
+from mpijob_elastic.machinery.kube import ApiError
 from tests.unit.simulation import SETTINGS, Cluster, discovered, make_job, running_status
 
 ELASTIC = {names.ANN_MIN_REPLICAS: "1", names.ANN_MAX_REPLICAS: "5"}

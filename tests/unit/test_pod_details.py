@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic import names, render
-from mpijob_elastic.actions import Create, DeletePod
-from mpijob_elastic.ranks import RankSnapshot
-from mpijob_elastic.render import exec_names
-from mpijob_elastic.settings import KubectlDelivery, Settings
-from mpijob_elastic.spec import InvalidSpec, launcher_service_account, parse
-from mpijob_elastic.writer import IN_USE_RECHECK_SECONDS
+from mpijob_elastic.core import names, render
+from mpijob_elastic.core.actions import Create, DeletePod
+from mpijob_elastic.core.ranks import RankSnapshot
+from mpijob_elastic.core.render import exec_names
+from mpijob_elastic.core.settings import KubectlDelivery, Settings
+from mpijob_elastic.core.spec import InvalidSpec, launcher_service_account, parse
+from mpijob_elastic.machinery.writer import IN_USE_RECHECK_SECONDS
 from tests.unit.simulation import Cluster, discovered, make_job
 
 NONE = Settings(kubectl_delivery=KubectlDelivery.NONE)

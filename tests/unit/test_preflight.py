@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 import yaml
 
-from mpijob_elastic import preflight
-from mpijob_elastic.cli import own_service_account
-from mpijob_elastic.preflight import REQUIRED, Permission, checks, crd_problem, review
+from mpijob_elastic.app import preflight
+from mpijob_elastic.app.cli import own_service_account
+from mpijob_elastic.app.preflight import REQUIRED, Permission, checks, crd_problem, review
 from tests.cluster import ROOT
 
 RBAC = ROOT / "config" / "rbac"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from mpijob_elastic.actions import Probe
-from mpijob_elastic.rankprobe import RankProbes
+from mpijob_elastic.core.actions import Probe
+from mpijob_elastic.machinery.rankprobe import RankProbes
 
 KEY = ("ns", "job")
 PROBE = Probe("job-launcher", "main")

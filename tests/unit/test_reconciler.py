@@ -2,7 +2,8 @@
 
 import time
 
-from mpijob_elastic.actions import (
+from mpijob_elastic.app.reconciler import _job_signature, _may_move_hosts
+from mpijob_elastic.core.actions import (
     DELETE_MEMORY_SECONDS,
     Action,
     AnnotatePod,
@@ -11,9 +12,8 @@ from mpijob_elastic.actions import (
     Emit,
     Replace,
 )
-from mpijob_elastic.kube import ApiError
-from mpijob_elastic.reconciler import _job_signature, _may_move_hosts
-from mpijob_elastic.writer import JobMemory, batches, host_list_write, refusal
+from mpijob_elastic.machinery.kube import ApiError
+from mpijob_elastic.machinery.writer import JobMemory, batches, host_list_write, refusal
 
 
 def pod(name: str) -> Create:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from mpijob_elastic import names, render
-from mpijob_elastic.settings import KubectlDelivery, Settings
-from mpijob_elastic.spec import JobSpec, parse
+from mpijob_elastic.core import names, render
+from mpijob_elastic.core.settings import KubectlDelivery, Settings
+from mpijob_elastic.core.spec import JobSpec, parse
 from tests.controller import wait_for
 from tests.unit.simulation import make_job
 

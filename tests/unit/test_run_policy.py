@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic import names
-from mpijob_elastic.actions import Create, DeleteObject, DeletePod, WriteStatus
-from mpijob_elastic.spec import InvalidSpec, parse
-from mpijob_elastic.times import parse_time
+from mpijob_elastic.core import names
+from mpijob_elastic.core.actions import Create, DeleteObject, DeletePod, WriteStatus
+from mpijob_elastic.core.spec import InvalidSpec, parse
+from mpijob_elastic.core.times import parse_time
 from tests.unit.simulation import Cluster, make_job
 
 

@@ -20,13 +20,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpijob_elastic import membership, names
-from mpijob_elastic.actions import DELETE_MEMORY_SECONDS, Action, DeletePod, Observed, Plan, Replace
-from mpijob_elastic.desired import desired
-from mpijob_elastic.diff import diff
-from mpijob_elastic.plan import plan
-from mpijob_elastic.settings import Settings
-from mpijob_elastic.writer import Key, Writer
+from mpijob_elastic.core import membership, names
+from mpijob_elastic.core.actions import (
+    DELETE_MEMORY_SECONDS,
+    Action,
+    DeletePod,
+    Observed,
+    Plan,
+    Replace,
+)
+from mpijob_elastic.core.desired import desired
+from mpijob_elastic.core.diff import diff
+from mpijob_elastic.core.plan import plan
+from mpijob_elastic.core.settings import Settings
+from mpijob_elastic.machinery.writer import Key, Writer
 from tests.unit.simulation import (
     KILL,
     TIMEOUT_AFTER,

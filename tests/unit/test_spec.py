@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mpijob_elastic import names, render
-from mpijob_elastic.settings import KubectlDelivery, Settings
-from mpijob_elastic.spec import Bounds, InvalidSpec, managed_by, parse
+from mpijob_elastic.core import names, render
+from mpijob_elastic.core.settings import KubectlDelivery, Settings
+from mpijob_elastic.core.spec import Bounds, InvalidSpec, managed_by, parse
 
 
 def make_job(

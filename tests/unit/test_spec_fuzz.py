@@ -14,9 +14,9 @@ from typing import Any
 from hypothesis import HealthCheck, currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
-from mpijob_elastic import names, render
-from mpijob_elastic.settings import KubectlDelivery, Settings
-from mpijob_elastic.spec import InvalidSpec, JobSpec, parse
+from mpijob_elastic.core import names, render
+from mpijob_elastic.core.settings import KubectlDelivery, Settings
+from mpijob_elastic.core.spec import InvalidSpec, JobSpec, parse
 
 Path = tuple[str | int, ...]
 

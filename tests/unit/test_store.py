@@ -6,9 +6,10 @@ import copy
 import json
 from typing import Any
 
-from mpijob_elastic.scaleout import why_not_running
-from mpijob_elastic.status import _counts
-from mpijob_elastic.store import (
+from mpijob_elastic.core.scaleout import why_not_running
+from mpijob_elastic.core.status import _counts
+from mpijob_elastic.core.workers import Worker
+from mpijob_elastic.machinery.store import (
     ADDED,
     DELETED,
     DELETED_UIDS_KEPT,
@@ -22,7 +23,6 @@ from mpijob_elastic.store import (
     slim,
     slim_pod,
 )
-from mpijob_elastic.workers import Worker
 
 
 def pod(

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic import names
-from mpijob_elastic.actions import Create, DeleteObject, DeletePod
-from mpijob_elastic.spec import InvalidSpec, parse
-from mpijob_elastic.status import StatusBuilder
+from mpijob_elastic.core import names
+from mpijob_elastic.core.actions import Create, DeleteObject, DeletePod
+from mpijob_elastic.core.spec import InvalidSpec, parse
+from mpijob_elastic.core.status import StatusBuilder
 from tests.unit.simulation import Cluster, make_job
 
 BUDGET = ("PodDisruptionBudget", "job-workers")

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from mpijob_elastic.workqueue import ItemBackoff, ShutDownError, WorkQueue
+from mpijob_elastic.machinery.workqueue import ItemBackoff, ShutDownError, WorkQueue
 
 Key = tuple[str, str]
 A: Key = ("ns", "a")

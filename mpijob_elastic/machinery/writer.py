@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from mpijob_elastic import metrics, names
-from mpijob_elastic.actions import (
+from mpijob_elastic.core import names
+from mpijob_elastic.core.actions import (
     DELETE_MEMORY_SECONDS,
     Action,
     AnnotatePod,
@@ -41,12 +41,13 @@ from mpijob_elastic.actions import (
     Replace,
     WriteStatus,
 )
-from mpijob_elastic.kube import ApiError, Kube
-from mpijob_elastic.status import INVALID, POD_REJECTED, REFUSED, with_condition
-from mpijob_elastic.times import format_time
-from mpijob_elastic.workers import discovered_hosts
+from mpijob_elastic.core.status import INVALID, POD_REJECTED, REFUSED, with_condition
+from mpijob_elastic.core.times import format_time
+from mpijob_elastic.core.workers import discovered_hosts
+from mpijob_elastic.machinery import metrics
+from mpijob_elastic.machinery.kube import ApiError, Kube
 
-log = logging.getLogger("mpijob_elastic.writer")
+log = logging.getLogger("mpijob_elastic.machinery.writer")
 
 Obj = dict[str, Any]
 Key = tuple[str, str]

@@ -30,9 +30,9 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from mpijob_elastic import names
-from mpijob_elastic.times import parse_time
-from mpijob_elastic.workers import discovered_hosts
+from mpijob_elastic.core import names
+from mpijob_elastic.core.times import parse_time
+from mpijob_elastic.core.workers import discovered_hosts
 
 PREFIX = "mpijob_elastic"
 

@@ -33,8 +33,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from mpijob_elastic import names
-from mpijob_elastic.actions import (
+from mpijob_elastic.core import names
+from mpijob_elastic.core.actions import (
     Action,
     AnnotatePod,
     Create,
@@ -45,9 +45,9 @@ from mpijob_elastic.actions import (
     Replace,
     WriteStatus,
 )
-from mpijob_elastic.desired import Desired
-from mpijob_elastic.status import REFUSED, StatusBuilder
-from mpijob_elastic.times import format_precise_time
+from mpijob_elastic.core.desired import Desired
+from mpijob_elastic.core.status import REFUSED, StatusBuilder
+from mpijob_elastic.core.times import format_precise_time
 
 Obj = dict[str, Any]
 

@@ -13,9 +13,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mpijob_elastic import names
-from mpijob_elastic.settings import KubectlDelivery, Settings
-from mpijob_elastic.spec import JobSpec, ReplicaSpec
+from mpijob_elastic.core import names
+from mpijob_elastic.core.settings import KubectlDelivery, Settings
+from mpijob_elastic.core.spec import JobSpec, ReplicaSpec
 
 # A launcher with a limit on any resource whose name contains this (nvidia.com/gpu,
 # amd.com/gpu, gpu.intel.com/i915) requests a GPU: the v1 controllers' rule.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from mpijob_elastic.nodes import DEFAULT_LEAVING_TAINTS
+from mpijob_elastic.core.nodes import DEFAULT_LEAVING_TAINTS
 
 
 class KubectlDelivery(StrEnum):

@@ -26,8 +26,8 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from mpijob_elastic import names
-from mpijob_elastic.workers import Worker, worker_index
+from mpijob_elastic.core import names
+from mpijob_elastic.core.workers import Worker, worker_index
 
 _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 

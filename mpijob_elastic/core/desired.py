@@ -27,9 +27,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from mpijob_elastic import names, render
-from mpijob_elastic.actions import DELETE_MEMORY_SECONDS, Emit, Observed, Probe
-from mpijob_elastic.membership import (
+from mpijob_elastic.core import names, render
+from mpijob_elastic.core.actions import DELETE_MEMORY_SECONDS, Emit, Observed, Probe
+from mpijob_elastic.core.membership import (
     Leaving,
     Membership,
     describe,
@@ -37,17 +37,23 @@ from mpijob_elastic.membership import (
     parse_indexes,
     plan_membership,
 )
-from mpijob_elastic.ranks import (
+from mpijob_elastic.core.ranks import (
     DRAIN_FLOOR_SECONDS,
     PROBE_INTERVAL_SECONDS,
     RANK_FREE_GRACE_SECONDS,
     RANK_WATCH_SECONDS,
     RANK_WATCH_STARTING_SECONDS,
 )
-from mpijob_elastic.scaleout import Backoff, next_backoff, parse_backoff, stuck, why_not_running
-from mpijob_elastic.settings import Settings
-from mpijob_elastic.spec import InvalidSpec, JobSpec, parse
-from mpijob_elastic.status import (
+from mpijob_elastic.core.scaleout import (
+    Backoff,
+    next_backoff,
+    parse_backoff,
+    stuck,
+    why_not_running,
+)
+from mpijob_elastic.core.settings import Settings
+from mpijob_elastic.core.spec import InvalidSpec, JobSpec, parse
+from mpijob_elastic.core.status import (
     CREATED,
     FAILED,
     INVALID,
@@ -62,9 +68,9 @@ from mpijob_elastic.status import (
     StatusBuilder,
     replica_statuses,
 )
-from mpijob_elastic.suspend import Suspension, intent, parse_suspension
-from mpijob_elastic.times import format_precise_time, format_time, parse_time
-from mpijob_elastic.workers import (
+from mpijob_elastic.core.suspend import Suspension, intent, parse_suspension
+from mpijob_elastic.core.times import format_precise_time, format_time, parse_time
+from mpijob_elastic.core.workers import (
     Worker,
     discovered_hosts,
     hostfile_workers,

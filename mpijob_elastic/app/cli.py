@@ -16,16 +16,18 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from mpijob_elastic import clients, health, leader, logs, memory, metrics, names
-from mpijob_elastic.actions import Create, Observed, Replace
-from mpijob_elastic.kube import Kube
-from mpijob_elastic.plan import plan
-from mpijob_elastic.reconciler import Controller
-from mpijob_elastic.settings import KubectlDelivery, Settings
-from mpijob_elastic.spec import InvalidSpec, parse
-from mpijob_elastic.writer import WRITE_CONCURRENCY
+from mpijob_elastic.app import health, leader, logs, memory
+from mpijob_elastic.app.reconciler import Controller
+from mpijob_elastic.core import names
+from mpijob_elastic.core.actions import Create, Observed, Replace
+from mpijob_elastic.core.plan import plan
+from mpijob_elastic.core.settings import KubectlDelivery, Settings
+from mpijob_elastic.core.spec import InvalidSpec, parse
+from mpijob_elastic.machinery import clients, metrics
+from mpijob_elastic.machinery.kube import Kube
+from mpijob_elastic.machinery.writer import WRITE_CONCURRENCY
 
-log = logging.getLogger("mpijob_elastic.cli")
+log = logging.getLogger("mpijob_elastic.app.cli")
 
 DEFAULTS = Settings()
 TIMINGS = leader.Timings()

@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from mpijob_elastic import names
-from mpijob_elastic.times import format_time
-from mpijob_elastic.workers import Worker
+from mpijob_elastic.core import names
+from mpijob_elastic.core.times import format_time
+from mpijob_elastic.core.workers import Worker
 
 Obj = dict[str, Any]
 

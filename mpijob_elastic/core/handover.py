@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from mpijob_elastic import names, render
-from mpijob_elastic.actions import Claim, Emit, Observed, Plan
-from mpijob_elastic.workers import worker_index
+from mpijob_elastic.core import names, render
+from mpijob_elastic.core.actions import Claim, Emit, Observed, Plan
+from mpijob_elastic.core.workers import worker_index
 
 # Claims one turn may make; the job comes straight back for the rest.
 CLAIMS_PER_TURN = 100

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from mpijob_elastic.times import format_time, parse_time
-from mpijob_elastic.workers import Worker
+from mpijob_elastic.core.times import format_time, parse_time
+from mpijob_elastic.core.workers import Worker
 
 MAX_BACKOFF_SECONDS = 3600.0
 

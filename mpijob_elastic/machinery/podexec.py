@@ -54,8 +54,8 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 
-from mpijob_elastic.kube import ApiError
-from mpijob_elastic.kubeclient import (
+from mpijob_elastic.machinery.kube import ApiError
+from mpijob_elastic.machinery.kubeclient import (
     ERROR_CHANNEL,
     STDOUT_CHANNEL,
     ApiClient,

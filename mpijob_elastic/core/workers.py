@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from mpijob_elastic import names
-from mpijob_elastic.times import parse_time
+from mpijob_elastic.core import names
+from mpijob_elastic.core.times import parse_time
 
 
 @dataclass(frozen=True)

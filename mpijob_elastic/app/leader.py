@@ -39,10 +39,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from mpijob_elastic.kube import ApiError, Kube
-from mpijob_elastic.times import format_precise_time
+from mpijob_elastic.core.times import format_precise_time
+from mpijob_elastic.machinery.kube import ApiError, Kube
 
-log = logging.getLogger("mpijob_elastic.leader")
+log = logging.getLogger("mpijob_elastic.app.leader")
 
 Obj = dict[str, Any]
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import dataclasses
 from datetime import UTC, datetime
 
-from mpijob_elastic import handover
-from mpijob_elastic.actions import Observed, Plan
-from mpijob_elastic.desired import desired
-from mpijob_elastic.diff import diff
-from mpijob_elastic.settings import Settings
+from mpijob_elastic.core import handover
+from mpijob_elastic.core.actions import Observed, Plan
+from mpijob_elastic.core.desired import desired
+from mpijob_elastic.core.diff import diff
+from mpijob_elastic.core.settings import Settings
 
 
 def plan(observed: Observed, settings: Settings, now: datetime | None = None) -> Plan:

@@ -48,10 +48,10 @@ from typing import Any, cast
 
 import aiohttp
 
-from mpijob_elastic import metrics
-from mpijob_elastic.kube import kind_of
-from mpijob_elastic.kubeclient import ApiClient
-from mpijob_elastic.store import (
+from mpijob_elastic.machinery import metrics
+from mpijob_elastic.machinery.kube import kind_of
+from mpijob_elastic.machinery.kubeclient import ApiClient
+from mpijob_elastic.machinery.store import (
     ADDED,
     DELETED,
     MODIFIED,

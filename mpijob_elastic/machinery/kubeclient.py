@@ -9,7 +9,7 @@ reads a model object.
 
 Yet any import from the package runs ``kubernetes_asyncio/__init__.py``, which imports
 ``kubernetes_asyncio.client``, whose ``__init__`` imports every generated API class and
-every model: 32 MB of RSS (78.8 MB against 46.7 MB for ``import mpijob_elastic.cli``),
+every model: 32 MB of RSS (78.8 MB against 46.7 MB for ``import mpijob_elastic.app.cli``),
 more than all the caches of 1000 jobs. So the two package modules are put in place here
 as plain packages, without running their ``__init__``; every submodule below them is the
 library's own, imported as usual. ``api_client`` imports the models package only to look

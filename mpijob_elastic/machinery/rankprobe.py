@@ -27,10 +27,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
-from mpijob_elastic.actions import Probe
-from mpijob_elastic.ranks import PROBE_TIMEOUT_SECONDS, RankSnapshot, remote_shell_hosts
+from mpijob_elastic.core.actions import Probe
+from mpijob_elastic.core.ranks import PROBE_TIMEOUT_SECONDS, RankSnapshot, remote_shell_hosts
 
-log = logging.getLogger("mpijob_elastic.rankprobe")
+log = logging.getLogger("mpijob_elastic.machinery.rankprobe")
 
 Key = tuple[str, str]
 # (namespace, pod, container) -> the probe command's stdout, within PROBE_TIMEOUT_SECONDS.

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from mpijob_elastic import names
-from mpijob_elastic.kube import ApiError, Kube
+from mpijob_elastic.core import names
+from mpijob_elastic.machinery.kube import ApiError, Kube
 
 RECHECK_SECONDS = 30.0
 REVIEWS_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"

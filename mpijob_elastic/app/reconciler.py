@@ -17,24 +17,25 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from mpijob_elastic import metrics, names, nodes
-from mpijob_elastic.actions import Observed
-from mpijob_elastic.informer import Informer
-from mpijob_elastic.kube import RESOURCES, ApiError, Kube
-from mpijob_elastic.kubeclient import ApiClient
-from mpijob_elastic.plan import plan
-from mpijob_elastic.podexec import PodExec
-from mpijob_elastic.preflight import RECHECK_SECONDS, Preflight
-from mpijob_elastic.rankprobe import RankProbes
-from mpijob_elastic.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
-from mpijob_elastic.settings import Settings
-from mpijob_elastic.spec import launcher_service_account, managed_by
-from mpijob_elastic.store import compact, metadata_only, slim_pod
-from mpijob_elastic.times import parse_time
-from mpijob_elastic.workqueue import ShutDownError, WorkQueue
-from mpijob_elastic.writer import Writer
+from mpijob_elastic.app.preflight import RECHECK_SECONDS, Preflight
+from mpijob_elastic.core import names, nodes
+from mpijob_elastic.core.actions import Observed
+from mpijob_elastic.core.plan import plan
+from mpijob_elastic.core.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
+from mpijob_elastic.core.settings import Settings
+from mpijob_elastic.core.spec import launcher_service_account, managed_by
+from mpijob_elastic.core.times import parse_time
+from mpijob_elastic.machinery import metrics
+from mpijob_elastic.machinery.informer import Informer
+from mpijob_elastic.machinery.kube import RESOURCES, ApiError, Kube
+from mpijob_elastic.machinery.kubeclient import ApiClient
+from mpijob_elastic.machinery.podexec import PodExec
+from mpijob_elastic.machinery.rankprobe import RankProbes
+from mpijob_elastic.machinery.store import compact, metadata_only, slim_pod
+from mpijob_elastic.machinery.workqueue import ShutDownError, WorkQueue
+from mpijob_elastic.machinery.writer import Writer
 
-log = logging.getLogger("mpijob_elastic.reconciler")
+log = logging.getLogger("mpijob_elastic.app.reconciler")
 
 Key = tuple[str, str]
 Obj = dict[str, Any]

@@ -28,7 +28,7 @@ from typing import Any
 
 import aiohttp
 
-from mpijob_elastic.kubeclient import ApiClient, Configuration, kube_config
+from mpijob_elastic.machinery.kubeclient import ApiClient, Configuration, kube_config
 
 # Long enough for a TLS handshake with a loaded API server; a write pool that has had no
 # free connection for this long is stuck, not busy (writes finish or time out in 30 s).

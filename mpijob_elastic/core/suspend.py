@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from mpijob_elastic.spec import JobSpec
-from mpijob_elastic.times import format_time, parse_time
+from mpijob_elastic.core.spec import JobSpec
+from mpijob_elastic.core.times import format_time, parse_time
 
 
 @dataclass(frozen=True)

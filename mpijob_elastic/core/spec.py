@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mpijob_elastic import names
-from mpijob_elastic.settings import Settings
-from mpijob_elastic.shapes import (
+from mpijob_elastic.core import names
+from mpijob_elastic.core.settings import Settings
+from mpijob_elastic.core.shapes import (
     FieldError,
     as_int,
     mapping,
@@ -30,7 +30,7 @@ from mpijob_elastic.shapes import (
     string_field,
     string_map,
 )
-from mpijob_elastic.workers import worker_index
+from mpijob_elastic.core.workers import worker_index
 
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 CLEAN_POD_POLICIES = ("All", "Running", "None")

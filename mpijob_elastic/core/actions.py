@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpijob_elastic.ranks import RankSnapshot
+from mpijob_elastic.core.ranks import RankSnapshot
 
 Obj = dict[str, Any]
 

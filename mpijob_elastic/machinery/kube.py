@@ -15,11 +15,11 @@ from urllib.parse import urlencode
 
 import aiohttp
 
-from mpijob_elastic import metrics
-from mpijob_elastic.health import WriteHealth
-from mpijob_elastic.kubeclient import ApiClient
+from mpijob_elastic.machinery import metrics
+from mpijob_elastic.machinery.kubeclient import ApiClient
+from mpijob_elastic.machinery.write_health import WriteHealth
 
-log = logging.getLogger("mpijob_elastic.kube")
+log = logging.getLogger("mpijob_elastic.machinery.kube")
 
 Obj = dict[str, Any]
 
