@@ -41,8 +41,8 @@ from mpijob_elastic.core.actions import (
     DeleteObject,
     DeletePod,
     Observed,
-    Plan,
     Replace,
+    Writes,
     WriteStatus,
 )
 from mpijob_elastic.core.desired import Desired
@@ -111,7 +111,7 @@ def _resource_version(obj: Mapping[str, Any]) -> str:
     return str(obj["metadata"].get("resourceVersion", ""))
 
 
-def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
+def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
     def ensure(kind: str) -> list[Action]:
         obj = want.objects.get(kind)
         if obj is None or (kind, obj["metadata"]["name"]) in observed.conflicts:
@@ -177,7 +177,7 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
         # status written after the delete would only fail.
         meta = observed.job["metadata"]
         delete = DeleteObject(names.KIND, str(meta["name"]), str(meta.get("uid", "")))
-        return Plan((*writes, delete, *want.events), want.requeue_after, want.probe)
+        return Writes((*writes, delete, *want.events), want.requeue_after, want.probe)
     status = want.status
     if not writes and not observed.conflicts:
         # Nothing left to write means every earlier refusal is behind us.
@@ -187,4 +187,4 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
     if status != (observed.job.get("status") or {}):
         rv = str(observed.job["metadata"].get("resourceVersion", ""))
         writes.append(WriteStatus(status, rv))
-    return Plan((*writes, *want.events), want.requeue_after, want.probe)
+    return Writes((*writes, *want.events), want.requeue_after, want.probe)

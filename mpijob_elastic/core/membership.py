@@ -110,7 +110,7 @@ class Membership:
     new_indexes: tuple[int, ...]
 
 
-def plan_membership(
+def choose_members(
     job_name: str,
     workers: Sequence[Worker],
     target: int,

@@ -5,9 +5,12 @@ the turn: nothing after it may run on an assumption that did not hold. What happ
 depends on why it failed:
 
 * The server refused the write (400, 403, 413, 422, a name held by someone else's object):
-  the user has to act, so the job gets a ``WriteRefused`` condition (``InvalidSpec``
-  for a pod template the server rejects) and one Warning Event, quoting the server. The
-  status is written even though an earlier write of the turn failed.
+  the user has to act. The refusal, with the server's message, is remembered for the job
+  (``JobMemory.refused``, ``conflicts`` for a taken name) until a turn's writes all go
+  through; the core reports it on the job (``core/reports.py``: a ``WriteRefused``
+  condition, ``InvalidSpec`` for a pod template the server rejects, and one Warning Event,
+  quoting the server). A turn that stops at a write refused again still writes its
+  status and the Events that report refusals, so the report is not held up by the write.
 * A conflict (the cache was behind), a 5xx, a timeout or a dropped connection: routine;
   the turn is retried with backoff.
 
@@ -37,11 +40,12 @@ from mpijob_elastic.core.actions import (
     DeleteObject,
     DeletePod,
     Emit,
-    Plan,
+    Refusal,
     Replace,
+    Writes,
     WriteStatus,
 )
-from mpijob_elastic.core.status import INVALID, POD_REJECTED, REFUSED, with_condition
+from mpijob_elastic.core.reports import REFUSAL_EVENTS
 from mpijob_elastic.core.times import format_time
 from mpijob_elastic.core.workers import discovered_hosts
 from mpijob_elastic.machinery import metrics
@@ -173,6 +177,8 @@ class JobMemory:
     conflicts: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)
     # (kind, name) of objects used as someone else made them -> when to look again.
     in_use: dict[tuple[str, str], float] = field(default_factory=dict)
+    # The last write the server refused, until a turn's writes all go through.
+    refused: Refusal | None = None
 
     def deleting(self, pods: Sequence[Mapping[str, Any]], now: float) -> frozenset[str]:
         """Accepted deletes whose pods the cache still shows alive."""
@@ -229,7 +235,7 @@ class Writer:
     def forget(self, key: Key) -> None:
         self.memory.pop(key, None)
 
-    async def run(self, job: Obj, plan: Plan) -> None:
+    async def run(self, job: Obj, plan: Writes) -> None:
         """Execute the plan; raise the first failure, after reporting it if it needs the user."""
         meta = job["metadata"]
         key = (meta["namespace"], meta["name"])
@@ -252,9 +258,9 @@ class Writer:
             )
             if failed is not None:
                 action, err = failed
-                statuses = plan.of_type(WriteStatus)
-                await self._report(job, action, err, statuses[0].status if statuses else None)
+                await self._report(key, job, action, err, plan)
                 raise err
+        self.of(key).refused = None
         for action in plan.actions:
             if isinstance(action, WriteStatus):
                 async with self._bulk:
@@ -434,7 +440,7 @@ class Writer:
         self.of(key).conflicts[(action.obj["kind"], meta["name"])] = (what, until)
 
     async def _report(
-        self, job: Obj, action: Action, err: BaseException, planned: Obj | None
+        self, key: Key, job: Obj, action: Action, err: BaseException, plan: Writes
     ) -> None:
         refused = refusal(err)
         verb, kind, name = describe(action)
@@ -451,28 +457,31 @@ class Writer:
             return
         if refused.reason == "AlreadyExists":
             return  # the next plan knows the name is taken and reports it
-        if refused.invalid and kind == "Pod" and verb == "create":
-            # The server's message names the template field the user must fix.
-            type_, reason, message = INVALID, POD_REJECTED, refused.message
-        else:
-            type_, reason = REFUSED, refused.reason or str(refused.status)
-            message = f"{verb} {kind} {name}: {refused.message}"
-        status = with_condition(job, planned, type_, reason, message)
+        # The core reports it on the job (core/reports.py), from the next turn on.
+        self.of(key).refused = Refusal(
+            f"{verb} {kind} {name}",
+            refused.reason or str(refused.status),
+            refused.message,
+            pod_template=refused.invalid and kind == "Pod" and verb == "create",
+        )
         log.warning(
             "write refused",
-            extra={"job": _job(job), "reason": reason, "error": message},
+            extra={"job": _job(job), "reason": refused.reason, "error": refused.message},
         )
-        if status is None:
-            return  # already reported
-        try:
-            await self._write_status(job, status, str(job["metadata"].get("resourceVersion", "")))
-        except Exception as write_err:
-            log.info(
-                "could not report a refused write",
-                extra={"job": _job(job), "error": str(write_err)},
-            )
-            return
-        self.emit_soon(job, Emit("Warning", reason if type_ == INVALID else REFUSED, message))
+        # The report the plan holds (the condition the core set for a refusal it knew of):
+        # a write refused on every turn must not keep it from the job.
+        for status in plan.of_type(WriteStatus):
+            try:
+                await self._write_status(job, status.status, status.resource_version)
+            except Exception as write_err:
+                log.info(
+                    "could not report a refused write",
+                    extra={"job": _job(job), "error": str(write_err)},
+                )
+                return
+        for event in plan.of_type(Emit):
+            if event.reason in REFUSAL_EVENTS:
+                self.emit_soon(job, event)
 
     async def _write_status(self, job: Obj, status: Obj, resource_version: str) -> None:
         meta = job["metadata"]

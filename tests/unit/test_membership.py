@@ -10,18 +10,17 @@ import pytest
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import AnnotatePod, Create, DeletePod
+from mpijob_elastic.core.drain import DRAIN_FLOOR_SECONDS, RANK_FREE_GRACE_SECONDS
 from mpijob_elastic.core.membership import (
     DISRUPTED,
     NAMED,
     NEWEST,
     NOT_LISTED,
+    choose_members,
     format_indexes,
     parse_indexes,
-    plan_membership,
 )
 from mpijob_elastic.core.ranks import (
-    DRAIN_FLOOR_SECONDS,
-    RANK_FREE_GRACE_SECONDS,
     RankSnapshot,
     remote_shell_hosts,
 )
@@ -49,7 +48,7 @@ def pod(index: int, *, phase: str = "Running", created: int = 0, **meta: Any) ->
 def members(workers: list[Worker], target: int, **kw: Any) -> Any:
     args: dict[str, Any] = {"listed": (), "retired": (), "named": (), "taken": (), "main": None}
     args.update(kw)
-    return plan_membership("job", workers, target, **args)
+    return choose_members("job", workers, target, **args)
 
 
 # -- pure ------------------------------------------------------------------------------

@@ -19,12 +19,9 @@ from mpijob_elastic.core.actions import (
     Replace,
     WriteStatus,
 )
-from mpijob_elastic.core.plan import plan
-from mpijob_elastic.core.ranks import (
-    DRAIN_FLOOR_SECONDS,
-    PROBE_INTERVAL_SECONDS,
-    RANK_WATCH_SECONDS,
-)
+from mpijob_elastic.core.drain import DRAIN_FLOOR_SECONDS, PROBE_INTERVAL_SECONDS
+from mpijob_elastic.core.plan import plan_writes
+from mpijob_elastic.core.ranks import RANK_WATCH_SECONDS
 from mpijob_elastic.core.render import exec_names
 from mpijob_elastic.core.workers import worker_index
 from mpijob_elastic.machinery.kube import ApiError
@@ -584,7 +581,7 @@ def test_an_accepted_delete_whose_pod_stays_is_looked_at_again() -> None:
     victim = c.get("Pod", "job-worker-1")
     assert victim is not None
     accepted = dataclasses.replace(c.observed(), deleting=frozenset({victim["metadata"]["uid"]}))
-    p = plan(accepted, SETTINGS, c.now)
+    p = plan_writes(accepted, SETTINGS, c.now)
     assert not p.of_type(DeletePod)
     # Not left to another event: once the acceptance is forgotten, the delete is planned again.
     assert p.requeue_after == DELETE_MEMORY_SECONDS

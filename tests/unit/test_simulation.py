@@ -26,12 +26,12 @@ from mpijob_elastic.core.actions import (
     Action,
     DeletePod,
     Observed,
-    Plan,
     Replace,
+    Writes,
 )
 from mpijob_elastic.core.desired import desired
 from mpijob_elastic.core.diff import diff
-from mpijob_elastic.core.plan import plan
+from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.machinery.writer import Key, Writer
 from tests.unit.simulation import (
@@ -140,16 +140,16 @@ def is_config_map(action: Action) -> bool:
     return isinstance(action, Replace) and action.obj["kind"] == "ConfigMap"
 
 
-def deletes_first(observed: Observed, s: Settings, now: datetime) -> Plan:
+def deletes_first(observed: Observed, s: Settings, now: datetime) -> Writes:
     """The real plan with the victims' deletes moved before the host-list write."""
-    p = plan(observed, s, now)
+    p = plan_writes(observed, s, now)
     deletes = tuple(a for a in p.actions if isinstance(a, DeletePod))
     rest = [a for a in p.actions if not isinstance(a, DeletePod)]
     at = next((i for i, a in enumerate(rest) if is_config_map(a)), len(rest))
-    return Plan((*rest[:at], *deletes, *rest[at:]), p.requeue_after)
+    return Writes((*rest[:at], *deletes, *rest[at:]), p.requeue_after)
 
 
-def trusts_any_mark(observed: Observed, s: Settings, now: datetime) -> Plan:
+def trusts_any_mark(observed: Observed, s: Settings, now: datetime) -> Writes:
     """The old drain rule: a marked worker is draining even if the host lists name it.
 
     ``desired`` is shown host lists without the marked workers; ``diff`` the real ones.
