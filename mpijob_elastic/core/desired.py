@@ -38,6 +38,7 @@ from mpijob_elastic.core.capacity import ScaleOut, Target
 from mpijob_elastic.core.drain import Victim
 from mpijob_elastic.core.lifecycle import Restarts, Suspension
 from mpijob_elastic.core.membership import (
+    Facts,
     Membership,
     choose_members,
     format_indexes,
@@ -200,20 +201,17 @@ def _size(turn: Turn, spec: JobSpec, workers: Sequence[Worker]) -> _Size:
 def _members(turn: Turn, spec: JobSpec, workers: Sequence[Worker], size: _Size) -> Membership:
     observed = turn.observed
     old_data = (observed.config_map or {}).get("data")
-    m = choose_members(
-        spec.name,
-        workers,
-        size.goal.workers,
+    facts = Facts(
         listed=discovered_hosts(old_data),
         retired=parse_indexes(turn.state.get(names.ANN_RETIRED_WORKERS)),
         named=spec.remove | {w.name for w in size.out.given_up},
         taken={name for kind, name in observed.conflicts if kind == "Pod"},
-        main=spec.main_container,
         failed_kept=size.failed_kept,
         deleting=observed.deleting,
         lost=observed.ranks.lost if observed.ranks else (),
         relocate=size.goal.relocate,
     )
+    m = choose_members(spec.name, workers, size.goal.workers, spec.main_container, facts)
     if any(turn.gone(w.uid) and not w.terminating for w in workers):
         # Accepted deletes the cache has yet to show: look again once the acceptance
         # is forgotten, in case a pod never goes.

@@ -111,21 +111,20 @@ def _resource_version(obj: Mapping[str, Any]) -> str:
     return str(obj["metadata"].get("resourceVersion", ""))
 
 
-def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
-    def ensure(kind: str) -> list[Action]:
-        obj = want.objects.get(kind)
-        if obj is None or (kind, obj["metadata"]["name"]) in observed.conflicts:
-            return []
-        action = _ensure(obj, _observed_object(observed, kind), _OWNED_KEYS[kind])
-        return [] if action is None else [action]
-
-    writes = ensure("ServiceAccount") + ensure("PodDisruptionBudget") + ensure("ConfigMap")
+def _obsolete(want: Desired, observed: Observed) -> list[Action]:
+    """Deletes of the children the job must no longer have."""
+    writes: list[Action] = []
     for kind in want.obsolete:
         gone = _observed_object(observed, kind)
         if gone is not None and not gone["metadata"].get("deletionTimestamp"):
             meta = gone["metadata"]
             writes.append(DeleteObject(kind, meta["name"], str(meta.get("uid", ""))))
+    return writes
 
+
+def _refresh_launcher(want: Desired, observed: Observed) -> list[Action]:
+    """The launcher's config-hash annotation, when its host lists changed: the annotation
+    change makes its mounted files refresh in well under a second (ranks.py)."""
     job_name = str(observed.job["metadata"]["name"])
     launcher = next(
         (
@@ -136,16 +135,31 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
         ),
         None,
     )
-    if launcher is not None and want.config_hash is not None:
-        current = (launcher["metadata"].get("annotations") or {}).get(names.ANN_CONFIG_HASH)
-        if current != want.config_hash:
-            writes.append(
-                AnnotatePod(
-                    launcher["metadata"]["name"],
-                    {names.ANN_CONFIG_HASH: want.config_hash},
-                    _resource_version(launcher),
-                )
-            )
+    if launcher is None or want.config_hash is None:
+        return []
+    current = (launcher["metadata"].get("annotations") or {}).get(names.ANN_CONFIG_HASH)
+    if current == want.config_hash:
+        return []
+    return [
+        AnnotatePod(
+            launcher["metadata"]["name"],
+            {names.ANN_CONFIG_HASH: want.config_hash},
+            _resource_version(launcher),
+        )
+    ]
+
+
+def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
+    def ensure(kind: str) -> list[Action]:
+        obj = want.objects.get(kind)
+        if obj is None or (kind, obj["metadata"]["name"]) in observed.conflicts:
+            return []
+        action = _ensure(obj, _observed_object(observed, kind), _OWNED_KEYS[kind])
+        return [] if action is None else [action]
+
+    writes = ensure("ServiceAccount") + ensure("PodDisruptionBudget") + ensure("ConfigMap")
+    writes += _obsolete(want, observed)
+    writes += _refresh_launcher(want, observed)
 
     for w in want.workers:
         if w.marked and not w.terminating:

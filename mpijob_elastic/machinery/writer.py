@@ -304,92 +304,107 @@ class Writer:
     async def _write(self, key: Key, job: Obj, action: Action) -> None:
         ns = job["metadata"]["namespace"]
         if isinstance(action, Create):
-            kind, name = action.obj["kind"], action.obj["metadata"]["name"]
-            try:
-                created = await self.kube.create(action.obj)
-            except ApiError as err:
-                if err.reason == "AlreadyExists" and kind == "ServiceAccount":
-                    # A ServiceAccount grants nothing by itself, and the user may have made
-                    # it on purpose (named in the launcher template, or pre-made for its
-                    # imagePullSecrets): the launcher uses it as it is, as training-operator
-                    # does. Whether it is still there is checked again after a while, so
-                    # one removed meanwhile is made anew.
-                    self.of(key).in_use[(kind, name)] = time.monotonic() + IN_USE_RECHECK_SECONDS
-                    log.info(
-                        "using an existing ServiceAccount",
-                        extra={"job": "/".join(key), "object": name},
-                    )
-                    return
-                if err.reason == "AlreadyExists":
-                    await self._conflict(key, job, action, err)
-                raise
-            self._cache(created)
-            log.info(
-                "created",
-                extra={
-                    "job": "/".join(key),
-                    "kind": action.obj["kind"],
-                    "object": action.obj["metadata"]["name"],
-                },
-            )
+            await self._create(key, job, action)
         elif isinstance(action, Replace):
-            kind, name = action.obj["kind"], action.obj["metadata"]["name"]
-            before = self._cached(kind, ns, name)
-            self._cache(await self.kube.replace(action.obj))
-            log.info("updated", extra={"job": "/".join(key), "kind": kind, "object": name})
-            if kind == "ConfigMap":
-                old = discovered_hosts((before or {}).get("data"))
-                new = discovered_hosts(action.obj.get("data"))
-                if old != new:
-                    log.info(
-                        "host list rewritten",
-                        extra={
-                            "job": "/".join(key),
-                            "added": ",".join(sorted(new - old)),
-                            "removed": ",".join(sorted(old - new)),
-                            "hosts": len(new),
-                        },
-                    )
+            await self._replace(key, ns, action)
         elif isinstance(action, AnnotatePod):
-            patch: Obj = {"metadata": {"annotations": dict(action.annotations)}}
-            if action.resource_version:
-                patch["metadata"]["resourceVersion"] = action.resource_version
-            try:
-                self._cache(await self.kube.patch("Pod", ns, action.name, patch))
-            except ApiError as err:
-                if not err.not_found:
-                    raise
-                return
-            _log_annotations(key, action)
+            await self._annotate(key, ns, action)
         elif isinstance(action, DeletePod):
-            try:
-                result = await self.kube.delete(
-                    "Pod", ns, action.name, action.uid, action.grace_seconds
-                )
-            except ApiError as err:
-                # Gone already, or a successor with another UID: nothing of ours to delete.
-                if not (err.not_found or err.conflict):
-                    raise
-                log.info("pod to delete was gone", extra={"job": "/".join(key), "pod": action.name})
-            else:
-                if result.get("kind") == "Pod":
-                    self._cache(result)
-                self.of(key).deletes[action.uid] = time.monotonic()
-                log.info("deleted pod", extra={"job": "/".join(key), "pod": action.name})
+            await self._delete_pod(key, ns, action)
         elif isinstance(action, Claim):
             await self._claim(job, action)
             # A name once held by someone else and now adopted is the job's own.
             self.of(key).conflicts.pop((action.kind, action.name), None)
         elif isinstance(action, DeleteObject):
-            try:
-                await self.kube.delete(action.kind, ns, action.name, action.uid)
-            except ApiError as err:
-                if not (err.not_found or err.conflict):
-                    raise
-            log.info(
-                "deleted",
-                extra={"job": "/".join(key), "kind": action.kind, "object": action.name},
+            await self._delete_object(key, ns, action)
+
+    async def _create(self, key: Key, job: Obj, action: Create) -> None:
+        kind, name = action.obj["kind"], action.obj["metadata"]["name"]
+        try:
+            created = await self.kube.create(action.obj)
+        except ApiError as err:
+            if err.reason == "AlreadyExists" and kind == "ServiceAccount":
+                # A ServiceAccount grants nothing by itself, and the user may have made
+                # it on purpose (named in the launcher template, or pre-made for its
+                # imagePullSecrets): the launcher uses it as it is, as training-operator
+                # does. Whether it is still there is checked again after a while, so
+                # one removed meanwhile is made anew.
+                self.of(key).in_use[(kind, name)] = time.monotonic() + IN_USE_RECHECK_SECONDS
+                log.info(
+                    "using an existing ServiceAccount",
+                    extra={"job": "/".join(key), "object": name},
+                )
+                return
+            if err.reason == "AlreadyExists":
+                await self._conflict(key, job, action, err)
+            raise
+        self._cache(created)
+        log.info(
+            "created",
+            extra={
+                "job": "/".join(key),
+                "kind": action.obj["kind"],
+                "object": action.obj["metadata"]["name"],
+            },
+        )
+
+    async def _replace(self, key: Key, ns: str, action: Replace) -> None:
+        kind, name = action.obj["kind"], action.obj["metadata"]["name"]
+        before = self._cached(kind, ns, name)
+        self._cache(await self.kube.replace(action.obj))
+        log.info("updated", extra={"job": "/".join(key), "kind": kind, "object": name})
+        if kind == "ConfigMap":
+            old = discovered_hosts((before or {}).get("data"))
+            new = discovered_hosts(action.obj.get("data"))
+            if old != new:
+                log.info(
+                    "host list rewritten",
+                    extra={
+                        "job": "/".join(key),
+                        "added": ",".join(sorted(new - old)),
+                        "removed": ",".join(sorted(old - new)),
+                        "hosts": len(new),
+                    },
+                )
+
+    async def _annotate(self, key: Key, ns: str, action: AnnotatePod) -> None:
+        patch: Obj = {"metadata": {"annotations": dict(action.annotations)}}
+        if action.resource_version:
+            patch["metadata"]["resourceVersion"] = action.resource_version
+        try:
+            self._cache(await self.kube.patch("Pod", ns, action.name, patch))
+        except ApiError as err:
+            if not err.not_found:
+                raise
+            return
+        _log_annotations(key, action)
+
+    async def _delete_pod(self, key: Key, ns: str, action: DeletePod) -> None:
+        try:
+            result = await self.kube.delete(
+                "Pod", ns, action.name, action.uid, action.grace_seconds
             )
+        except ApiError as err:
+            # Gone already, or a successor with another UID: nothing of ours to delete.
+            if not (err.not_found or err.conflict):
+                raise
+            log.info("pod to delete was gone", extra={"job": "/".join(key), "pod": action.name})
+        else:
+            if result.get("kind") == "Pod":
+                self._cache(result)
+            self.of(key).deletes[action.uid] = time.monotonic()
+            log.info("deleted pod", extra={"job": "/".join(key), "pod": action.name})
+
+    async def _delete_object(self, key: Key, ns: str, action: DeleteObject) -> None:
+        try:
+            await self.kube.delete(action.kind, ns, action.name, action.uid)
+        except ApiError as err:
+            if not (err.not_found or err.conflict):
+                raise
+        log.info(
+            "deleted",
+            extra={"job": "/".join(key), "kind": action.kind, "object": action.name},
+        )
 
     async def _claim(self, job: Obj, action: Claim) -> None:
         meta = job["metadata"]

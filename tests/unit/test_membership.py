@@ -16,6 +16,7 @@ from mpijob_elastic.core.membership import (
     NAMED,
     NEWEST,
     NOT_LISTED,
+    Facts,
     choose_members,
     format_indexes,
     parse_indexes,
@@ -45,10 +46,8 @@ def pod(index: int, *, phase: str = "Running", created: int = 0, **meta: Any) ->
     return Worker(index, body)
 
 
-def members(workers: list[Worker], target: int, **kw: Any) -> Any:
-    args: dict[str, Any] = {"listed": (), "retired": (), "named": (), "taken": (), "main": None}
-    args.update(kw)
-    return choose_members("job", workers, target, **args)
+def members(workers: list[Worker], target: int, main: str | None = None, **kw: Any) -> Any:
+    return choose_members("job", workers, target, main, Facts(**kw))
 
 
 # -- pure ------------------------------------------------------------------------------
