@@ -118,7 +118,7 @@ class JobSpec:
     scale_out_timeout: float = Settings.default_scale_out_timeout_seconds
     # Worker pod names the user asked to remove (mpijob-elastic.io/remove-workers).
     remove: frozenset[str] = frozenset()
-    # 0: never suspended for lack of capacity (suspend.py).
+    # 0: never suspended for lack of capacity (lifecycle.py).
     below_min_timeout: float = 0.0
     # runPolicy.suspend: the user suspended the job.
     suspend: bool = False
