@@ -154,6 +154,7 @@ def observe(
         conflicts=memory.taken(seconds),
         in_use=memory.used(seconds),
         ranks=ranks,
+        refused=memory.refused,
     )
 
 
