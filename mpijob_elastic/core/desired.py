@@ -106,7 +106,7 @@ def desired(observed: Observed, settings: Settings, now: datetime) -> Desired:
 def _decide(turn: Turn) -> Desired:
     """The job's children, by the stage of its life it is in."""
     workers, launcher = split_pods(turn.job_name, turn.observed.pods)
-    lifecycle.start(turn, workers, launcher)
+    lifecycle.created(turn, workers, launcher)
     spec = lifecycle.read_spec(turn)
     if spec is None:
         # Leave every child as it is: a typo must not cost the job its workers.
@@ -185,11 +185,11 @@ def _scale(
 
 
 def _size(turn: Turn, spec: JobSpec, workers: Sequence[Worker]) -> _Size:
-    wanted = capacity.within_bounds(turn, spec, workers)
+    replicas = capacity.within_bounds(turn, spec, workers)
     failed = [w for w in workers if w.phase == "Failed" and not w.terminating]
     replacing = drain.failed_to_replace(turn, spec, failed)
     failures = capacity.worker_failures(turn, replacing)
-    wanted = capacity.paused(turn, wanted, workers, failed, failures)
+    wanted = capacity.paused(turn, replicas, workers, failed, failures)
     suspension, retry_now = lifecycle.suspension(turn, spec)
     out = capacity.scale_out(turn, spec, workers, wanted, retry_now)
     goal = capacity.target(turn, spec, workers, wanted, out, drain.relocate(turn, spec, workers))

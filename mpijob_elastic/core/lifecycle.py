@@ -83,7 +83,7 @@ class Restarts:
     now: bool = False
 
 
-def start(turn: Turn, workers: Sequence[Worker], launcher: Mapping[str, Any] | None) -> None:
+def created(turn: Turn, workers: Sequence[Worker], launcher: Mapping[str, Any] | None) -> None:
     """What every status says, whatever else the turn decides."""
     s = turn.status
     if s.get(CREATED) is None:
