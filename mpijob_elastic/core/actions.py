@@ -160,6 +160,10 @@ class Writes:
     # Reconcile again after this many seconds even if nothing changes (a drain deadline).
     requeue_after: float | None = None
     probe: Probe | None = None
+    # What the writer sends when a write of this turn is refused, before the turn ends: the
+    # status and the Events that report refusals, so that a write refused on every turn
+    # never keeps its report from the job.
+    on_refusal: tuple[WriteStatus | Emit, ...] = ()
 
     def of_type(self, kind: type[Any]) -> list[Any]:
         return [a for a in self.actions if isinstance(a, kind)]

@@ -40,12 +40,14 @@ from mpijob_elastic.core.actions import (
     Create,
     DeleteObject,
     DeletePod,
+    Emit,
     Observed,
     Replace,
     Writes,
     WriteStatus,
 )
 from mpijob_elastic.core.desired import Desired
+from mpijob_elastic.core.reports import REFUSAL_EVENTS
 from mpijob_elastic.core.status import REFUSED, StatusBuilder
 from mpijob_elastic.core.times import format_precise_time
 
@@ -186,12 +188,19 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
     if want.launcher is not None:
         writes.append(Create(want.launcher))
 
+    rv = str(observed.job["metadata"].get("resourceVersion", ""))
+    changed = want.status != (observed.job.get("status") or {})
+    on_refusal: tuple[WriteStatus | Emit, ...] = (
+        *([WriteStatus(want.status, rv)] if changed else []),
+        *(e for e in want.events if e.reason in REFUSAL_EVENTS),
+    )
     if want.delete_job:
         # runPolicy.ttlSecondsAfterFinished: the garbage collector takes the children; a
-        # status written after the delete would only fail.
+        # status written after the delete would only fail (unless the delete is refused).
         meta = observed.job["metadata"]
         delete = DeleteObject(names.KIND, str(meta["name"]), str(meta.get("uid", "")))
-        return Writes((*writes, delete, *want.events), want.requeue_after, want.probe)
+        actions = (*writes, delete, *want.events)
+        return Writes(actions, want.requeue_after, want.probe, on_refusal)
     status = want.status
     if not writes and not observed.conflicts:
         # Nothing left to write means every earlier refusal is behind us.
@@ -199,6 +208,5 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
         if builder.clear(REFUSED, "WritesAccepted", "every write of the last sync went through"):
             status = builder.build()
     if status != (observed.job.get("status") or {}):
-        rv = str(observed.job["metadata"].get("resourceVersion", ""))
         writes.append(WriteStatus(status, rv))
-    return Writes((*writes, *want.events), want.requeue_after, want.probe)
+    return Writes((*writes, *want.events), want.requeue_after, want.probe, on_refusal)

@@ -40,7 +40,7 @@ def _with_refusal(claiming: Writes, observed: Observed, now: datetime) -> Writes
         return claiming
     rv = str(observed.job["metadata"].get("resourceVersion", ""))
     report = (WriteStatus(status.build(), rv), event)
-    return dataclasses.replace(claiming, actions=(*claiming.actions, *report))
+    return dataclasses.replace(claiming, actions=(*claiming.actions, *report), on_refusal=report)
 
 
 def _without_our_own_names(observed: Observed) -> Observed:

@@ -31,8 +31,8 @@ from mpijob_elastic.core.times import format_time
 from mpijob_elastic.core.turn import Turn
 from mpijob_elastic.core.workers import hostfile_workers
 
-# The reasons of the Events that report a refused write: the writer sends these even when
-# the turn stops at a write refused again, so the report is not held up by it.
+# The reasons of the Events that report a refused write: sent even when the turn stops at
+# a write refused again (``Writes.on_refusal``), so the report is not held up by it.
 REFUSAL_EVENTS = frozenset({REFUSED, POD_REJECTED})
 
 

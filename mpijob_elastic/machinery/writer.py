@@ -9,8 +9,9 @@ depends on why it failed:
   (``JobMemory.refused``, ``conflicts`` for a taken name) until a turn's writes all go
   through; the core reports it on the job (``core/reports.py``: a ``WriteRefused``
   condition, ``InvalidSpec`` for a pod template the server rejects, and one Warning Event,
-  quoting the server). A turn that stops at a write refused again still writes its
-  status and the Events that report refusals, so the report is not held up by the write.
+  quoting the server). A turn that stops at a write refused again still sends what the
+  core planned for that case (``Writes.on_refusal``: the status, the Events that report
+  refusals), so the report is not held up by the write.
 * A conflict (the cache was behind), a 5xx, a timeout or a dropped connection: routine;
   the turn is retried with backoff.
 
@@ -45,7 +46,6 @@ from mpijob_elastic.core.actions import (
     Writes,
     WriteStatus,
 )
-from mpijob_elastic.core.reports import REFUSAL_EVENTS
 from mpijob_elastic.core.times import format_time
 from mpijob_elastic.core.workers import discovered_hosts
 from mpijob_elastic.machinery import metrics
@@ -483,20 +483,20 @@ class Writer:
             "write refused",
             extra={"job": _job(job), "reason": refused.reason, "error": refused.message},
         )
-        # The report the plan holds (the condition the core set for a refusal it knew of):
-        # a write refused on every turn must not keep it from the job.
-        for status in plan.of_type(WriteStatus):
+        # The report the core planned for this (the condition of a refusal it knew of): a
+        # write refused on every turn must not keep it from the job.
+        for report in plan.on_refusal:
+            if isinstance(report, Emit):
+                self.emit_soon(job, report)
+                continue
             try:
-                await self._write_status(job, status.status, status.resource_version)
+                await self._write_status(job, report.status, report.resource_version)
             except Exception as write_err:
                 log.info(
                     "could not report a refused write",
                     extra={"job": _job(job), "error": str(write_err)},
                 )
                 return
-        for event in plan.of_type(Emit):
-            if event.reason in REFUSAL_EVENTS:
-                self.emit_soon(job, event)
 
     async def _write_status(self, job: Obj, status: Obj, resource_version: str) -> None:
         meta = job["metadata"]
