@@ -136,7 +136,7 @@ class Kube:
             )
         return dict(data)
 
-    async def get(self, kind: str, namespace: str, name: str) -> Obj:
+    async def list(self, kind: str, namespace: str, name: str) -> Obj:
         """A fresh read of one object, off the hot path: who holds a name we could not
         create, or whether a job is still there before adopting for it.
 
@@ -159,7 +159,7 @@ class Kube:
             **items[0],
         }
 
-    async def read(self, kind: str, namespace: str, name: str) -> Obj:
+    async def get(self, kind: str, namespace: str, name: str) -> Obj:
         """A GET of one object: for what the controller may read by name only, its Lease
         (RBAC ``get`` on that one name, and no ``list``: docs/rbac.md)."""
         return await self.request("GET", f"{collection_path(kind, namespace)}/{name}")

@@ -518,8 +518,8 @@ class FakeKube(Kube):
         self.world = world
         self.gate: Gate = gate or (lambda _request, apply: apply())
 
-    async def get(self, kind: str, namespace: str, name: str) -> Obj:
-        return self.gate(Request("get", kind, name), lambda: self.world.get(kind, name))
+    async def list(self, kind: str, namespace: str, name: str) -> Obj:
+        return self.gate(Request("list", kind, name), lambda: self.world.get(kind, name))
 
     async def create(self, obj: Mapping[str, Any]) -> Obj:
         request = Request("create", obj["kind"], obj["metadata"]["name"])
