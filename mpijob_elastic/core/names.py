@@ -77,8 +77,12 @@ def launcher_name(job: str) -> str:
     return f"{job}-launcher"
 
 
+# Between a worker's job name and its index: the init container counts workers by it.
+WORKER_INFIX: Final = "-worker-"
+
+
 def worker_name(job: str, index: int) -> str:
-    return f"{job}-worker-{index}"
+    return f"{job}{WORKER_INFIX}{index}"
 
 
 def config_map_name(job: str) -> str:

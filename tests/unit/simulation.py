@@ -35,7 +35,7 @@ from typing import Any
 from unittest import mock
 
 from mpijob_elastic.app.reconciler import _job_signature
-from mpijob_elastic.core import names
+from mpijob_elastic.core import formats, names
 from mpijob_elastic.core.actions import Emit, Observed, Plan
 from mpijob_elastic.core.desired import WORKER_BACKOFF_MAX_SECONDS
 from mpijob_elastic.core.plan import plan
@@ -106,8 +106,9 @@ def running_status(pod: Obj) -> Obj:
 
 
 def discovered(config_map: Obj | None) -> list[str]:
-    text = ((config_map or {}).get("data") or {}).get(names.DISCOVER_HOSTS, "")
-    return [line.split()[1].split(":")[0] for line in text.splitlines() if line.startswith("echo")]
+    return formats.discover_hosts_hosts(
+        ((config_map or {}).get("data") or {}).get(names.DISCOVER_HOSTS, "")
+    )
 
 
 def _controller_uid(obj: Mapping[str, Any]) -> str | None:
