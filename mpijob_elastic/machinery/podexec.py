@@ -54,6 +54,7 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 
+from mpijob_elastic.machinery.clients import USER_AGENT
 from mpijob_elastic.machinery.kube import ApiError
 from mpijob_elastic.machinery.kubeclient import (
     ERROR_CHANNEL,
@@ -195,7 +196,7 @@ class PodExec:
         ws: aiohttp.ClientWebSocketResponse[Any] | None = None
         try:
             async with asyncio.timeout(timeout):
-                headers: dict[str, str] = {}
+                headers = {"User-Agent": USER_AGENT}
                 # Runs the configuration's token refresh (in-cluster token file, plugins).
                 await self._api.update_params_for_auth(headers, query, ["BearerToken"])
                 url = self._url(namespace, pod, query)
