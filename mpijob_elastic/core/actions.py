@@ -91,10 +91,6 @@ class WriteStatus:
 Action = Create | Replace | AnnotatePod | DeletePod | DeleteObject | Claim | Emit | WriteStatus
 
 
-def is_child_write(action: Action) -> bool:
-    return not isinstance(action, Emit | WriteStatus)
-
-
 @dataclass(frozen=True)
 class Observed:
     """What the caches hold for one job: only children it controls, in its namespace."""

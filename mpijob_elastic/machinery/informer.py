@@ -191,12 +191,6 @@ class Informer:
         return self._watching
 
     @property
-    def last_contact(self) -> float | None:
-        """``time.monotonic()`` when the server last answered: a list, a watch's start, an
-        event or a bookmark. None before the first answer."""
-        return self._last_contact
-
-    @property
     def healthy(self) -> bool:
         """Running, synced, and heard from the server within two bookmark periods.
 

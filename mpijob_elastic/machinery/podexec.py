@@ -230,25 +230,6 @@ class PodExec:
         return str(get_websocket_url(f"{host}{path}?{urlencode(query)}"))
 
 
-async def exec_stdout(
-    configuration: Any,
-    namespace: str,
-    pod: str,
-    container: str | None,
-    command: Sequence[str],
-    timeout: float,  # noqa: ASYNC109 (see PodExec.run)
-) -> bytes:
-    """Run ``command`` in the pod's container and return its stdout bytes (stderr ignored).
-
-    A one-off convenience that makes and closes a ``PodExec``; a caller that execs
-    repeatedly should keep one ``PodExec`` instead. The exit status is dropped: use
-    ``PodExec.run`` to see it.
-    """
-    async with PodExec(configuration) as pod_exec:
-        result = await pod_exec.run(namespace, pod, container, command, timeout)
-    return result.stdout
-
-
 async def _collect(
     ws: aiohttp.ClientWebSocketResponse[Any], namespace: str, pod: str
 ) -> ExecResult:
