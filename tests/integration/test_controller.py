@@ -629,3 +629,44 @@ def test_every_write_names_the_controller_as_its_field_manager(
     assert ours
     managers = {f["manager"] for e in ours for f in e["metadata"]["managedFields"]}
     assert managers == {clients.FIELD_MANAGER}
+
+
+def test_a_worker_template_edit_reaches_new_workers_only(
+    job: Job, start_controller: StartController
+) -> None:
+    """docs/configuration.md: running workers and the launcher are left as they are;
+    workers created after the edit get the new template. status.observedGeneration says
+    when the controller has seen the edit."""
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 1))
+    job.wait_hosts(1)
+    wait_for(lambda: job.pods(names.ROLE_LAUNCHER), 10, "the launcher")
+
+    def observed() -> bool:
+        got = job.get()
+        return bool(
+            got.get("status", {}).get("observedGeneration") == got["metadata"]["generation"]
+        )
+
+    wait_for(observed, 10, "status.observedGeneration to reach the generation")
+    before = {
+        **job.uids(),
+        **{n: p["metadata"]["uid"] for n, p in job.pods(names.ROLE_LAUNCHER).items()},
+    }
+    template = job.get()["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
+    template["spec"]["containers"][0]["env"] = [{"name": "EDITED", "value": "1"}]
+    job.patch({"spec": {"mpiReplicaSpecs": {"Worker": {"template": template}}}})
+    generation = job.get()["metadata"]["generation"]
+    wait_for(observed, 10, "status.observedGeneration to reach the edit")
+    assert job.get()["status"]["observedGeneration"] == generation
+    job.set_workers(2)
+    job.wait_hosts(2)
+    pods = {**job.pods(), **job.pods(names.ROLE_LAUNCHER)}
+    assert {n: pods[n]["metadata"]["uid"] for n in before} == before, "a pod was replaced"
+
+    def env(name: str) -> list[dict[str, str]]:
+        return list(pods[name]["spec"]["containers"][0].get("env") or [])
+
+    assert {"name": "EDITED", "value": "1"} in env(names.worker_name(job.name, 1))
+    assert {"name": "EDITED", "value": "1"} not in env(names.worker_name(job.name, 0))
+    assert {"name": "EDITED", "value": "1"} not in env(names.launcher_name(job.name))
