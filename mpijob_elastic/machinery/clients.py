@@ -3,8 +3,9 @@
 A kubernetes_asyncio ApiClient sends every request through one aiohttp connector, whose
 connection limit is its Configuration's ``connection_pool_maxsize`` (100 unless set),
 read once when the ApiClient is made. A watch holds its connection for as long as it
-runs, minutes at a time, and the controller keeps six watches open per watched namespace.
-On one shared client, 17 namespaces took 102 connections for good: every write then
+runs, minutes at a time, and the controller keeps 12 watches open per watched namespace
+(and one for Nodes). When it kept six, on one shared client, 17 namespaces took 102
+connections for good: every write then
 waited for a connection that never came, until its 30 s timeout, on every reconcile.
 
 So watches and writes get a client each, made from the same loaded configuration (same
