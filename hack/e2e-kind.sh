@@ -73,10 +73,11 @@ holder=$(k -n $ns get lease mpijob-elastic -o jsonpath='{.spec.holderIdentity}')
 leader=${holder%_*}
 k -n $ns get pod "$leader" >/dev/null || { log "the Lease's holder $holder is no pod"; exit 1; }
 metrics=$(k get --raw "/api/v1/namespaces/$ns/pods/$leader:8080/proxy/metrics")
-for series in reconciles reconcile_duration_seconds queue_depth queue_wait_seconds \
-  watch_restarts relists api_errors jobs scale_operations drain_duration_seconds \
-  running_to_listed_seconds; do
-  grep -qE "^# TYPE mpijob_elastic_$series(_total)? " <<<"$metrics" || { log "no $series"; exit 1; }
+# Every series the controller registers, read from its registry (tests/metric_names.py).
+families=$("$repo_root/.venv/bin/python" -c \
+  'from tests.metric_names import every_family; print(*every_family())')
+for series in $families; do
+  grep -qE "^# TYPE $series(_total)? " <<<"$metrics" || { log "no $series"; exit 1; }
 done
 for sample in 'reconciles_total{result="success"}' relists_total reconcile_duration_seconds_count; do
   grep -qF "mpijob_elastic_$sample" <<<"$metrics" || { log "no $sample on $leader"; exit 1; }

@@ -119,15 +119,14 @@ class Controller:
         api: ApiClient,
         settings: Settings,
         *,
-        watch_api: ApiClient | None = None,
+        watch_api: ApiClient,
         lease: tuple[str, str] | None = None,
     ) -> None:
-        """``api`` carries the writes; ``watch_api``, if given, the long-lived watches, so
-        open watches can never take the connections a write needs; ``lease``, with leader
+        """``api`` carries the writes; ``watch_api`` the long-lived watches, so open
+        watches can never take the connections a write needs (clients.py); ``lease``, with leader
         election, the Lease's namespace and name, whose grants the start-up check asks for."""
         self.settings = settings
         self.kube = Kube(api)
-        watches = watch_api or api
         self.queue: WorkQueue[Key] = WorkQueue(
             rank=self._rank, observe_wait=metrics.QUEUE_WAIT_SECONDS.observe
         )
@@ -139,7 +138,7 @@ class Controller:
         namespaces: list[str | None] = list(settings.namespaces) or [None]
         for ns in namespaces:
             path, plural = RESOURCES[names.KIND]
-            jobs = Informer(watches, path, plural, self._on_job, namespace=ns, transform=compact)
+            jobs = Informer(watch_api, path, plural, self._on_job, namespace=ns, transform=compact)
             self.caches.add(names.KIND, ns, jobs)
             # What each cache keeps, and why: docs/design.md, "What the caches hold".
             watched = [
@@ -153,7 +152,7 @@ class Controller:
             for kind, selector, caches, transform in watched:
                 path, plural = RESOURCES[kind]
                 informer = Informer(
-                    watches,
+                    watch_api,
                     path,
                     plural,
                     self._on_child,
@@ -166,7 +165,7 @@ class Controller:
         self.caches.add(
             "Node",
             None,
-            Informer(watches, "/api/v1", "nodes", self._on_node, transform=nodes.slim),
+            Informer(watch_api, "/api/v1", "nodes", self._on_node, transform=nodes.slim),
         )
         self._leaving_nodes: dict[str, str] = {}
         self.writer = Writer(self.kube, self._cache, self._cached)

@@ -91,10 +91,6 @@ class WriteStatus:
 Action = Create | Replace | AnnotatePod | DeletePod | DeleteObject | Claim | Emit | WriteStatus
 
 
-def is_child_write(action: Action) -> bool:
-    return not isinstance(action, Emit | WriteStatus)
-
-
 @dataclass(frozen=True)
 class Refusal:
     """The last write of the job the API server refused and only the user can fix (a 4xx

@@ -65,14 +65,7 @@ _OWNED_KEYS = {
 
 
 # Annotations that are ours to set and to remove; any other is left as it is.
-_OWNED_ANNOTATIONS = (
-    names.ANN_RETIRED_WORKERS,
-    names.ANN_SCALE_OUT_BACKOFF,
-    names.ANN_BELOW_MIN_SINCE,
-    names.ANN_SUSPENDED,
-    names.ANN_LAUNCHER_RESTARTS,
-    names.ANN_WORKER_FAILURES,
-)
+_OWNED_ANNOTATIONS = names.STATE_ANNOTATIONS
 
 
 def _ensure(desired: Obj, observed: Mapping[str, Any] | None, keys: Sequence[str]) -> Action | None:

@@ -26,7 +26,6 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from mpijob_elastic.core import names
 from mpijob_elastic.core.workers import Worker, worker_index
 
 _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
@@ -242,7 +241,3 @@ def _why(w: Worker, named: Collection[str], listed: Collection[str]) -> str:
 def describe(leaving: Sequence[Leaving]) -> str:
     """``"w-3 (named for removal), w-1 (not in discovery)"`` for messages."""
     return ", ".join(f"{item.worker.name} ({item.why})" for item in leaving)
-
-
-def retired_annotation(retired: Collection[int]) -> Mapping[str, str]:
-    return {names.ANN_RETIRED_WORKERS: format_indexes(retired)} if retired else {}

@@ -66,6 +66,16 @@ ANN_SUSPENDED: Final = "mpijob-elastic.io/suspended"
 ANN_LAUNCHER_RESTARTS: Final = "mpijob-elastic.io/launcher-restarts"
 # On the ConfigMap: worker failures in a row, "<count> <last at>" (the replacement backoff).
 ANN_WORKER_FAILURES: Final = "mpijob-elastic.io/worker-failures"
+# Every annotation above that the controller keeps on the ConfigMap: its own to set and to
+# remove (an annotation not listed here would stay once cleared).
+STATE_ANNOTATIONS: Final = (
+    ANN_RETIRED_WORKERS,
+    ANN_SCALE_OUT_BACKOFF,
+    ANN_BELOW_MIN_SINCE,
+    ANN_SUSPENDED,
+    ANN_LAUNCHER_RESTARTS,
+    ANN_WORKER_FAILURES,
+)
 
 CONFIG_MOUNT: Final = "/etc/mpi"
 HOSTFILE: Final = "hostfile"
@@ -77,8 +87,12 @@ def launcher_name(job: str) -> str:
     return f"{job}-launcher"
 
 
+# Between a worker's job name and its index: the init container counts workers by it.
+WORKER_INFIX: Final = "-worker-"
+
+
 def worker_name(job: str, index: int) -> str:
-    return f"{job}-worker-{index}"
+    return f"{job}{WORKER_INFIX}{index}"
 
 
 def config_map_name(job: str) -> str:

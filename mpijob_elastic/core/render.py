@@ -1,8 +1,9 @@
 """Pure rendering of the children an MPIJob owns, as plain API dicts.
 
 Formats follow the upstream v1 controllers byte for byte (see docs/formats.md), because
-users' images and scripts read them: ``hostfile``, ``kubexec.sh``, ``discover_hosts.sh``,
-the ``/etc/mpi`` mount and the launcher environment.
+users' images and scripts read them: the ``/etc/mpi`` mount and the launcher environment
+here, the ConfigMap's files (``hostfile``, ``kubexec.sh``, ``discover_hosts.sh``) in
+formats.py.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mpijob_elastic.core import names
+from mpijob_elastic.core import formats, names
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
 from mpijob_elastic.core.spec import JobSpec, ReplicaSpec
 
@@ -179,12 +180,8 @@ def launcher_is_host(spec: JobSpec) -> bool:
 
 def hostfile(spec: JobSpec, members: Sequence[str]) -> str:
     """The job's workers (not a range of indexes: a retired name leaves a gap)."""
-    slots = spec.slots_per_worker
-    lines = []
-    if launcher_is_host(spec):
-        lines.append(f"{names.launcher_name(spec.name)} slots={slots}\n")
-    lines += [f"{name} slots={slots}\n" for name in members]
-    return "".join(lines)
+    launcher = [names.launcher_name(spec.name)] if launcher_is_host(spec) else []
+    return formats.hostfile([*launcher, *members], spec.slots_per_worker)
 
 
 def kubexec(spec: JobSpec, settings: Settings) -> str:
@@ -193,30 +190,13 @@ def kubexec(spec: JobSpec, settings: Settings) -> str:
         if settings.kubectl_delivery is KubectlDelivery.INIT_CONTAINER
         else "kubectl"
     )
-    # spec.mainContainer was validated as a DNS-1123 label, so it cannot carry shell.
-    container = f" --container {spec.main_container}" if spec.main_container else ""
-    return (
-        "#!/bin/sh\n"
-        "set -x\n"
-        "POD_NAME=$1\n"
-        "shift\n"
-        f'{kubectl} exec ${{POD_NAME}}{container} -- /bin/sh -c "$*"'
-    )
+    return formats.kubexec(kubectl, spec.main_container)
 
 
 def discover_hosts(spec: JobSpec, hosts: Sequence[str], launcher: bool = False) -> str:
-    """``hosts``: the workers to list; ``launcher``: list the launcher first.
-
-    v1 format: no newline after the last line; Horovod reads the output as a set, and
-    ignores blank lines. The launcher's line is training-operator 1.9's byte for byte: it
-    ends in a newline of its own, so a blank line follows it when workers are listed.
-    """
-    slots = spec.slots_per_worker
-    lines = [f"echo {host}:{slots}" for host in hosts]
-    head = "#!/bin/sh\n"
-    if launcher:
-        head += f"echo {names.launcher_name(spec.name)}:{slots}\n" + ("\n" if lines else "")
-    return head + "\n".join(lines)
+    """``hosts``: the workers to list; ``launcher``: list the launcher first."""
+    first = names.launcher_name(spec.name) if launcher else None
+    return formats.discover_hosts(hosts, spec.slots_per_worker, first)
 
 
 def config_data(
@@ -363,9 +343,9 @@ LAUNCHER_ENV = {
 # The init container waits for the workers the job minimally needs to appear in the
 # mounted discover_hosts.sh (not for every worker, as v1 did), then hands kubectl over.
 # Only worker lines count: a launcher that is a host is listed too, and is no worker.
+_LISTED_WORKERS = formats.count_listed_workers(f"{names.CONFIG_MOUNT}/{names.DISCOVER_HOSTS}")
 KUBECTL_DELIVERY_SCRIPT = (
-    "until [ "
-    '"$(/bin/sh /etc/mpi/discover_hosts.sh | grep -c "worker-[0-9]*:")" -ge "$MIN_WORKERS" ]; '
+    f'until [ "$({_LISTED_WORKERS})" -ge "$MIN_WORKERS" ]; '
     "do sleep 1; done; "
     'cp "$(command -v kubectl)" /opt/kube/kubectl'
 )

@@ -207,7 +207,7 @@ def _annotation_int(
         return None  # unset, or already reported as not a string
     field = f"metadata.annotations[{key}]"
     if not _WHOLE_NUMBER.fullmatch(raw):
-        errors.append(FieldError(field, f"must be a whole number in ASCII digits, got {show(raw)}"))
+        errors.append(FieldError(field, f"must be a whole number, got {show(raw)}"))
         return None
     digits = raw.lstrip("0") or "0"
     # Compared as text first: int() refuses more than 4300 digits.
@@ -423,7 +423,10 @@ def _metadata(
 def _slots(spec: Mapping[str, Any], errors: list[FieldError]) -> int | None:
     slots_raw = spec.get("slotsPerWorker", 1)
     slots = as_int(slots_raw)
-    if slots is None or not 1 <= slots <= _INT32_MAX:
+    if slots is not None and slots < 1:
+        errors.append(FieldError("spec.slotsPerWorker", f"must be at least 1, got {slots}"))
+        slots = None
+    elif slots is None or slots > _INT32_MAX:
         errors.append(
             FieldError(
                 "spec.slotsPerWorker",
@@ -508,7 +511,8 @@ def _bounds(annotations: Mapping[str, Any], max_workers: int, errors: list[Field
         errors.append(
             FieldError(
                 f"metadata.annotations[{names.ANN_MIN_REPLICAS}]",
-                f"min-replicas {bounds.min} is greater than max-replicas {bounds.max}",
+                f"({bounds.min}) must not be above "
+                f"metadata.annotations[{names.ANN_MAX_REPLICAS}] ({bounds.max})",
             )
         )
     return bounds

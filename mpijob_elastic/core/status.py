@@ -81,6 +81,11 @@ class StatusBuilder:
             if isinstance(c, Mapping) and "type" in c
         }
         self.fields: Obj = {}
+        # The spec this status was decided from: a client that changed the spec knows the
+        # controller has seen the change once this reaches its metadata.generation.
+        generation = (job.get("metadata") or {}).get("generation")
+        if isinstance(generation, int):
+            self.fields["observedGeneration"] = generation
 
     def get(self, type_: str) -> Obj | None:
         return self.conditions.get(type_)

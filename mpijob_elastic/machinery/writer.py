@@ -412,7 +412,7 @@ class Writer:
             # As Kubernetes' controllers do before adopting: the cached job may have been
             # deleted (and replaced) since, and an orphan adopted by a job that is gone is
             # garbage-collected. A fresh read says whether it is still this job.
-            fresh = await self.kube.get(names.KIND, meta["namespace"], meta["name"])
+            fresh = await self.kube.list(names.KIND, meta["namespace"], meta["name"])
             if fresh["metadata"].get("uid") != meta["uid"] or fresh["metadata"].get(
                 "deletionTimestamp"
             ):
@@ -439,7 +439,7 @@ class Writer:
         meta = action.obj["metadata"]
         kind = action.obj["kind"]
         try:
-            holder = await self.kube.get(kind, meta["namespace"], meta["name"])
+            holder = await self.kube.list(kind, meta["namespace"], meta["name"])
         except ApiError as read_err:
             if read_err.not_found:
                 return  # gone meanwhile: the retry will simply create it

@@ -295,7 +295,7 @@ async def test_a_drain_mark_planned_on_a_stale_pod_is_refused_and_not_reported(
         )
         writer = Writer(kube, lambda _obj: None)
         with pytest.raises(ApiError) as refused:
-            await writer.run(await kube.get(names.KIND, job.ns, job.name), Writes((mark,)))
+            await writer.run(await kube.list(names.KIND, job.ns, job.name), Writes((mark,)))
         assert refused.value.conflict
     finally:
         await apis.close()

@@ -35,7 +35,7 @@ from typing import Any
 from unittest import mock
 
 from mpijob_elastic.app.reconciler import _job_signature
-from mpijob_elastic.core import names
+from mpijob_elastic.core import formats, names
 from mpijob_elastic.core.actions import Emit, Observed, Writes
 from mpijob_elastic.core.capacity import WORKER_BACKOFF_MAX_SECONDS
 from mpijob_elastic.core.drain import DRAIN_FLOOR_SECONDS
@@ -107,8 +107,9 @@ def running_status(pod: Obj) -> Obj:
 
 
 def discovered(config_map: Obj | None) -> list[str]:
-    text = ((config_map or {}).get("data") or {}).get(names.DISCOVER_HOSTS, "")
-    return [line.split()[1].split(":")[0] for line in text.splitlines() if line.startswith("echo")]
+    return formats.discover_hosts_hosts(
+        ((config_map or {}).get("data") or {}).get(names.DISCOVER_HOSTS, "")
+    )
 
 
 def _controller_uid(obj: Mapping[str, Any]) -> str | None:
@@ -520,8 +521,8 @@ class FakeKube(Kube):
         self.world = world
         self.gate: Gate = gate or (lambda _request, apply: apply())
 
-    async def get(self, kind: str, namespace: str, name: str) -> Obj:
-        return self.gate(Request("get", kind, name), lambda: self.world.get(kind, name))
+    async def list(self, kind: str, namespace: str, name: str) -> Obj:
+        return self.gate(Request("list", kind, name), lambda: self.world.get(kind, name))
 
     async def create(self, obj: Mapping[str, Any]) -> Obj:
         request = Request("create", obj["kind"], obj["metadata"]["name"])
