@@ -135,11 +135,27 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class Phase:
+    """Writes that may go out together: none relies on another of the same phase. The
+    next phase starts only once the server accepted every write of this one."""
+
+    # Which step of the write order (write_order.STEPS) these writes make.
+    step: str
+    writes: tuple[Action, ...]
+
+
+@dataclass(frozen=True)
 class Plan:
-    actions: tuple[Action, ...]
+    # The turn's writes in the order the shell must make them (write_order.py).
+    phases: tuple[Phase, ...]
     # Reconcile again after this many seconds even if nothing changes (a drain deadline).
     requeue_after: float | None = None
     probe: Probe | None = None
+
+    @property
+    def actions(self) -> tuple[Action, ...]:
+        """Every write of the plan, in its order."""
+        return tuple(a for phase in self.phases for a in phase.writes)
 
     def of_type(self, kind: type[Any]) -> list[Any]:
         return [a for a in self.actions if isinstance(a, kind)]

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from mpijob_elastic.core import names, render
-from mpijob_elastic.core.actions import Claim, Emit, Observed, Plan
+from mpijob_elastic.core.actions import Claim, Emit, Observed, Phase, Plan
 from mpijob_elastic.core.workers import worker_index
 
 # Claims one turn may make; the job comes straight back for the rest.
@@ -139,4 +139,6 @@ def plan(observed: Observed) -> Plan | None:
     if not found:
         return None
     # Right back: the claimed children are in the main caches now (the writes' results).
-    return Plan((*found, *events), requeue_after=0.0)
+    # The claims patch distinct objects, so they go out together.
+    phases = (Phase("claims", tuple(found)), Phase("events", tuple(events)))
+    return Plan(tuple(p for p in phases if p.writes), requeue_after=0.0)

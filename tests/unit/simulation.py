@@ -36,7 +36,19 @@ from unittest import mock
 
 from mpijob_elastic.app.reconciler import _job_signature
 from mpijob_elastic.core import names
-from mpijob_elastic.core.actions import Emit, Observed, Plan
+from mpijob_elastic.core.actions import (
+    Action,
+    AnnotatePod,
+    Claim,
+    Create,
+    DeleteObject,
+    DeletePod,
+    Emit,
+    Observed,
+    Plan,
+    Replace,
+    WriteStatus,
+)
 from mpijob_elastic.core.desired import WORKER_BACKOFF_MAX_SECONDS
 from mpijob_elastic.core.plan import plan
 from mpijob_elastic.core.ranks import DRAIN_FLOOR_SECONDS, RANK_WATCH_SECONDS, RankSnapshot
@@ -197,6 +209,9 @@ class World:
     (f) A turn for one job writes only that job's objects.
     (g) No pod is created under a name Horovod has blacklisted: one whose pod failed, or
         went, while discover_hosts.sh named it.
+    (h) A turn's writes follow its plan's phases: none goes out before every write of
+        the phases above it was accepted, nor after a write of an earlier phase failed
+        (checked by ``Sim``, which sees the requests go out).
 
     (e), convergence, is ``Sim.settle``'s.
     """
@@ -749,6 +764,13 @@ class Sim:
         self._seq = itertools.count()
         self._scanned = 0
         self._process = 0
+        # The turn in progress: which phase each of its plan's requests belongs to, which
+        # were accepted, the phase of the first that failed, and whether the server itself
+        # answered one with an error.
+        self._phase_of: dict[Request, int] = {}
+        self._accepted: set[Request] = set()
+        self._failed: int | None = None
+        self._unsure = False
         self.restart(delay=0.0)
 
     def close(self) -> None:
@@ -821,15 +843,45 @@ class Sim:
         if self.dead or fault == KILL:
             self.dead = True
             raise Killed(request)
+        self._check_phase(request)
         self._progress(self.world.clock + self.faults.latency)
+        if fault is not None:
+            self._failed = self._phase_of.get(request, -1)
         if isinstance(fault, ApiError):
             raise fault
         if fault == TIMEOUT_BEFORE:
             raise TimeoutError(fault)
-        result = apply()
+        try:
+            result = apply()
+        except ApiError:
+            # The server's own answer (a name taken, a pod gone): whether the writer takes
+            # it for a failure depends on the write, so later phases may or may not follow.
+            self._unsure = True
+            raise
         if fault == TIMEOUT_AFTER:
             raise TimeoutError(fault)
+        self._accepted.add(request)
         return result
+
+    def _check_phase(self, request: Request) -> None:
+        """(h) The write goes out only after every write of the phases above it was
+        accepted, and not after one failed. The status write that reports a refused
+        write is the writer's own, outside the plan."""
+        phase = self._phase_of.get(request)
+        if phase is None or (
+            request.kind == names.KIND and (self._failed is not None or self._unsure)
+        ):
+            return
+        if self._failed is not None and phase > self._failed:
+            self.world._violate(f"(h) {request} went out after a write of an earlier phase failed")
+            return
+        waiting = sorted(
+            r.name for r, p in self._phase_of.items() if p < phase and r not in self._accepted
+        )
+        if waiting and not self._unsure:
+            self.world._violate(
+                f"(h) {request} went out before {waiting} of an earlier phase were accepted"
+            )
 
     def _fault(self, request: Request) -> Fault | None:
         for i, (match, fault) in enumerate(self._scripted):
@@ -858,6 +910,10 @@ class Sim:
         observed = observe(self.view, job, memory, self.world.clock, self._ranks.get(name))
         self.world.acting = Acting(name, job["metadata"]["uid"], listable(observed))
         the_plan = self.planner(observed, self.settings, self.world.now)
+        self._phase_of = phase_requests(the_plan, name)
+        self._accepted = set()
+        self._failed = None
+        self._unsure = False
         try:
             with world_time(self.world):
                 self._loop.run_until_complete(self.writer.run(copy.deepcopy(job), the_plan))
@@ -876,6 +932,7 @@ class Sim:
                 self._queue(name, self.world.clock + min(requeue) + 0.05)
         finally:
             self.world.acting = None
+            self._phase_of = {}
         if self.dead:
             self.kills += 1
             self.restart()
@@ -1016,6 +1073,34 @@ class Sim:
         if left.actions or not resting(left, self.world.pods):
             problems.append(f"{name} still plans {left}")
         return problems
+
+
+def _request(action: Action, job: str) -> Request | None:
+    """The request a write of the plan makes, as ``FakeKube`` names it."""
+    if isinstance(action, Create | Replace):
+        verb = "create" if isinstance(action, Create) else "replace"
+        return Request(verb, action.obj["kind"], action.obj["metadata"]["name"])
+    if isinstance(action, AnnotatePod):
+        return Request("patch", "Pod", action.name)
+    if isinstance(action, DeletePod):
+        return Request("delete", "Pod", action.name)
+    if isinstance(action, DeleteObject):
+        return Request("delete", action.kind, action.name)
+    if isinstance(action, Claim):
+        return Request("patch", action.kind, action.name)
+    if isinstance(action, WriteStatus):
+        return Request("patch", names.KIND, job)
+    return None  # an Event: sent in the background, in no order
+
+
+def phase_requests(p: Plan, job: str) -> dict[Request, int]:
+    """Which phase of the plan each of its requests belongs to."""
+    return {
+        request: index
+        for index, phase in enumerate(p.phases)
+        for action in phase.writes
+        if (request := _request(action, job)) is not None
+    }
 
 
 def resting(p: Plan, pods: list[Obj]) -> bool:

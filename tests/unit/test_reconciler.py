@@ -1,55 +1,99 @@
-"""The shell's own logic: batching keeps the plan's order; memory is per job and confirmed."""
+"""The shell's own logic: phases run in the plan's order; memory is per job and confirmed."""
 
+import asyncio
 import time
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
 
 from mpijob_elastic.app.reconciler import _job_signature, _may_move_hosts
 from mpijob_elastic.core.actions import (
     DELETE_MEMORY_SECONDS,
-    Action,
     AnnotatePod,
     Create,
     DeletePod,
-    Emit,
+    Phase,
+    Plan,
     Replace,
+    WriteStatus,
 )
-from mpijob_elastic.machinery.kube import ApiError
-from mpijob_elastic.machinery.writer import JobMemory, batches, host_list_write, refusal
+from mpijob_elastic.machinery.kube import ApiError, Kube
+from mpijob_elastic.machinery.writer import JobMemory, Writer, host_list_write, refusal
 
 
 def pod(name: str) -> Create:
-    return Create({"kind": "Pod", "metadata": {"name": name}})
+    return Create({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": name}})
 
 
-def test_runs_of_one_pod_write_kind_are_batched_in_order() -> None:
-    role = Replace({"kind": "Role", "metadata": {"name": "r"}})
-    cm = Create({"kind": "ConfigMap", "metadata": {"name": "c"}})
-    actions: list[Action] = [
-        role,
-        cm,
-        AnnotatePod("l", {}, "1"),
-        DeletePod("a", "1"),
-        DeletePod("b", "2"),
-        pod("w0"),
-        pod("w1"),
-        pod("w2"),
-        Emit("Normal", "ScaledUp", "x"),
+class _Recording(Kube):
+    """Answers every write after a few loop turns, recording when each started and ended,
+    and refuses the writes named in ``refuse``."""
+
+    def __init__(self, refuse: tuple[str, ...] = ()) -> None:
+        self.log: list[tuple[str, str]] = []
+        self.refuse = refuse
+
+    async def _answer(self, name: str, obj: dict[str, Any]) -> dict[str, Any]:
+        self.log.append(("start", name))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        self.log.append(("end", name))
+        if name in self.refuse:
+            raise ApiError(403, "Forbidden", f"{name} refused")
+        return obj
+
+    async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        return await self._answer(
+            obj["metadata"]["name"], {**obj, "metadata": {**obj["metadata"], "namespace": "ns"}}
+        )
+
+    async def patch(
+        self, kind: str, namespace: str, name: str, patch: Mapping[str, Any], subresource: str = ""
+    ) -> dict[str, Any]:
+        return await self._answer(
+            name, {"kind": kind, "metadata": {"name": name, "namespace": namespace}}
+        )
+
+
+JOB = {"kind": "MPIJob", "metadata": {"name": "job", "namespace": "ns", "uid": "u"}}
+
+
+def test_each_phase_starts_once_the_one_before_was_accepted() -> None:
+    kube = _Recording()
+    phases = (
+        Phase("config hash", (AnnotatePod("launcher", {}, "1"),)),
+        Phase("drain marks", (AnnotatePod("w0", {}, "1"), AnnotatePod("w1", {}, "1"))),
+        Phase("creates", (pod("w2"), pod("w3"))),
+    )
+    asyncio.run(Writer(kube, lambda _: None).run(JOB, Plan(phases)))
+    assert kube.log == [
+        ("start", "launcher"),
+        ("end", "launcher"),
+        # The writes of one phase go out together.
+        ("start", "w0"),
+        ("start", "w1"),
+        ("end", "w0"),
+        ("end", "w1"),
+        ("start", "w2"),
+        ("start", "w3"),
+        ("end", "w2"),
+        ("end", "w3"),
     ]
-    out = batches(actions)
-    assert out == [
-        [role],
-        [cm],
-        [AnnotatePod("l", {}, "1")],
-        [DeletePod("a", "1"), DeletePod("b", "2")],
-        [pod("w0"), pod("w1"), pod("w2")],
-        [Emit("Normal", "ScaledUp", "x")],
-    ]
-    assert [a for b in out for a in b] == actions
 
 
-def test_non_pod_creates_are_never_batched() -> None:
-    sa = Create({"kind": "ServiceAccount", "metadata": {"name": "s"}})
-    role = Create({"kind": "Role", "metadata": {"name": "r"}})
-    assert batches([sa, role]) == [[sa], [role]]
+def test_the_writer_stops_at_the_first_phase_with_a_refused_write() -> None:
+    kube = _Recording(refuse=("w1",))
+    phases = (
+        Phase("drain marks", (AnnotatePod("w0", {}, "1"), AnnotatePod("w1", {}, "1"))),
+        Phase("creates", (pod("w2"),)),
+        Phase("status", (WriteStatus({"phase": "x"}, "1"),)),
+    )
+    with pytest.raises(ApiError):
+        asyncio.run(Writer(kube, lambda _: None).run(JOB, Plan(phases)))
+    # The refusal is reported on the job (a condition and an Event), but no write of a
+    # later phase is made.
+    assert [name for what, name in kube.log if what == "start" and name[0] == "w"] == ["w0", "w1"]
 
 
 def _pod(uid: str, terminating: bool = False) -> dict[str, object]:

@@ -26,6 +26,7 @@ from mpijob_elastic.core.actions import (
     Action,
     DeletePod,
     Observed,
+    Phase,
     Plan,
     Replace,
 )
@@ -144,9 +145,13 @@ def deletes_first(observed: Observed, s: Settings, now: datetime) -> Plan:
     """The real plan with the victims' deletes moved before the host-list write."""
     p = plan(observed, s, now)
     deletes = tuple(a for a in p.actions if isinstance(a, DeletePod))
-    rest = [a for a in p.actions if not isinstance(a, DeletePod)]
-    at = next((i for i, a in enumerate(rest) if is_config_map(a)), len(rest))
-    return Plan((*rest[:at], *deletes, *rest[at:]), p.requeue_after)
+    rest = [
+        Phase(ph.step, tuple(a for a in ph.writes if not isinstance(a, DeletePod)))
+        for ph in p.phases
+    ]
+    at = next((i for i, ph in enumerate(rest) if any(map(is_config_map, ph.writes))), len(rest))
+    moved = [*rest[:at], Phase("deletes", deletes), *rest[at:]]
+    return Plan(tuple(ph for ph in moved if ph.writes), p.requeue_after)
 
 
 def trusts_any_mark(observed: Observed, s: Settings, now: datetime) -> Plan:
