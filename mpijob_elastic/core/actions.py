@@ -1,12 +1,11 @@
-"""The vocabulary between the pure core and the shell: what is observed, what to write."""
+"""The vocabulary between the pure core and the shell: what to write (what is observed:
+observe.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-from mpijob_elastic.core.ranks import RankSnapshot
 
 Obj = dict[str, Any]
 
@@ -93,37 +92,6 @@ Action = Create | Replace | AnnotatePod | DeletePod | DeleteObject | Claim | Emi
 
 def is_child_write(action: Action) -> bool:
     return not isinstance(action, Emit | WriteStatus)
-
-
-@dataclass(frozen=True)
-class Observed:
-    """What the caches hold for one job: only children it controls, in its namespace."""
-
-    job: Mapping[str, Any]
-    pods: Sequence[Mapping[str, Any]] = ()
-    config_map: Mapping[str, Any] | None = None
-    service_account: Mapping[str, Any] | None = None
-    role: Mapping[str, Any] | None = None
-    role_binding: Mapping[str, Any] | None = None
-    disruption_budget: Mapping[str, Any] | None = None
-    # UIDs of pods whose delete the server accepted while the cache still shows them
-    # without a deletionTimestamp (a pod removed at once answers with a Status, not the
-    # pod), for at most DELETE_MEMORY_SECONDS.
-    deleting: frozenset[str] = frozenset()
-    # (kind, name) of children whose name an object this job does not control already
-    # holds, with a description of that object for the user.
-    conflicts: Mapping[tuple[str, str], str] = field(default_factory=dict)
-    # (kind, name) of objects the job uses without controlling them: a ServiceAccount of
-    # the launcher's name that someone else made (the user's own, named in the template).
-    in_use: frozenset[tuple[str, str]] = frozenset()
-    # The last read of which workers the launcher's remote shells reach (ranks.py).
-    ranks: RankSnapshot | None = None
-    # Nodes that are going away (nodes.py), with why.
-    leaving_nodes: Mapping[str, str] = field(default_factory=dict)
-    # Candidates for a hand-over (handover.py), not among the children above: objects
-    # this job controls that carry only another controller's labels, and objects in its
-    # namespace that no controller owns.
-    strays: Sequence[Mapping[str, Any]] = ()
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from mpijob_elastic.core import names, render
-from mpijob_elastic.core.actions import DELETE_MEMORY_SECONDS, Emit, Observed, Probe
+from mpijob_elastic.core.actions import DELETE_MEMORY_SECONDS, Emit, Probe
 from mpijob_elastic.core.membership import (
     Leaving,
     Membership,
@@ -37,6 +37,7 @@ from mpijob_elastic.core.membership import (
     parse_indexes,
     plan_membership,
 )
+from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.ranks import (
     DRAIN_FLOOR_SECONDS,
     PROBE_INTERVAL_SECONDS,

@@ -48,13 +48,13 @@ from mpijob_elastic.core.actions import (
     DeleteObject,
     DeletePod,
     Emit,
-    Observed,
     Phase,
     Plan,
     Replace,
     WriteStatus,
 )
 from mpijob_elastic.core.desired import Desired
+from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.status import REFUSED, StatusBuilder
 from mpijob_elastic.core.times import format_precise_time
 

@@ -24,7 +24,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from mpijob_elastic.core import names, render
-from mpijob_elastic.core.actions import Claim, Emit, Observed, Phase, Plan
+from mpijob_elastic.core.actions import Claim, Emit, Phase, Plan
+from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.workers import worker_index
 
 # Claims one turn may make; the job comes straight back for the rest.

@@ -13,9 +13,10 @@ import dataclasses
 from datetime import UTC, datetime
 
 from mpijob_elastic.core import handover
-from mpijob_elastic.core.actions import Observed, Plan
+from mpijob_elastic.core.actions import Plan
 from mpijob_elastic.core.desired import desired
 from mpijob_elastic.core.diff import diff
+from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.settings import Settings
 
 

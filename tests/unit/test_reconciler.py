@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic.app.reconciler import _job_signature, _may_move_hosts
+from mpijob_elastic.app.predicates import job_signature, may_move_hosts
 from mpijob_elastic.core.actions import (
     DELETE_MEMORY_SECONDS,
     AnnotatePod,
@@ -140,10 +140,10 @@ def test_which_failures_need_the_user() -> None:
 def test_a_status_write_does_not_trigger_a_reconcile_but_an_edit_does() -> None:
     job = {"metadata": {"uid": "u", "generation": 1, "annotations": {"a": "1"}}}
     with_status = {**job, "status": {"conditions": []}}
-    assert _job_signature(job) == _job_signature(with_status)
-    assert _job_signature(job) != _job_signature({"metadata": {**job["metadata"], "generation": 2}})
+    assert job_signature(job) == job_signature(with_status)
+    assert job_signature(job) != job_signature({"metadata": {**job["metadata"], "generation": 2}})
     edited = {"metadata": {**job["metadata"], "annotations": {"a": "2"}}}
-    assert _job_signature(job) != _job_signature(edited)
+    assert job_signature(job) != job_signature(edited)
 
 
 def test_host_lists_and_drain_marks_take_the_host_list_lane() -> None:
@@ -159,9 +159,9 @@ def test_only_pod_changes_that_can_move_a_host_are_urgent() -> None:
     def worker(phase: str, **meta: str) -> dict[str, object]:
         return {"kind": "Pod", "metadata": {"name": "w", **meta}, "status": {"phase": phase}}
 
-    assert _may_move_hosts("MODIFIED", worker("Running"))
-    assert _may_move_hosts("MODIFIED", worker("Failed"))
-    assert _may_move_hosts("MODIFIED", worker("Pending", deletionTimestamp="t"))
-    assert _may_move_hosts("DELETED", worker("Pending"))
-    assert not _may_move_hosts("ADDED", worker("Pending"))
-    assert not _may_move_hosts("MODIFIED", {"kind": "ConfigMap", "metadata": {"name": "c"}})
+    assert may_move_hosts("MODIFIED", worker("Running"))
+    assert may_move_hosts("MODIFIED", worker("Failed"))
+    assert may_move_hosts("MODIFIED", worker("Pending", deletionTimestamp="t"))
+    assert may_move_hosts("DELETED", worker("Pending"))
+    assert not may_move_hosts("ADDED", worker("Pending"))
+    assert not may_move_hosts("MODIFIED", {"kind": "ConfigMap", "metadata": {"name": "c"}})

@@ -25,13 +25,13 @@ from mpijob_elastic.core.actions import (
     DELETE_MEMORY_SECONDS,
     Action,
     DeletePod,
-    Observed,
     Phase,
     Plan,
     Replace,
 )
 from mpijob_elastic.core.desired import desired
 from mpijob_elastic.core.diff import diff
+from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.plan import plan
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.machinery.writer import Key, Writer
