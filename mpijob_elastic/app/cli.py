@@ -17,7 +17,7 @@ import yaml
 from aiohttp import web
 
 from mpijob_elastic.app import health, leader, logs, memory
-from mpijob_elastic.app.reconciler import Controller
+from mpijob_elastic.app.controller import Controller
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Create, Replace
 from mpijob_elastic.core.observe import Listed, observe

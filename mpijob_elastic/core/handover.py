@@ -2,7 +2,7 @@
 
 Training-operator 1.9 labels a job's children its own way (names.py) and not with the
 v1 labels our caches select, so a job it started is invisible to the main caches; a
-metadata-only cache per kind finds such objects (reconciler.py). Before anything else of
+metadata-only cache per kind finds such objects (app/controller.py). Before anything else of
 a job is planned:
 
 * each child the job controls that lacks any of our labels gets them merged in (a

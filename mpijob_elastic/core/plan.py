@@ -3,7 +3,7 @@
 The controller's functional core, in two steps: ``desired.py`` decides what the job's
 children and status should be (every scaling rule lives there), ``diff.py`` turns the
 difference from what is observed into writes in the one order that keeps scaling safe.
-It reads nothing and writes nothing; the shell (reconciler.py) executes the writes and
+It reads nothing and writes nothing; the shell (app/controller.py) executes the writes and
 feeds their results back through the caches, so it is all tested without a cluster.
 """
 

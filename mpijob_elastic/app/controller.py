@@ -40,7 +40,7 @@ from mpijob_elastic.machinery.store import compact, metadata_only, slim_pod
 from mpijob_elastic.machinery.workqueue import ShutDownError, WorkQueue
 from mpijob_elastic.machinery.writer import Writer
 
-log = logging.getLogger("mpijob_elastic.app.reconciler")
+log = logging.getLogger("mpijob_elastic.app.controller")
 
 Key = tuple[str, str]
 Obj = dict[str, Any]
