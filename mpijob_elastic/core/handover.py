@@ -65,7 +65,7 @@ def controller_of(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
 def _candidates(observed: Observed) -> Iterator[tuple[str, Mapping[str, Any]]]:
     for obj in observed.strays:
         yield str(obj.get("kind", "")), obj
-    # Kept by their own objects' plans otherwise (diff.py); pods have none.
+    # Kept by their own objects' plans otherwise (write_order.py); pods have none.
     for pod in observed.pods:
         yield "Pod", pod
 

@@ -1,7 +1,7 @@
 """Pure planning: (MPIJob, the children we observe, now) -> the ordered writes to make.
 
 The controller's functional core, in two steps: ``desired.py`` decides what the job's
-children and status should be (every scaling rule lives there), ``diff.py`` turns the
+children and status should be (every scaling rule lives there), ``write_order.py`` turns the
 difference from what is observed into writes in the one order that keeps scaling safe.
 It reads nothing and writes nothing; the shell (app/controller.py) executes the writes and
 feeds their results back through the caches, so it is all tested without a cluster.
@@ -15,9 +15,9 @@ from datetime import UTC, datetime
 from mpijob_elastic.core import handover
 from mpijob_elastic.core.actions import Plan
 from mpijob_elastic.core.desired import desired
-from mpijob_elastic.core.diff import diff
 from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.settings import Settings
+from mpijob_elastic.core.write_order import diff
 
 
 def plan(observed: Observed, settings: Settings, now: datetime | None = None) -> Plan:

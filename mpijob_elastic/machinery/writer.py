@@ -1,6 +1,6 @@
 """Executing one job's plan: its phases in order, refusals reported on the job.
 
-The plan's order is its safety argument (see diff.py): the writes of one phase go out
+The plan's order is its safety argument (see write_order.py): the writes of one phase go out
 together, and the next phase starts only once every one of them was accepted. A phase
 with a failed write ends the turn: nothing after it may run on an assumption that did not
 hold. What happens next depends on why it failed:

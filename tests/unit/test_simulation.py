@@ -30,10 +30,10 @@ from mpijob_elastic.core.actions import (
     Replace,
 )
 from mpijob_elastic.core.desired import desired
-from mpijob_elastic.core.diff import diff
 from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.plan import plan
 from mpijob_elastic.core.settings import Settings
+from mpijob_elastic.core.write_order import diff
 from mpijob_elastic.machinery.writer import Key, Writer
 from tests.unit.simulation import (
     KILL,

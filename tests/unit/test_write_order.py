@@ -18,12 +18,12 @@ from mpijob_elastic.core.actions import (
     Replace,
     WriteStatus,
 )
-from mpijob_elastic.core.diff import STEPS
+from mpijob_elastic.core.write_order import STEPS
 from tests.unit.simulation import Cluster, make_job
 
 ELASTIC = {names.ANN_MIN_REPLICAS: "1", names.ANN_MAX_REPLICAS: "5", names.ANN_DRAIN_SECONDS: "5"}
 
-# The order diff.py's docstring states, written out again here: a change to STEPS must
+# The order write_order.py's docstring states, written out again here: a change to STEPS must
 # be a change to the text too.
 DOCUMENTED = (
     "claims",
