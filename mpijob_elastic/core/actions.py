@@ -1,12 +1,11 @@
-"""The vocabulary between the pure core and the shell: what is observed, what to write."""
+"""The vocabulary between the pure core and the shell: what to write (what is observed:
+observe.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-from mpijob_elastic.core.ranks import RankSnapshot
 
 Obj = dict[str, Any]
 
@@ -108,39 +107,6 @@ class Refusal:
 
 
 @dataclass(frozen=True)
-class Observed:
-    """What the caches hold for one job: only children it controls, in its namespace."""
-
-    job: Mapping[str, Any]
-    pods: Sequence[Mapping[str, Any]] = ()
-    config_map: Mapping[str, Any] | None = None
-    service_account: Mapping[str, Any] | None = None
-    role: Mapping[str, Any] | None = None
-    role_binding: Mapping[str, Any] | None = None
-    disruption_budget: Mapping[str, Any] | None = None
-    # UIDs of pods whose delete the server accepted while the cache still shows them
-    # without a deletionTimestamp (a pod removed at once answers with a Status, not the
-    # pod), for at most DELETE_MEMORY_SECONDS.
-    deleting: frozenset[str] = frozenset()
-    # (kind, name) of children whose name an object this job does not control already
-    # holds, with a description of that object for the user.
-    conflicts: Mapping[tuple[str, str], str] = field(default_factory=dict)
-    # (kind, name) of objects the job uses without controlling them: a ServiceAccount of
-    # the launcher's name that someone else made (the user's own, named in the template).
-    in_use: frozenset[tuple[str, str]] = frozenset()
-    # The last read of which workers the launcher's remote shells reach (ranks.py).
-    ranks: RankSnapshot | None = None
-    # Nodes that are going away (nodes.py), with why.
-    leaving_nodes: Mapping[str, str] = field(default_factory=dict)
-    # Candidates for a hand-over (handover.py), not among the children above: objects
-    # this job controls that carry only another controller's labels, and objects in its
-    # namespace that no controller owns.
-    strays: Sequence[Mapping[str, Any]] = ()
-    # The last write the server refused (the writer's memory of it).
-    refused: Refusal | None = None
-
-
-@dataclass(frozen=True)
 class Probe:
     """Read the launcher's remote shells (ranks.py): victims wait on the answer."""
 
@@ -149,10 +115,21 @@ class Probe:
 
 
 @dataclass(frozen=True)
-class Writes:
-    """One turn's writes and Events in the order they are made, and what comes after."""
+class Phase:
+    """Writes that may go out together: none relies on another of the same phase. The
+    next phase starts only once the server accepted every write of this one."""
 
-    actions: tuple[Action, ...]
+    # Which step of the write order (write_order.STEPS) these writes make.
+    step: str
+    writes: tuple[Action, ...]
+
+
+@dataclass(frozen=True)
+class Writes:
+    """One turn's writes in phases, the order they are made in, and what comes after."""
+
+    # The turn's writes in the order the shell must make them (write_order.py).
+    phases: tuple[Phase, ...]
     # Reconcile again after this many seconds even if nothing changes (a drain deadline).
     requeue_after: float | None = None
     probe: Probe | None = None
@@ -160,6 +137,11 @@ class Writes:
     # status and the Events that report refusals, so that a write refused on every turn
     # never keeps its report from the job.
     on_refusal: tuple[WriteStatus | Emit, ...] = ()
+
+    @property
+    def actions(self) -> tuple[Action, ...]:
+        """Every write of the plan, in its order."""
+        return tuple(a for phase in self.phases for a in phase.writes)
 
     def of_type(self, kind: type[Any]) -> list[Any]:
         return [a for a in self.actions if isinstance(a, kind)]

@@ -104,22 +104,34 @@ class WorkerFailures:
 
     count: int = 0
     last: datetime | None = None
+    # UIDs of the failed pods already in ``count`` and not yet gone: a turn whose delete
+    # of them failed after the count was written must not count them again.
+    counted: frozenset[str] = frozenset()
 
     def format(self) -> str:
-        return f"{self.count} {format_precise_time(self.last)}" if self.last else ""
+        if not self.last:
+            return ""
+        text = f"{self.count} {format_precise_time(self.last)}"
+        return f"{text} {','.join(sorted(self.counted))}" if self.counted else text
 
 
 def worker_failures(turn: Turn, replacing: Sequence[Worker]) -> WorkerFailures:
     """The failures so far, counting the workers replaced now unless their node caused
     them (those say nothing of the program)."""
-    number, _, at = str(turn.state.get(names.ANN_WORKER_FAILURES) or "").partition(" ")
+    number, at, uids = [
+        *str(turn.state.get(names.ANN_WORKER_FAILURES) or "").split(" ", 2),
+        "",
+        "",
+    ][:3]
     failures, last = count(number), parse_time(at)
+    counted = frozenset(uids.split(",")) - {""}
     if last is None or (turn.now - last).total_seconds() >= WORKER_FAILURES_FORGOTTEN_SECONDS:
-        failures, last = 0, None
+        failures, last, counted = 0, None, frozenset()
     own = [w for w in replacing if not (w.reason in NODE_REASONS or w.disrupted)]
-    if own:
-        failures, last = failures + len(own), turn.now
-    return WorkerFailures(failures, last)
+    new = [w for w in own if w.uid not in counted]
+    if new:
+        failures, last = failures + len(new), turn.now
+    return WorkerFailures(failures, last, frozenset(w.uid for w in own))
 
 
 def _worker_pause(failures: int) -> timedelta:

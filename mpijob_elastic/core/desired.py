@@ -33,7 +33,7 @@ from datetime import datetime
 from typing import Any
 
 from mpijob_elastic.core import capacity, drain, lifecycle, names, render, reports
-from mpijob_elastic.core.actions import DELETE_MEMORY_SECONDS, Emit, Observed, Probe
+from mpijob_elastic.core.actions import DELETE_MEMORY_SECONDS, Emit, Probe
 from mpijob_elastic.core.capacity import ScaleOut, Target
 from mpijob_elastic.core.drain import Victim
 from mpijob_elastic.core.lifecycle import Restarts, Suspension
@@ -44,6 +44,7 @@ from mpijob_elastic.core.membership import (
     format_indexes,
     parse_indexes,
 )
+from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.ranks import RANK_WATCH_SECONDS, RANK_WATCH_STARTING_SECONDS
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec import JobSpec

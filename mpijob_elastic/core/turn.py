@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from mpijob_elastic.core.actions import Emit, Observed, Probe
+from mpijob_elastic.core.actions import Emit, Probe
+from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.status import StatusBuilder
 

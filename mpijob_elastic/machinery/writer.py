@@ -1,8 +1,9 @@
-"""Executing one job's plan: writes in the plan's order, refusals reported on the job.
+"""Executing one job's plan: its phases in order, refusals reported on the job.
 
-The plan's order is its safety argument (see diff.py), so the first write that fails ends
-the turn: nothing after it may run on an assumption that did not hold. What happens next
-depends on why it failed:
+The plan's order is its safety argument (see write_order.py): the writes of one phase go out
+together, and the next phase starts only once every one of them was accepted. A phase
+with a failed write ends the turn: nothing after it may run on an assumption that did not
+hold. What happens next depends on why it failed:
 
 * The server refused the write (400, 403, 413, 422, a name held by someone else's object):
   the user has to act. The refusal, with the server's message, is remembered for the job
@@ -56,11 +57,9 @@ log = logging.getLogger("mpijob_elastic.machinery.writer")
 Obj = dict[str, Any]
 Key = tuple[str, str]
 
-# Pod writes of one kind that the plan puts side by side are independent of each other
-# (the Role they depend on was written before them), so they go out together: a scale-up
-# of 50 workers must not wait for 50 round trips before the next host list is written.
-# One turn has at most TURN_CONCURRENCY of them in flight, so a 1000-worker job's creates
-# leave room for other jobs' writes.
+# The writes of one phase go out together: a scale-up of 50 workers must not wait for 50
+# round trips before the next host list is written. One turn has at most TURN_CONCURRENCY
+# of them in flight, so a 1000-worker job's creates leave room for other jobs' writes.
 TURN_CONCURRENCY = 16
 # Writes go through two lanes with slots of their own (docs/design.md, "Write lanes"):
 # the host lists and drain marks, which say where ranks may run, never wait behind other
@@ -71,19 +70,12 @@ BULK_WRITES = 32
 EVENT_WRITES = 4
 # What the write client's connection pool must hold so that no write waits for one.
 WRITE_CONCURRENCY = HOST_LIST_WRITES + BULK_WRITES + EVENT_WRITES
-_BATCHABLE = (AnnotatePod, DeletePod, Claim)
 # How long a name held by someone else's object is left alone before we try it again.
 CONFLICT_RETRY_SECONDS = 30.0
 # How long a ServiceAccount someone else made is taken as still there. Its create is tried
 # again after that (one 409 per job every ten minutes in a steady state), so one removed
 # meanwhile is made anew before a launcher restart needs it.
 IN_USE_RECHECK_SECONDS = 600.0
-
-
-def _batchable(action: Action) -> str | None:
-    if isinstance(action, Create) and action.obj["kind"] == "Pod":
-        return "create-pod"
-    return type(action).__name__ if isinstance(action, _BATCHABLE) else None
 
 
 def host_list_write(action: Action) -> bool:
@@ -93,18 +85,6 @@ def host_list_write(action: Action) -> bool:
     if isinstance(action, Create | Replace):
         return bool(action.obj["kind"] == "ConfigMap")
     return isinstance(action, AnnotatePod)
-
-
-def batches(actions: Sequence[Action]) -> list[list[Action]]:
-    """Split the plan into runs that keep its order; a run of one batchable kind is one."""
-    out: list[list[Action]] = []
-    for action in actions:
-        kind = _batchable(action)
-        if out and kind is not None and _batchable(out[-1][0]) == kind:
-            out[-1].append(action)
-        else:
-            out.append([action])
-    return out
 
 
 def describe(action: Action) -> tuple[str, str, str]:
@@ -239,11 +219,10 @@ class Writer:
         """Execute the plan; raise the first failure, after reporting it if it needs the user."""
         meta = job["metadata"]
         key = (meta["namespace"], meta["name"])
-        children = [a for a in plan.actions if not isinstance(a, WriteStatus | Emit)]
         turn = asyncio.Semaphore(TURN_CONCURRENCY)
-        for batch in batches(children):
+        for phase in plan.phases:
             results = await asyncio.gather(
-                *(self._bounded(turn, a, self._write(key, job, a)) for a in batch),
+                *(self._one(turn, key, job, a) for a in phase.writes),
                 return_exceptions=True,
             )
             # The first failure in the plan's order, so that a retry meets the same one and
@@ -251,7 +230,7 @@ class Writer:
             failed = next(
                 (
                     (a, r)
-                    for a, r in zip(batch, results, strict=True)
+                    for a, r in zip(phase.writes, results, strict=True)
                     if isinstance(r, BaseException)
                 ),
                 None,
@@ -260,13 +239,17 @@ class Writer:
                 action, err = failed
                 await self._report(key, job, action, err, plan)
                 raise err
+        # Every write of the turn went through: no refusal is left to report.
         self.of(key).refused = None
-        for action in plan.actions:
-            if isinstance(action, WriteStatus):
-                async with self._bulk:
-                    await self._write_status(job, action.status, action.resource_version)
-            elif isinstance(action, Emit):
-                self.emit_soon(job, action)
+
+    async def _one(self, turn: asyncio.Semaphore, key: Key, job: Obj, action: Action) -> None:
+        if isinstance(action, WriteStatus):
+            async with self._bulk:
+                await self._write_status(job, action.status, action.resource_version)
+        elif isinstance(action, Emit):
+            self.emit_soon(job, action)
+        else:
+            await self._bounded(turn, action, self._write(key, job, action))
 
     async def _bounded(
         self, turn: asyncio.Semaphore, action: Action, write: Awaitable[None]

@@ -26,6 +26,7 @@ import copy
 import heapq
 import itertools
 import random
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -34,20 +35,32 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from unittest import mock
 
-from mpijob_elastic.app.reconciler import _job_signature
-from mpijob_elastic.core import formats, names
-from mpijob_elastic.core.actions import Emit, Observed, Writes
+from mpijob_elastic.app.predicates import job_signature
+from mpijob_elastic.core import formats, names, nodes
+from mpijob_elastic.core.actions import (
+    Action,
+    AnnotatePod,
+    Claim,
+    Create,
+    DeleteObject,
+    DeletePod,
+    Emit,
+    Replace,
+    Writes,
+    WriteStatus,
+)
 from mpijob_elastic.core.capacity import WORKER_BACKOFF_MAX_SECONDS
 from mpijob_elastic.core.drain import DRAIN_FLOOR_SECONDS
+from mpijob_elastic.core.observe import HANDOVER_KINDS, Listed, Observed
+from mpijob_elastic.core.observe import observe as observe_caches
 from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.ranks import RANK_WATCH_SECONDS, RankSnapshot
-from mpijob_elastic.core.render import exec_names, requests_gpu
+from mpijob_elastic.core.render import requests_gpu
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
-from mpijob_elastic.core.spec import launcher_service_account
-from mpijob_elastic.core.workers import Worker, worker_index
+from mpijob_elastic.core.workers import worker_index
 from mpijob_elastic.machinery import writer as writer_module
 from mpijob_elastic.machinery.kube import ApiError, Kube
-from mpijob_elastic.machinery.store import compact, slim_pod
+from mpijob_elastic.machinery.store import compact, metadata_only, slim_pod
 from mpijob_elastic.machinery.workqueue import ItemBackoff
 from mpijob_elastic.machinery.writer import JobMemory, Writer
 
@@ -123,6 +136,22 @@ def _rv(obj: Mapping[str, Any]) -> int:
     return int(obj["metadata"].get("resourceVersion") or 0)
 
 
+def _ours(obj: Mapping[str, Any]) -> bool:
+    """What the main caches' selector (watches.CHILD_SELECTOR) lets through."""
+    labels = obj["metadata"].get("labels") or {}
+    return labels.get(names.LABEL_GROUP) == names.GROUP and names.LABEL_JOB in labels
+
+
+def _handed_over(obj: Mapping[str, Any]) -> bool:
+    """What the hand-over caches' selectors (watches.HANDOVER_SELECTORS) let through."""
+    labels = obj["metadata"].get("labels") or {}
+    if names.LABEL_JOB in labels:
+        return False
+    if obj["kind"] == "Pod":
+        return labels.get(names.LABEL_TO_OPERATOR) == names.TO_OPERATOR
+    return obj["kind"] in HANDOVER_KINDS and names.LABEL_APP in labels
+
+
 def observe(
     objects: Mapping[tuple[str, str], Obj],
     job: Obj,
@@ -130,32 +159,35 @@ def observe(
     seconds: float,
     ranks: RankSnapshot | None = None,
 ) -> Observed:
-    """What the controller's caches hold for one job, as ``Controller.observe`` reads them."""
-    uid, job_name = job["metadata"]["uid"], job["metadata"]["name"]
-    # Through the caches' transforms, so a field the planner reads but a cache drops fails
-    # the planner's tests.
-    owned = {
-        key: (slim_pod if key[0] == "Pod" else compact)(copy.deepcopy(obj))
-        for key, obj in sorted(objects.items())
-        if key[0] != names.KIND and _controller_uid(obj) == uid
+    """What the controller's caches hold for one job, read by the controller's own
+    ``observe``: ``objects`` stand for the caches, each object through its cache's
+    transform, so a field the planner reads but a cache drops fails the planner's tests."""
+    main: dict[str, list[Obj]] = {}
+    handover: dict[str, list[Obj]] = {}
+    for (kind, _), obj in sorted(objects.items()):
+        if kind in (names.KIND, "Node"):
+            continue
+        # The API server names the namespace of everything it holds; a test's hand-made
+        # object may leave it out.
+        obj = {**obj, "metadata": {"namespace": NAMESPACE, **obj["metadata"]}}
+        if _ours(obj):
+            transform = slim_pod if kind == "Pod" else compact
+            main.setdefault(kind, []).append(transform(copy.deepcopy(obj)))
+        elif _handed_over(obj):
+            handover.setdefault(kind, []).append(metadata_only(copy.deepcopy(obj)))
+    leaving = {
+        name: why
+        for (kind, name), node in objects.items()
+        if kind == "Node" and (why := nodes.leaving(node, SETTINGS.leaving_node_taints))
     }
-    pods = [obj for (kind, _), obj in owned.items() if kind == "Pod"]
-    launcher = names.launcher_name(job_name)
-    return Observed(
-        job=copy.deepcopy(job),
-        pods=pods,
-        config_map=owned.get(("ConfigMap", names.config_map_name(job_name))),
-        service_account=owned.get(("ServiceAccount", launcher_service_account(job))),
-        role=owned.get(("Role", launcher)),
-        role_binding=owned.get(("RoleBinding", launcher)),
-        disruption_budget=owned.get(
-            ("PodDisruptionBudget", names.disruption_budget_name(job_name))
-        ),
-        deleting=memory.deleting(pods, seconds),
-        conflicts=memory.taken(seconds),
-        in_use=memory.used(seconds),
+    return observe_caches(
+        copy.deepcopy(job),
+        lambda kind: Listed(main.get(kind, ())),
+        lambda kind: Listed(handover.get(kind, ())),
+        memory,
+        seconds,
         ranks=ranks,
-        refused=memory.refused,
+        leaving_nodes=leaving,
     )
 
 
@@ -200,6 +232,9 @@ class World:
     (f) A turn for one job writes only that job's objects.
     (g) No pod is created under a name Horovod has blacklisted: one whose pod failed, or
         went, while discover_hosts.sh named it.
+    (h) A turn's writes follow its plan's phases: none goes out before every write of
+        the phases above it was accepted, nor after a write of an earlier phase failed
+        (checked by ``Sim``, which sees the requests go out).
 
     (e), convergence, is ``Sim.settle``'s.
     """
@@ -718,11 +753,12 @@ class _Timer:
 class Sim:
     """The controller's reconcile loop against a ``World`` that lags, fails and kills it.
 
-    Mirrors ``reconciler.Controller``: a watch cache (here ``view``) fed by the world's
+    The loop of ``controller.Controller``: a watch cache (here ``view``) fed by the world's
     change stream after a random delay, the controller's own confirmed writes upserted into
-    it, one job reconciled at a time from a queue of due times, a failed turn retried with
-    the work queue's backoff, ``requeue_after`` honoured. The real ``Writer`` executes each
-    plan; ``writer`` and ``planner`` can be swapped for variants under test.
+    it, read by the controller's own ``observe`` (core/observe.py), one job reconciled at a
+    time from a queue of due times, a failed turn retried with the work queue's backoff,
+    ``requeue_after`` honoured. The real ``Writer`` executes each plan, phase by phase;
+    ``writer`` and ``planner`` can be swapped for variants under test.
     """
 
     def __init__(
@@ -752,6 +788,13 @@ class Sim:
         self._seq = itertools.count()
         self._scanned = 0
         self._process = 0
+        # The turn in progress: which phase each of its plan's requests belongs to, which
+        # were accepted, the phase of the first that failed, and whether the server itself
+        # answered one with an error.
+        self._phase_of: dict[Request, int] = {}
+        self._accepted: set[Request] = set()
+        self._failed: int | None = None
+        self._unsure = False
         self.restart(delay=0.0)
 
     def close(self) -> None:
@@ -774,7 +817,7 @@ class Sim:
         self.writer = self.writer_type(FakeKube(self.world, self._gate), self._upsert)
         self.view = copy.deepcopy(self.world.objects)
         self._seen_deleted: set[str] = set()
-        self._signatures = {name: _job_signature(self.world.job(name)) for name in self.jobs}
+        self._signatures = {name: job_signature(self.world.job(name)) for name in self.jobs}
         self._backoff: ItemBackoff[str] = ItemBackoff(60.0)
         self._ranks: dict[str, RankSnapshot] = {}
         self.due = {name: self.world.clock + delay for name in self.jobs}
@@ -803,7 +846,7 @@ class Sim:
         elif current is None or _rv(obj) > _rv(current):
             self.view[key] = obj
         if obj["kind"] == names.KIND:
-            signature = _job_signature(obj)
+            signature = job_signature(obj)
             if self._signatures.get(key[1]) != signature:
                 self._signatures[key[1]] = signature
                 self._queue(key[1], self.world.clock)
@@ -824,15 +867,45 @@ class Sim:
         if self.dead or fault == KILL:
             self.dead = True
             raise Killed(request)
+        self._check_phase(request)
         self._progress(self.world.clock + self.faults.latency)
+        if fault is not None:
+            self._failed = self._phase_of.get(request, -1)
         if isinstance(fault, ApiError):
             raise fault
         if fault == TIMEOUT_BEFORE:
             raise TimeoutError(fault)
-        result = apply()
+        try:
+            result = apply()
+        except ApiError:
+            # The server's own answer (a name taken, a pod gone): whether the writer takes
+            # it for a failure depends on the write, so later phases may or may not follow.
+            self._unsure = True
+            raise
         if fault == TIMEOUT_AFTER:
             raise TimeoutError(fault)
+        self._accepted.add(request)
         return result
+
+    def _check_phase(self, request: Request) -> None:
+        """(h) The write goes out only after every write of the phases above it was
+        accepted, and not after one failed. The status write that reports a refused
+        write is the writer's own, outside the plan."""
+        phase = self._phase_of.get(request)
+        if phase is None or (
+            request.kind == names.KIND and (self._failed is not None or self._unsure)
+        ):
+            return
+        if self._failed is not None and phase > self._failed:
+            self.world._violate(f"(h) {request} went out after a write of an earlier phase failed")
+            return
+        waiting = sorted(
+            r.name for r, p in self._phase_of.items() if p < phase and r not in self._accepted
+        )
+        if waiting and not self._unsure:
+            self.world._violate(
+                f"(h) {request} went out before {waiting} of an earlier phase were accepted"
+            )
 
     def _fault(self, request: Request) -> Fault | None:
         for i, (match, fault) in enumerate(self._scripted):
@@ -861,6 +934,10 @@ class Sim:
         observed = observe(self.view, job, memory, self.world.clock, self._ranks.get(name))
         self.world.acting = Acting(name, job["metadata"]["uid"], listable(observed))
         the_plan = self.planner(observed, self.settings, self.world.now)
+        self._phase_of = phase_requests(the_plan, name)
+        self._accepted = set()
+        self._failed = None
+        self._unsure = False
         try:
             with world_time(self.world):
                 self._loop.run_until_complete(self.writer.run(copy.deepcopy(job), the_plan))
@@ -879,6 +956,7 @@ class Sim:
                 self._queue(name, self.world.clock + min(requeue) + 0.05)
         finally:
             self.world.acting = None
+            self._phase_of = {}
         if self.dead:
             self.kills += 1
             self.restart()
@@ -1021,6 +1099,34 @@ class Sim:
         return problems
 
 
+def _request(action: Action, job: str) -> Request | None:
+    """The request a write of the plan makes, as ``FakeKube`` names it."""
+    if isinstance(action, Create | Replace):
+        verb = "create" if isinstance(action, Create) else "replace"
+        return Request(verb, action.obj["kind"], action.obj["metadata"]["name"])
+    if isinstance(action, AnnotatePod):
+        return Request("patch", "Pod", action.name)
+    if isinstance(action, DeletePod):
+        return Request("delete", "Pod", action.name)
+    if isinstance(action, DeleteObject):
+        return Request("delete", action.kind, action.name)
+    if isinstance(action, Claim):
+        return Request("patch", action.kind, action.name)
+    if isinstance(action, WriteStatus):
+        return Request("patch", names.KIND, job)
+    return None  # an Event: sent in the background, in no order
+
+
+def phase_requests(p: Writes, job: str) -> dict[Request, int]:
+    """Which phase of the plan each of its requests belongs to."""
+    return {
+        request: index
+        for index, phase in enumerate(p.phases)
+        for action in phase.writes
+        if (request := _request(action, job)) is not None
+    }
+
+
 def resting(p: Writes, pods: list[Obj]) -> bool:
     """Nothing left to do but watch a running job's ranks (ranks.RANK_WATCH_SECONDS):
     no drain or deletion under way."""
@@ -1038,20 +1144,39 @@ def replicas(job: Mapping[str, Any]) -> int:
 
 def listable(observed: Observed) -> set[str]:
     """The hosts the observed pods and spec allow in discover_hosts.sh: workers that can
-    take ranks, and a launcher that requests a GPU while its pod exists."""
+    take ranks, and a launcher that requests a GPU while its pod exists.
+
+    Written from the rule (docs/membership.md), not with the planner's helpers, so that a
+    bug in those shows here: a worker is ``<job>-worker-<index>``, not being deleted, and
+    its main container (the first) runs, and is Ready if it has a readiness probe."""
     job = str(observed.job["metadata"]["name"])
-    found = []
-    hosts: set[str] = set()
     gpu = requests_gpu(observed.job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"])
+    hosts: set[str] = set()
     for pod in observed.pods:
         name = pod["metadata"]["name"]
-        index = worker_index(job, name)
-        if index is not None:
-            found.append(Worker(index, pod))
-        elif (
-            gpu
-            and name == names.launcher_name(job)
-            and not pod["metadata"].get("deletionTimestamp")
+        if pod["metadata"].get("deletionTimestamp"):
+            continue
+        if (gpu and name == names.launcher_name(job)) or (
+            re.fullmatch(rf"{re.escape(job)}-worker-(0|[1-9][0-9]*)", name) and _main_up(pod)
         ):
             hosts.add(name)
-    return hosts | {w.name for w in found if w.can_take_ranks(None)}
+    return hosts
+
+
+def _main_up(pod: Mapping[str, Any]) -> bool:
+    main = pod["spec"]["containers"][0]
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status["name"] == main["name"]:
+            running = "running" in (status.get("state") or {})
+            return running and (status.get("ready") is True or "readinessProbe" not in main)
+    return False
+
+
+def exec_names(role: Mapping[str, Any] | None) -> set[str]:
+    """The pods a launcher Role lets it exec into, read from the rules as RBAC reads them:
+    a rule grants ``create`` on ``pods/exec`` for the names it lists."""
+    granted: set[str] = set()
+    for rule in (role or {}).get("rules") or []:
+        if "pods/exec" in rule.get("resources", ()) and "create" in rule.get("verbs", ()):
+            granted |= set(rule.get("resourceNames", ()))
+    return granted

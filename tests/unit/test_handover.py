@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from mpijob_elastic.core import handover, names, render
-from mpijob_elastic.core.actions import Claim, Create, Observed
+from mpijob_elastic.core.actions import Claim, Create
+from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec import parse

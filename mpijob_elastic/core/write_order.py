@@ -1,29 +1,36 @@
 """The ordered writes that move the observed children to the desired ones.
 
-The order is the safety argument, stated once, here. The shell executes the writes in
-this order and stops at the first one refused, so every write may rely on the ones above
-it having landed:
+The order is the safety argument, stated once, here, and returned as data: a plan is a
+list of phases (``STEPS`` names them, in order). The writes of one phase rely on nothing
+else in it and may go out together; the shell starts a phase only once the server
+accepted every write of the one before, and stops at the first phase with a write
+refused, so every write may rely on the phases above it having landed:
 
-1. The ServiceAccount, and the PodDisruptionBudget before any worker it protects exists
-   (or the budget's delete, once the job is suspended, finished or no longer elastic).
-2. The ConfigMap: victims leave the host lists before anything happens to them; a worker
+1. ``ServiceAccount``, then ``PodDisruptionBudget``: the budget before any worker it
+   protects exists.
+2. ``ConfigMap``: victims leave the host lists before anything happens to them; a worker
    is listed only once the Role we wrote grants exec on it (``desired.py``).
-3. The launcher's config-hash annotation: its kubelet refreshes the mounted files now.
-4. Drain marks cleared on workers the job keeps; then marks on victims whose drain starts
-   (after the host-list write, so a mark never predates the list that dropped them),
-   and deletes of victims whose drain is over.
-5. Deletes of retired and failed workers to replace (or of a finished job's pods), then
-   creates of missing workers. The ConfigMap above carries the retired indexes, so a
-   restart between these writes cannot hand a retired name out again.
-6. The Role: exec on the job's workers, new ones only once their creates went through,
+3. ``obsolete``: the budget's delete, once the job is suspended, finished or no longer
+   elastic.
+4. ``config hash``: the launcher's annotation; its kubelet refreshes the mounted files now.
+5. ``drain marks``: marks cleared on workers the job keeps, and marks on victims whose
+   drain starts (after the host-list write, so a mark never predates the list that
+   dropped them).
+6. ``deletes``: victims whose drain is over, retired and failed workers to replace, a
+   finished job's pods. The ConfigMap above carries the retired indexes, so a restart
+   between these writes and the creates cannot hand a retired name out again.
+7. ``creates``: missing workers.
+8. ``Role``: exec on the job's workers, new ones only once their creates went through,
    so a name that someone else's pod holds (a create answered 409) is never granted. A
    new worker cannot be listed before this write: it is not running yet, and step 2
-   lists only granted workers. Then the RoleBinding: a controller without the ``bind``
+   lists only granted workers. Then ``RoleBinding``: a controller without the ``bind``
    verb (ours) may bind only a Role that exists, whose rules it holds itself; the API
    server answers 404 for a RoleBinding to a Role not there yet.
-7. The launcher, after its workers exist and are granted.
-8. The status, then Events.
+9. ``launcher``: after its workers exist and are granted.
+10. ``status`` (or, once runPolicy.ttlSecondsAfterFinished is over, ``job delete``), then
+    ``events``.
 
+A turn that claims children (``handover.py``) writes only its ``claims``, then ``events``.
 Only drift is written: a settled job yields no writes.
 """
 
@@ -41,17 +48,37 @@ from mpijob_elastic.core.actions import (
     DeleteObject,
     DeletePod,
     Emit,
-    Observed,
+    Phase,
     Replace,
     Writes,
     WriteStatus,
 )
 from mpijob_elastic.core.desired import Desired
+from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.reports import REFUSAL_EVENTS
 from mpijob_elastic.core.status import REFUSED, StatusBuilder
 from mpijob_elastic.core.times import format_precise_time
 
 Obj = dict[str, Any]
+
+# The phases of a plan, in the order they are written (above).
+STEPS = (
+    "claims",
+    "ServiceAccount",
+    "PodDisruptionBudget",
+    "ConfigMap",
+    "obsolete",
+    "config hash",
+    "drain marks",
+    "deletes",
+    "creates",
+    "Role",
+    "RoleBinding",
+    "launcher",
+    "job delete",
+    "status",
+    "events",
+)
 
 # The keys of each kind that are ours to keep in step; anything else on the object
 # (another controller's labels, the server's fields) is left alone.
@@ -106,6 +133,10 @@ def _resource_version(obj: Mapping[str, Any]) -> str:
     return str(obj["metadata"].get("resourceVersion", ""))
 
 
+def _phases(steps: Sequence[tuple[str, Sequence[Action]]]) -> tuple[Phase, ...]:
+    return tuple(Phase(step, tuple(writes)) for step, writes in steps if writes)
+
+
 def _obsolete(want: Desired, observed: Observed) -> list[Action]:
     """Deletes of the children the job must no longer have."""
     writes: list[Action] = []
@@ -144,6 +175,24 @@ def _refresh_launcher(want: Desired, observed: Observed) -> list[Action]:
     ]
 
 
+def _drain_marks(want: Desired, now: datetime) -> list[Action]:
+    """Marks cleared on workers the job keeps, and set on victims whose drain starts."""
+    marks: list[Action] = [
+        AnnotatePod(w.name, {names.ANN_DRAINING_SINCE: None}, _resource_version(w.pod))
+        for w in want.workers
+        if w.marked and not w.terminating
+    ]
+    mark = format_precise_time(now)
+    marks += [
+        AnnotatePod(
+            v.worker.name, {names.ANN_DRAINING_SINCE: mark}, _resource_version(v.worker.pod)
+        )
+        for v in want.victims
+        if v.action == "mark"
+    ]
+    return marks
+
+
 def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
     def ensure(kind: str) -> list[Action]:
         obj = want.objects.get(kind)
@@ -152,35 +201,28 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
         action = _ensure(obj, _observed_object(observed, kind), _OWNED_KEYS[kind])
         return [] if action is None else [action]
 
-    writes = ensure("ServiceAccount") + ensure("PodDisruptionBudget") + ensure("ConfigMap")
-    writes += _obsolete(want, observed)
-    writes += _refresh_launcher(want, observed)
-
-    for w in want.workers:
-        if w.marked and not w.terminating:
-            writes.append(
-                AnnotatePod(w.name, {names.ANN_DRAINING_SINCE: None}, _resource_version(w.pod))
-            )
-    mark = format_precise_time(now)
-    for v in want.victims:
-        if v.action == "mark":
-            writes.append(
-                AnnotatePod(
-                    v.worker.name, {names.ANN_DRAINING_SINCE: mark}, _resource_version(v.worker.pod)
-                )
-            )
-    writes += [
+    deletes: list[Action] = [
         DeletePod(v.worker.name, v.worker.uid, v.grace_seconds)
         for v in want.victims
         if v.action == "delete"
     ]
-
-    writes += [DeletePod(w.name, w.uid) for w in want.deletes]
-    writes += [Create(pod) for pod in want.new_pods]
-    writes += ensure("Role") + ensure("RoleBinding")
-    if want.launcher is not None:
-        writes.append(Create(want.launcher))
-
+    deletes += [DeletePod(w.name, w.uid) for w in want.deletes]
+    children = _phases(
+        [
+            ("ServiceAccount", ensure("ServiceAccount")),
+            ("PodDisruptionBudget", ensure("PodDisruptionBudget")),
+            ("ConfigMap", ensure("ConfigMap")),
+            ("obsolete", _obsolete(want, observed)),
+            ("config hash", _refresh_launcher(want, observed)),
+            ("drain marks", _drain_marks(want, now)),
+            ("deletes", deletes),
+            ("creates", [Create(pod) for pod in want.new_pods]),
+            ("Role", ensure("Role")),
+            ("RoleBinding", ensure("RoleBinding")),
+            ("launcher", [] if want.launcher is None else [Create(want.launcher)]),
+        ]
+    )
+    events: list[Emit] = list(want.events)
     rv = str(observed.job["metadata"].get("resourceVersion", ""))
     changed = want.status != (observed.job.get("status") or {})
     on_refusal: tuple[WriteStatus | Emit, ...] = (
@@ -192,14 +234,16 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
         # status written after the delete would only fail (unless the delete is refused).
         meta = observed.job["metadata"]
         delete = DeleteObject(names.KIND, str(meta["name"]), str(meta.get("uid", "")))
-        actions = (*writes, delete, *want.events)
-        return Writes(actions, want.requeue_after, want.probe, on_refusal)
+        last = _phases([("job delete", [delete]), ("events", events)])
+        return Writes((*children, *last), want.requeue_after, want.probe, on_refusal)
     status = want.status
-    if not writes and not observed.conflicts:
+    if not children and not observed.conflicts:
         # Nothing left to write means every earlier refusal is behind us.
         builder = StatusBuilder({"status": status}, now)
         if builder.clear(REFUSED, "WritesAccepted", "every write of the last sync went through"):
             status = builder.build()
+    writes: list[Action] = []
     if status != (observed.job.get("status") or {}):
         writes.append(WriteStatus(status, rv))
-    return Writes((*writes, *want.events), want.requeue_after, want.probe, on_refusal)
+    last = _phases([("status", writes), ("events", events)])
+    return Writes((*children, *last), want.requeue_after, want.probe, on_refusal)
