@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from mpijob_elastic.core import capacity, drain, lifecycle, names, render, reports
+from mpijob_elastic.core import capacity, drain, lifecycle, names, render, render_pods, reports
 from mpijob_elastic.core.actions import DELETE_MEMORY_SECONDS, Emit, Observed, Probe
 from mpijob_elastic.core.capacity import ScaleOut, Target
 from mpijob_elastic.core.drain import Victim
@@ -333,7 +333,7 @@ def _children(
         objects=objects,
         config_hash=hash_,
         workers=m.keep,
-        new_pods=[render.worker_pod(spec, i) for i in members.create_now],
+        new_pods=[render_pods.worker_pod(spec, i) for i in members.create_now],
         victims=victims,
         deletes=restarted + list(m.replace[:POD_WRITES_PER_TURN]),
         launcher=new_launcher,
@@ -350,7 +350,7 @@ def _new_launcher(
         return None
     if ("Pod", names.launcher_name(spec.name)) in taken:
         return None
-    return render.launcher_pod(spec, turn.settings, config_hash, needed)
+    return render_pods.launcher_pod(spec, turn.settings, config_hash, needed)
 
 
 def _watch_ranks(
