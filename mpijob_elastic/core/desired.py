@@ -145,6 +145,8 @@ class _Size:
     """What capacity decided for a job that runs: the size it asks for, the scale-out's
     state, the target, and the suspension for capacity it may be in."""
 
+    # The Worker count in force (within the bounds), kept for an out-of-range one to come.
+    replicas: int
     wanted: int
     out: ScaleOut
     goal: Target
@@ -195,7 +197,7 @@ def _size(turn: Turn, spec: JobSpec, workers: Sequence[Worker]) -> _Size:
     goal = capacity.target(turn, spec, workers, wanted, out, drain.relocate(turn, spec, workers))
     gone = {w.name for w in replacing}
     kept = [w.name for w in failed if w.name not in gone]
-    return _Size(wanted, out, goal, suspension, failures, kept)
+    return _Size(replicas, wanted, out, goal, suspension, failures, kept)
 
 
 def _members(turn: Turn, spec: JobSpec, workers: Sequence[Worker], size: _Size) -> Membership:
@@ -292,6 +294,7 @@ def _children(
     state = {
         names.ANN_LAUNCHER_RESTARTS: str(restarts.done) if restarts.done else "",
         names.ANN_WORKER_FAILURES: size.failures.format(),
+        names.ANN_WORKERS: str(size.replicas),
         names.ANN_RETIRED_WORKERS: format_indexes(retired),
         names.ANN_SCALE_OUT_BACKOFF: backoff.format() if backoff is not None else "",
         names.ANN_BELOW_MIN_SINCE: format_precise_time(below_since) if below_since else "",
