@@ -1,7 +1,8 @@
 """How many workers the job should have now, and how long to wait for ones that do not come.
 
 * The target is ``Worker.replicas`` when within the job's bounds; a value outside them is
-  refused (``InvalidSpec``, reason ``ReplicasOutOfRange``) and the job keeps its size.
+  refused (``InvalidSpec``, reason ``ReplicasOutOfRange``) and the job keeps the count it
+  was last given within them (kept on the ConfigMap).
 * Failing workers are replaced at once the first time, then after a pause doubling from
   10 s to at most 5 min (an OOM-killed worker is not recreated in a tight loop); ten
   minutes without a failure forget them. No new worker is created during the pause.
@@ -163,12 +164,19 @@ def within_bounds(turn: Turn, spec: JobSpec, workers: Sequence[Worker]) -> int:
     replicas = spec.worker.replicas
     if spec.bounds.contains(replicas):
         return replicas
-    # Refuse the value: keep as many workers as the job had (its last hostfile, so a
-    # worker lost meanwhile is still replaced), or, for a new job, the nearest bound.
-    members = hostfile_workers(spec.name, (turn.observed.config_map or {}).get("data"))
-    held = [w for w in workers if not w.terminating and not w.marked]
-    had = len(members) or len(held)
-    keep = spec.bounds.clamp(had if had else replicas)
+    # Refuse the value: keep the count the job was last given within its bounds, as if the
+    # edit had been refused at admission. Not what it has now: workers failed or lost
+    # meanwhile are still replaced, and new ones not running yet are still wanted.
+    kept = turn.state.get(names.ANN_WORKERS)
+    if isinstance(kept, str) and kept.isascii() and kept.isdigit():
+        keep = spec.bounds.clamp(int(kept))
+    else:
+        # No count kept (a new job, or one last reconciled before the count was): the
+        # workers it has (its last hostfile, else its pods), or the nearest bound.
+        members = hostfile_workers(spec.name, (turn.observed.config_map or {}).get("data"))
+        held = [w for w in workers if not w.terminating and not w.marked]
+        had = len(members) or len(held)
+        keep = spec.bounds.clamp(had if had else replicas)
     message = (
         f"spec.mpiReplicaSpecs.Worker.replicas: {replicas} is outside the job's bounds "
         f"{spec.bounds.describe()} (annotations {names.ANN_MIN_REPLICAS}, "

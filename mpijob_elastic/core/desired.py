@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from mpijob_elastic.core import capacity, drain, lifecycle, names, render, reports
+from mpijob_elastic.core import capacity, drain, lifecycle, names, render, render_pods, reports
 from mpijob_elastic.core.actions import DELETE_MEMORY_SECONDS, Emit, Probe
 from mpijob_elastic.core.capacity import ScaleOut, Target
 from mpijob_elastic.core.drain import Victim
@@ -146,6 +146,8 @@ class _Size:
     """What capacity decided for a job that runs: the size it asks for, the scale-out's
     state, the target, and the suspension for capacity it may be in."""
 
+    # The Worker count in force (within the bounds), kept for an out-of-range one to come.
+    replicas: int
     wanted: int
     out: ScaleOut
     goal: Target
@@ -196,7 +198,7 @@ def _size(turn: Turn, spec: JobSpec, workers: Sequence[Worker]) -> _Size:
     goal = capacity.target(turn, spec, workers, wanted, out, drain.relocate(turn, spec, workers))
     gone = {w.name for w in replacing}
     kept = [w.name for w in failed if w.name not in gone]
-    return _Size(wanted, out, goal, suspension, failures, kept)
+    return _Size(replicas, wanted, out, goal, suspension, failures, kept)
 
 
 def _members(turn: Turn, spec: JobSpec, workers: Sequence[Worker], size: _Size) -> Membership:
@@ -293,6 +295,7 @@ def _children(
     state = {
         names.ANN_LAUNCHER_RESTARTS: str(restarts.done) if restarts.done else "",
         names.ANN_WORKER_FAILURES: size.failures.format(),
+        names.ANN_WORKERS: str(size.replicas),
         names.ANN_RETIRED_WORKERS: format_indexes(retired),
         names.ANN_SCALE_OUT_BACKOFF: backoff.format() if backoff is not None else "",
         names.ANN_BELOW_MIN_SINCE: format_precise_time(below_since) if below_since else "",
@@ -334,7 +337,7 @@ def _children(
         objects=objects,
         config_hash=hash_,
         workers=m.keep,
-        new_pods=[render.worker_pod(spec, i) for i in members.create_now],
+        new_pods=[render_pods.worker_pod(spec, i) for i in members.create_now],
         victims=victims,
         deletes=restarted + list(m.replace[:POD_WRITES_PER_TURN]),
         launcher=new_launcher,
@@ -351,7 +354,7 @@ def _new_launcher(
         return None
     if ("Pod", names.launcher_name(spec.name)) in taken:
         return None
-    return render.launcher_pod(spec, turn.settings, config_hash, needed)
+    return render_pods.launcher_pod(spec, turn.settings, config_hash, needed)
 
 
 def _watch_ranks(

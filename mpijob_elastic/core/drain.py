@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from mpijob_elastic.core import names, render
+from mpijob_elastic.core import names, render_pods
 from mpijob_elastic.core.actions import Probe
 from mpijob_elastic.core.membership import Leaving, describe
 from mpijob_elastic.core.spec import JobSpec
@@ -173,7 +173,7 @@ def read_launcher(
         return
     turn.requeue(every)
     containers = (launcher.get("spec") or {}).get("containers") or []
-    index = render.main_container_index(spec, containers) if containers else None
+    index = render_pods.main_container_index(spec, containers) if containers else None
     container = containers[index].get("name") if index is not None else None
     turn.probe = Probe(str(launcher["metadata"]["name"]), container)
 

@@ -66,6 +66,9 @@ ANN_SUSPENDED: Final = "mpijob-elastic.io/suspended"
 ANN_LAUNCHER_RESTARTS: Final = "mpijob-elastic.io/launcher-restarts"
 # On the ConfigMap: worker failures in a row, "<count> <last at>" (the replacement backoff).
 ANN_WORKER_FAILURES: Final = "mpijob-elastic.io/worker-failures"
+# On the ConfigMap: the Worker count the job keeps, the last one within its bounds (what an
+# out-of-range count leaves in force).
+ANN_WORKERS: Final = "mpijob-elastic.io/workers"
 # Every annotation above that the controller keeps on the ConfigMap: its own to set and to
 # remove (an annotation not listed here would stay once cleared).
 STATE_ANNOTATIONS: Final = (
@@ -75,6 +78,7 @@ STATE_ANNOTATIONS: Final = (
     ANN_SUSPENDED,
     ANN_LAUNCHER_RESTARTS,
     ANN_WORKER_FAILURES,
+    ANN_WORKERS,
 )
 
 CONFIG_MOUNT: Final = "/etc/mpi"

@@ -386,6 +386,30 @@ def test_out_of_range_replicas_are_refused_without_deleting(
     job.wait_hosts(2)
 
 
+def test_out_of_range_replicas_keep_the_size_when_workers_fail(
+    cluster: Cluster, job: Job, start_controller: StartController
+) -> None:
+    start_controller(job.ns)
+    manifest = elastic_job(job.name, 3)
+    manifest["spec"]["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = "ExitCode"
+    job.create(manifest)
+    job.wait_hosts(3)
+    job.set_workers(0)
+    wait_for(
+        lambda: "keeping 3 workers" in (job.condition("InvalidSpec") or {}).get("message", ""),
+        10,
+        "refused",
+    )
+    # Two failures at once: the second waits out the replacement pause, during which
+    # neither is listed; the job still wants the 3 it was last given, not the 1 it has.
+    for name in ("elastic-worker-0", "elastic-worker-1"):
+        cluster.kubectl(
+            "annotate", "pod", name, "-n", job.ns, "kwok.mpijob-elastic.io/exit-code=137"
+        )
+    want = ["elastic-worker-2:1", "elastic-worker-3:1", "elastic-worker-4:1"]
+    wait_for(lambda: job.hosts() == want, 40, f"hosts {want}")
+
+
 @pytest.mark.parametrize(
     ("patch", "field"),
     [

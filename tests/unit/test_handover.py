@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpijob_elastic.core import handover, names, render
+from mpijob_elastic.core import handover, names, render_pods
 from mpijob_elastic.core.actions import Claim, Create
 from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.plan import plan_writes
@@ -129,7 +129,7 @@ def test_a_job_being_deleted_claims_nothing() -> None:
 
 def test_our_pod_that_lost_a_label_gets_it_back_without_an_event() -> None:
     spec = parse(JOB, 30)
-    pod = render.worker_pod(spec, 0)
+    pod = render_pods.worker_pod(spec, 0)
     pod["metadata"] |= {"uid": "u0", "resourceVersion": "3"}
     pod["metadata"]["labels"] = {
         k: v for k, v in pod["metadata"]["labels"].items() if k != names.LABEL_TO_JOB
@@ -138,7 +138,7 @@ def test_our_pod_that_lost_a_label_gets_it_back_without_an_event() -> None:
     assert claims == [Claim("Pod", "job-worker-0", "u0", "3", names.pod_labels("job", "worker", 0))]
     assert events == []
     # Whole again: nothing to claim, the job is planned as usual.
-    pod["metadata"]["labels"] = render.worker_pod(spec, 0)["metadata"]["labels"]
+    pod["metadata"]["labels"] = render_pods.worker_pod(spec, 0)["metadata"]["labels"]
     assert handover.claims(Observed(job=JOB, pods=[pod])) == ([], [])
     assert handover.claim_writes(Observed(job=JOB, pods=[pod])) is None
 

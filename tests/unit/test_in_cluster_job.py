@@ -5,7 +5,7 @@ from pathlib import Path
 import yaml
 
 from e2e.harness import STOP_FILE_IN_POD, in_cluster_job
-from mpijob_elastic.core import render
+from mpijob_elastic.core import render_pods
 from mpijob_elastic.core.spec import parse
 
 SAMPLE = Path(__file__).resolve().parents[2] / "config" / "samples" / "elastic-mpijob.yaml"
@@ -27,5 +27,5 @@ def test_sample_runs_the_mock_images_without_gpus() -> None:
     assert spec.worker.replicas == 2
     # Command-less, so the real workers run the default command, which keeps exec'd ranks
     # alive through a deletion's grace period: what the e2e walk's graceful delete needs.
-    (worker,) = render.worker_pod(spec, 0)["spec"]["containers"]
-    assert worker["command"] == render.WORKER_COMMAND
+    (worker,) = render_pods.worker_pod(spec, 0)["spec"]["containers"]
+    assert worker["command"] == render_pods.WORKER_COMMAND

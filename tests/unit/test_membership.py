@@ -184,7 +184,8 @@ def test_a_drain_ends_once_the_launcher_no_longer_reaches_the_victim() -> None:
     c.apply(p)
     # Deleted under a running rank: Horovod counts a failure, so the name is retired.
     assert c.get("ConfigMap", "job-config")["metadata"]["annotations"] == {  # type: ignore[index]
-        names.ANN_RETIRED_WORKERS: "2"
+        names.ANN_RETIRED_WORKERS: "2",
+        names.ANN_WORKERS: "1",
     }
 
 

@@ -18,7 +18,9 @@ def cm_annotations(c: Cluster) -> dict[str, str]:
     return dict(cm["metadata"].get("annotations") or {})
 
 
-@pytest.mark.parametrize("annotation", names.STATE_ANNOTATIONS)
+@pytest.mark.parametrize(
+    "annotation", [a for a in names.STATE_ANNOTATIONS if a != names.ANN_WORKERS]
+)
 def test_a_state_annotation_no_longer_wanted_is_removed(annotation: str) -> None:
     c = Cluster(make_job(2))
     c.converge()
@@ -30,6 +32,16 @@ def test_a_state_annotation_no_longer_wanted_is_removed(annotation: str) -> None
     c.converge()
     assert annotation not in cm_annotations(c)
     assert cm_annotations(c)[FOREIGN] == "x"
+
+
+def test_the_kept_worker_count_is_always_written_back() -> None:
+    """The one state a running job always has: its Worker count in force."""
+    c = Cluster(make_job(2))
+    c.converge()
+    assert cm_annotations(c)[names.ANN_WORKERS] == "2"
+    c.world.patch("ConfigMap", "job-config", {"metadata": {"annotations": {names.ANN_WORKERS: ""}}})
+    c.converge()
+    assert cm_annotations(c)[names.ANN_WORKERS] == "2"
 
 
 def test_every_annotation_of_ours_is_a_setting_a_pod_mark_or_state() -> None:
