@@ -158,6 +158,8 @@ class Rig:
             stop_grace=1.0,
             commit_interval=0.3,
             work_dir=str(self.tmp / "work"),
+            # The interface probe and its two-host minimum have tests of their own.
+            network_interface="eth0",
         )
         return replace(base, **overrides)
 
@@ -171,7 +173,7 @@ class Running:
     task: asyncio.Task[int]
 
     async def finish(self) -> int:
-        self.driver.request_stop("test")
+        self.driver.request_stop("stop_file")  # the training finished by itself
         return await asyncio.wait_for(self.task, 10)
 
 
@@ -567,7 +569,7 @@ async def test_failure_is_recorded_at_once_and_blacklisted_at_the_next_commit(ri
     await wait_for(rig, lambda: bool(rig.of(ev.HOST_BLACKLISTED)), "blacklist", within=4)
     (black,) = rig.of(ev.HOST_BLACKLISTED)
     (reset,) = rig.of(ev.RESET)
-    assert reset["reasons"] == ["failure"]
+    assert reset["reasons"] == ["failure", "hosts_updated"]  # b's unlisting was notified too
     assert black["commit"] == reset["commit"]
     assert (black["host"], black["failed_ranks"]) == ("b", [failed["rank_id"]])
     assert black["line"] == "blacklist failing host: b"
@@ -622,7 +624,8 @@ async def test_assigned_rank_exiting_0_ends_the_job_at_the_next_commit(rig: Rig)
     await asyncio.sleep(0.3)
     assert not run.task.done()  # the job ends at the commit, not at once
 
-    assert await asyncio.wait_for(run.task, 5) == 0
+    # horovodrun exits 1: it had to stop b's rank, which was still training.
+    assert await asyncio.wait_for(run.task, 5) == 1
     (reset,) = rig.of(ev.RESET)
     assert reset["reasons"] == ["success"]
     assert reset["ts"] > success["ts"]
@@ -630,32 +633,51 @@ async def test_assigned_rank_exiting_0_ends_the_job_at_the_next_commit(rig: Rig)
     (stopped,) = rig.of(ev.RANK_STOPPED)
     assert (stopped["host"], stopped["reason"]) == ("b", "shutdown")
     (exit_event,) = rig.of(ev.DRIVER_EXIT)
-    assert (exit_event["exit_code"], exit_event["reason"]) == (0, "success")
+    assert (exit_event["exit_code"], exit_event["reason"]) == (1, "success")
     assert_no_failures(rig)
 
 
-async def test_refused_exec_is_an_exec_failure(rig: Rig) -> None:
+async def test_every_rank_exiting_0_ends_the_job_with_0(rig: Rig) -> None:
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=1, commit_interval=1.0)
+    await wait_for(rig, lambda: running_on(rig, "b") == 1, "rank on b")
+    await after_commit(rig, run)
+    rig.done("a")
+    rig.done("b")
+    assert await asyncio.wait_for(run.task, 5) == 0
+    assert len(rig.of(ev.RANK_EXITED)) == 2
+    assert rig.of(ev.DRIVER_EXIT)[0]["reason"] == "success"
+
+
+async def test_refused_exec_at_the_start_ends_the_job_at_the_gloo_timeout(rig: Rig) -> None:
+    # The first world waits in hvd.init for every rank: one whose exec was refused never
+    # joins, so the others abort at the Gloo timeout and every rank is a FAILURE.
     rig.forbid.write_text("b\n")
     rig.set_hosts("a:1", "b:1")
-    run = await start(rig, np=2, min_np=1)
+    run = await start(rig, np=2, min_np=1, gloo_timeout=1.5)
     await wait_for(rig, lambda: bool(rig.of(ev.EXEC_FAILED)), "exec_failed")
     (refused,) = rig.of(ev.EXEC_FAILED)
     assert refused["host"] == "b"
     assert refused["exit_code"] == 1
     assert "Forbidden" in refused["stderr"]
     assert rig.of(ev.RANK_FAILED, host="b")[0]["exec_refused"] is True
-    await wait_for(rig, lambda: bool(rig.of(ev.HOST_BLACKLISTED, host="b")), "blacklist b")
-    await wait_for(rig, lambda: running_on(rig, "a") == 1, "a running")
-
-    assert await run.finish() == 0
+    assert await asyncio.wait_for(run.task, 6) == 1
+    (timeout,) = rig.of(ev.GLOO_TIMEOUT)
+    assert timeout["ts"] - rig.of(ev.JOB_STARTED)[0]["ts"] >= 1.5
+    (aborted,) = rig.of(ev.RANK_FAILED, host="a")
+    assert aborted["gloo_timeout"] is True
+    (failed,) = rig.of(ev.JOB_FAILED)
+    assert failed["line"] == "failure count == 2 -> stop running"
     (exit_event,) = rig.of(ev.DRIVER_EXIT)
-    assert (exit_event["exec_failures"], exit_event["failures"]) == (1, 1)
+    assert (exit_event["exec_failures"], exit_event["failures"]) == (1, 2)
+    assert exit_event["reason"] == "all_failed"
 
 
 async def test_cooldown_lets_a_blacklisted_host_back(rig: Rig) -> None:
-    rig.set_hosts("a:1")
-    run = await start(rig, cooldown_range=(1, 1))
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, cooldown_range=(1, 1))
     await wait_for(rig, lambda: running_on(rig, "a") == 1, "rank on a")
+    await wait_for(rig, lambda: bool(rig.of(ev.RESET_COMPLETED)), "the first world up")
     rig.kill("a")
     await wait_for(rig, lambda: bool(rig.of(ev.HOST_BLACKLISTED)), "blacklist")
     assert rig.of(ev.HOST_BLACKLISTED)[0]["cooldown_seconds"] == 1.0
@@ -861,7 +883,7 @@ def test_driver_process_with_real_ranks_and_kill_emulation(tmp_path: Path) -> No
 def test_driver_process_stops_ranks_on_sigterm(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
     rig.set_hosts("w-0:2")
-    proc = driver_process(rig)
+    proc = driver_process(rig, "--network-interface", "eth0")
     log = tmp_path / "events.jsonl"
     try:
         records = wait_file_events(
@@ -870,7 +892,7 @@ def test_driver_process_stops_ranks_on_sigterm(tmp_path: Path) -> None:
         work_dir = Path(ev.of_kind(records, ev.DRIVER_STARTED)[0]["work_dir"])
         assert work_dir.is_dir()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
+        assert proc.wait(timeout=10) == 1  # horovodrun exits 1 on SIGTERM
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -878,7 +900,7 @@ def test_driver_process_stops_ranks_on_sigterm(tmp_path: Path) -> None:
     records = ev.read_events(log)
     assert ev.of_kind(records, ev.STOP_REQUESTED)[0]["reason"] == "sigterm"
     assert len(ev.of_kind(records, ev.RANK_STOPPED)) == 2
-    assert ev.of_kind(records, ev.DRIVER_EXIT)[0]["exit_code"] == 0
+    assert ev.of_kind(records, ev.DRIVER_EXIT)[0]["exit_code"] == 1
     assert not work_dir.exists()  # its own temp dir is cleaned up
     pids = [int(line.rsplit("pid=", 1)[1]) for line in err.splitlines() if "pid=" in line]
     assert len(pids) == 2
