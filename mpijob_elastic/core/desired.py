@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from mpijob_elastic.core import names, render
+from mpijob_elastic.core import host_rules, names, render
 from mpijob_elastic.core.actions import DELETE_MEMORY_SECONDS, Emit, Observed, Probe
 from mpijob_elastic.core.membership import (
     Leaving,
@@ -476,6 +476,22 @@ class _Builder:
         if launcher_host:
             role_names.insert(0, names.launcher_name(spec.name))
         launcher_listed = launcher_host and names.launcher_name(spec.name) in granted
+        rules = host_rules.for_job(
+            spec,
+            workers,
+            m,
+            hosts,
+            launcher,
+            launcher_listed,
+            discovered_hosts(old_data),
+            self.observed,
+            self.now,
+        )
+        hosts = list(rules.hosts)
+        if rules.waiting:
+            self.want_probe(spec, launcher, PROBE_INTERVAL_SECONDS)
+        if rules.recheck is not None:
+            self.requeue(rules.recheck)
         below_since = self.below_min(spec, launcher, hosts, old_annotations, suspension)
         if below_since is not None and suspension is None:
             timeout = timedelta(seconds=spec.below_min_timeout)
@@ -484,7 +500,8 @@ class _Builder:
                 return self.suspend(spec, workers, launcher, now, None, len(hosts))
             self.requeue((below_since + timeout - self.now).total_seconds())
         members = _by_index(spec.name, m.keep, m.new_indexes)
-        victims = self.drain(spec, m.leaving, listed_hosts(old_data), launcher)
+        held = [i for i in m.leaving if i.worker.name not in rules.held]
+        victims = self.drain(spec, held, listed_hosts(old_data), launcher)
         retired = m.retired | {v.worker.index for v in victims if v.retire}
         if backoff is not None and len(hosts) >= requested:
             backoff = None  # every requested worker runs: the scale-out succeeded
