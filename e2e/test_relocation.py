@@ -10,6 +10,8 @@ driver's own record must show none of those ends (``events.FATAL_EVENTS``), no f
 no blacklist. Each step's timeline goes to stdout and to e2e/out/.
 
 Rules and where they are checked here: 1 (a previous host kept) in the cordon and drain;
+6 (horovodrun exits 1 on SIGTERM; a launcher its node stopped does not fail the job) at
+the end of the cordon test;
 2 (one rewrite per decision) in the quick scale; 3 (a listed host's rank joins in time)
 and 5 (never every rank at once) by the fatal events in every test; 4 (never below
 --min-np) in the drain of a job whose minimum is 2; 7 (the start probe) at submit; 8 (an
@@ -19,6 +21,7 @@ exit judged by (host, slot)) by the failure events in every test.
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,7 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.harness import ElasticRun, Step, describe_moves, format_timeline
+from e2e.harness import EXIT_ANNOTATION, ElasticRun, Step, describe_moves, format_timeline
 from e2e.mockhorovod import events as ev
 from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster
@@ -217,6 +220,35 @@ def check_relocation(run: ElasticRun, step: Step, old: set[str], before: set[str
     return listed
 
 
+def launcher_stopped_by_its_node(run: ElasticRun) -> None:
+    """Rule 6: the launcher's node stops it (node-pressure eviction): the kubelet SIGTERMs
+    horovodrun, which exits 1, and the pod ends Failed with reason Evicted. A launcher
+    ended by a disruption must not fail the job."""
+    step = run.begin("the launcher's node evicts it: horovodrun gets SIGTERM")
+    driver = run.procs[-1]
+    driver.send_signal(signal.SIGTERM)
+    code = driver.wait(30)
+    assert code == 1, code  # horovodrun's exit on SIGTERM
+    run.kubectl(
+        "annotate",
+        "pod",
+        names.launcher_name(run.job),
+        f"{EXIT_ANNOTATION}={code}",
+        "kwok.mpijob-elastic.io/reason=Evicted",
+    )
+    step.marks.append((time.time(), f"launcher pod ended: exit {code}, reason Evicted"))
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        job = json.loads(run.kubectl("get", "mpijob", run.job, "-o", "json"))
+        failed = [
+            c
+            for c in job.get("status", {}).get("conditions", [])
+            if c["type"] == "Failed" and c["status"] == "True"
+        ]
+        assert failed == [], failed
+        time.sleep(1)
+
+
 def test_cordon_then_drain_of_the_node_holding_every_worker(
     cluster: Cluster,
     e2e_namespace: str,
@@ -243,6 +275,7 @@ def test_cordon_then_drain_of_the_node_holding_every_worker(
         assert run.ranks_running_on() == listed
         assert not set(run.worker_nodes().values()) & {node}
         nothing_fatal(run)
+        launcher_stopped_by_its_node(run)
     finally:
         cluster.kubectl("uncordon", node, check=False)
         run.close()
