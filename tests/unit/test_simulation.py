@@ -9,6 +9,7 @@ delete the server never confirmed.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 from collections.abc import Mapping
@@ -20,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpijob_elastic.core import membership, names
+from mpijob_elastic.core import host_rules, membership, names
 from mpijob_elastic.core.actions import (
     DELETE_MEMORY_SECONDS,
     Action,
@@ -321,3 +322,46 @@ def test_the_simulation_catches_a_reused_blacklisted_name() -> None:
     ):
         crash_then_scale_up(sim)
     assert "(g) pod job-worker-1 created under a blacklisted name" in str(caught.value)
+
+
+def ignores_host_rules(observed: Observed, s: Settings, now: datetime) -> Plan:
+    """The planner as it was before host_rules.py: the wanted host list, written at once."""
+
+    def wanted_only(wanted: Any, *_: Any, **__: Any) -> host_rules.HostList:
+        return host_rules.HostList(tuple(wanted), frozenset(), frozenset())
+
+    with mock.patch.object(host_rules, "next_hosts", wanted_only):
+        return plan(observed, s, now)
+
+
+def replace_every_worker(sim: Sim) -> None:
+    """Every worker named for removal at the same replicas: all are replaced, as when the
+    node that holds them all is drained."""
+    w = sim.world
+    job = copy.deepcopy(w.job())
+    job["metadata"]["annotations"][names.ANN_REMOVE_WORKERS] = ",".join(
+        p["metadata"]["name"] for p in w.workers()
+    )
+    job["metadata"]["generation"] += 1
+    w.replace(job)
+    sim.settle()
+
+
+def test_replacing_every_worker_keeps_a_rank_holder_listed() -> None:
+    w = world(3, jobs=("job",))
+    with started(w) as sim:
+        replace_every_worker(sim)
+    assert [p["metadata"]["name"] for p in w.workers()] == [
+        "job-worker-3",
+        "job-worker-4",
+        "job-worker-5",
+    ]
+
+
+def test_the_simulation_catches_a_list_without_rank_holders() -> None:
+    with (
+        started(world(3, jobs=("job",)), planner=ignores_host_rules) as sim,
+        pytest.raises(Violation) as caught,
+    ):
+        replace_every_worker(sim)
+    assert "(h) discover_hosts.sh of job dropped every rank-holder" in str(caught.value)
