@@ -353,14 +353,16 @@ class _Builder:
         """Why a failed launcher is worth starting again, or None if its failure is the
         job's own (v1: Never, or ExitCode with an exit code of 1-127)."""
         policy = spec.launcher.restart_policy
+        node = pod.reason in _NODE_REASONS or pod.disrupted
+        if node:
+            # Evicted, preempted, drained: horovodrun exits 1 on SIGTERM, which says
+            # nothing of the training, whatever the restart policy.
+            return f"its node stopped it ({pod.reason or 'DisruptionTarget'})"
         if policy == "Never":
             return None
-        node = pod.reason in _NODE_REASONS or pod.disrupted
         code = pod.exit_code(spec.main_container)
-        if policy == "ExitCode" and not node and (code is None or code < 128):
+        if policy == "ExitCode" and (code is None or code < 128):
             return None
-        if node:
-            return f"its node stopped it ({pod.reason or 'DisruptionTarget'})"
         return f"it exited with code {code}"
 
     def target(self, spec: JobSpec, workers: Sequence[Worker]) -> int:
@@ -577,8 +579,10 @@ class _Builder:
         ):
             s.clear(INVALID, "SpecValid", "The spec is valid.")
         self.report_scaling(spec, requested, hosts, victims, backoff)
+        driver_down = restart or (launcher is not None and Worker(-1, launcher).phase == "Failed")
         s.fields["elastic"] = {
-            "listed": len(hosts),
+            # The files still name them, but no driver trains on them.
+            "listed": 0 if driver_down else len(hosts),
             "draining": sum(1 for v in victims if v.deadline is not None or v.action == "mark"),
             "retired": format_indexes(retired),
             **_bounds(spec),
@@ -880,14 +884,7 @@ class _Builder:
         self, spec: JobSpec, m: Membership, create_now: Sequence[int], old_data: Any, target: int
     ) -> None:
         if m.newly_retired:
-            retired = ", ".join(names.worker_name(spec.name, i) for i in sorted(m.newly_retired))
-            self.event(
-                "Warning",
-                "WorkerRetired",
-                f"worker pods {retired} lost their ranks while listed in discover_hosts.sh; "
-                "Horovod blacklists such names, so their replacements get names never used "
-                "in this job",
-            )
+            self.report_retired(spec, m)
         previous = len(hostfile_workers(spec.name, old_data))
         growth = max(target - previous, 0)
         new = [names.worker_name(spec.name, i) for i in create_now]
@@ -903,6 +900,37 @@ class _Builder:
                 "WorkerReplaced",
                 f"created worker pods {', '.join(new[growth:])} "
                 "in place of workers that failed or left",
+            )
+
+    def report_retired(self, spec: JobSpec, m: Membership) -> None:
+        """A terminating worker may still leave gracefully (its ranks go at their next
+        commit): it is retired in case they do not, not said to have lost them."""
+        leaving = {w.index for w in split_pods(spec.name, self.observed.pods)[0] if w.terminating}
+        lost = self.observed.ranks.lost if self.observed.ranks else frozenset()
+        going = sorted(
+            i
+            for i in m.newly_retired
+            if i in leaving and names.worker_name(spec.name, i) not in lost
+        )
+        dead = sorted(set(m.newly_retired) - set(going))
+        tail = (
+            "Horovod blacklists such names, so their replacements get names never used in this job"
+        )
+        if dead:
+            self.event(
+                "Warning",
+                "WorkerRetired",
+                f"worker pods {', '.join(names.worker_name(spec.name, i) for i in dead)} lost "
+                f"their ranks while listed in discover_hosts.sh; {tail}",
+            )
+        if going:
+            self.event(
+                "Normal",
+                "WorkerRetired",
+                f"worker pods {', '.join(names.worker_name(spec.name, i) for i in going)} are "
+                "being deleted while listed in discover_hosts.sh (evicted, preempted or "
+                "deleted): their ranks may still leave gracefully, but if the grace period "
+                f"ends first, {tail}",
             )
 
     def report_conflicts(self) -> None:
@@ -973,6 +1001,9 @@ class _Builder:
             message = f"MPIJob {self.job_name} successfully completed."
             if s.set(SUCCEEDED, True, "MPIJobSucceeded", message):
                 self.event("Normal", "MPIJobSucceeded", f"launcher {name} succeeded")
+        elif phase == "Failed" and _disrupted(launcher):
+            # Its exit (1 after SIGTERM) is not the job's: it is restarted once it is gone.
+            return False
         elif phase == "Failed":
             message = f"MPIJob {self.job_name} has failed: launcher {name} failed."
             if s.set(FAILED, True, "MPIJobFailed", message):
@@ -1024,6 +1055,13 @@ def _worker_pause(failures: int) -> timedelta:
         return timedelta(0)
     seconds = WORKER_BACKOFF_SECONDS * 2 ** min(failures - 2, 10)
     return timedelta(seconds=min(seconds, WORKER_BACKOFF_MAX_SECONDS))
+
+
+def _disrupted(launcher: Mapping[str, Any]) -> bool:
+    """A launcher ended by an eviction, a preemption, a drain or a delete: with the
+    ``DisruptionTarget`` condition, a node's reason, or terminating."""
+    pod = Worker(-1, launcher)
+    return pod.disrupted or pod.terminating or pod.reason in _NODE_REASONS
 
 
 def _count(value: object) -> int:
