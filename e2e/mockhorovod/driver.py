@@ -771,9 +771,7 @@ class Driver:
         --start-timeout), or the job fails before any rank starts."""
         remaining = self._t0 + self.config.start_timeout - time.time()
         self.emit(ev.PROBE_STARTED, hosts=hosts, remaining=remaining)
-        results = await asyncio.gather(
-            *(self._probe_host(host, remaining) for host in hosts), return_exceptions=False
-        )
+        results = await asyncio.gather(*(self._probe_host(host, remaining) for host in hosts))
         failed = [host for host, ok in zip(hosts, results, strict=True) if not ok]
         if failed:
             error = (
