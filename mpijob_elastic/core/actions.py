@@ -38,6 +38,8 @@ class AnnotatePod:
     name: str
     annotations: Mapping[str, str | None]
     resource_version: str
+    # Labels merged the same way (the rank-holder label).
+    labels: Mapping[str, str | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

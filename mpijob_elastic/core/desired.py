@@ -138,6 +138,8 @@ class Desired:
     obsolete: Sequence[str] = ()
     # The finished job's runPolicy.ttlSecondsAfterFinished is over: delete the job itself.
     delete_job: bool = False
+    # Workers that hold ranks (host_rules.py): labelled so, the others not.
+    rank_holders: frozenset[str] = frozenset()
 
 
 class _Builder:
@@ -606,6 +608,7 @@ class _Builder:
             requeue_after=self.requeue_after,
             probe=self.probe,
             obsolete=obsolete,
+            rank_holders=rules.holders,
         )
 
     def service_account(self, spec: JobSpec) -> dict[str, Obj]:

@@ -111,6 +111,28 @@ def _resource_version(obj: Mapping[str, Any]) -> str:
     return str(obj["metadata"].get("resourceVersion", ""))
 
 
+def _holder_labels(want: Desired, observed: Observed) -> dict[str, dict[str, str | None]]:
+    """The rank-holder label to set or remove, per worker whose label is not as wanted
+    (the PodDisruptionBudget counts only labelled workers). Terminating pods are left
+    alone: the budget does not count them anyway."""
+    if not want.objects:
+        return {}  # frozen or finished: nothing of the job's children changes
+    changes: dict[str, dict[str, str | None]] = {}
+    for pod in observed.pods:
+        meta = pod["metadata"]
+        name = meta["name"]
+        if (
+            meta.get("deletionTimestamp")
+            or meta.get("uid") in observed.deleting
+            or (meta.get("labels") or {}).get(names.LABEL_ROLE) != names.ROLE_WORKER
+        ):
+            continue
+        has = (meta.get("labels") or {}).get(names.LABEL_HOLDS_RANKS) == "true"
+        if has != (name in want.rank_holders):
+            changes[name] = {names.LABEL_HOLDS_RANKS: "true" if not has else None}
+    return changes
+
+
 def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
     def ensure(kind: str) -> list[Action]:
         obj = want.objects.get(kind)
@@ -147,19 +169,33 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
                 )
             )
 
+    labels = _holder_labels(want, observed)
     for w in want.workers:
         if w.marked and not w.terminating:
             writes.append(
-                AnnotatePod(w.name, {names.ANN_DRAINING_SINCE: None}, _resource_version(w.pod))
+                AnnotatePod(
+                    w.name,
+                    {names.ANN_DRAINING_SINCE: None},
+                    _resource_version(w.pod),
+                    labels.pop(w.name, {}),
+                )
             )
     mark = format_precise_time(now)
     for v in want.victims:
         if v.action == "mark":
             writes.append(
                 AnnotatePod(
-                    v.worker.name, {names.ANN_DRAINING_SINCE: mark}, _resource_version(v.worker.pod)
+                    v.worker.name,
+                    {names.ANN_DRAINING_SINCE: mark},
+                    _resource_version(v.worker.pod),
+                    labels.pop(v.worker.name, {}),
                 )
             )
+    pods = {p["metadata"]["name"]: p for p in observed.pods}
+    writes += [
+        AnnotatePod(name, {}, _resource_version(pods[name]), change)
+        for name, change in sorted(labels.items())
+    ]
     writes += [
         DeletePod(v.worker.name, v.worker.uid, v.grace_seconds)
         for v in want.victims

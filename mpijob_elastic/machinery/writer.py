@@ -346,6 +346,8 @@ class Writer:
                     )
         elif isinstance(action, AnnotatePod):
             patch: Obj = {"metadata": {"annotations": dict(action.annotations)}}
+            if action.labels:
+                patch["metadata"]["labels"] = dict(action.labels)
             if action.resource_version:
                 patch["metadata"]["resourceVersion"] = action.resource_version
             try:

@@ -307,12 +307,13 @@ class World:
             new["status"] = copy.deepcopy(body["status"])
         else:
             self._check_for(_controller_uid(current), kind, name)
-            annotations = new["metadata"].setdefault("annotations", {})
-            for k, v in body["metadata"]["annotations"].items():
-                if v is None:
-                    annotations.pop(k, None)
-                else:
-                    annotations[k] = v
+            for part in ("annotations", "labels"):
+                values = new["metadata"].setdefault(part, {})
+                for k, v in (body["metadata"].get(part) or {}).items():
+                    if v is None:
+                        values.pop(k, None)
+                    else:
+                        values[k] = v
         self._put(new)
         return copy.deepcopy(new)
 
