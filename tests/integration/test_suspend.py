@@ -13,7 +13,7 @@ import pytest
 
 from mpijob_elastic.core import names
 from tests.cluster import Cluster
-from tests.controller import StartController, wait_for
+from tests.controller import RemoteShells, StartController, wait_for
 from tests.integration.test_controller import Job, elastic_job
 from tests.integration.test_membership import fill, running_launcher, unfill
 
@@ -57,12 +57,25 @@ def allowed(job: Job, n: int) -> bool:
     return status.get("disruptionsAllowed") == n and status.get("observedGeneration") is not None
 
 
+def holding(job: Job) -> list[str]:
+    """The workers the controller labels as holding ranks (the budget counts only these)."""
+    return sorted(
+        n
+        for n, p in job.pods().items()
+        if (p["metadata"].get("labels") or {}).get(names.LABEL_HOLDS_RANKS) == "true"
+        and not p["metadata"].get("deletionTimestamp")
+    )
+
+
 def test_evictions_stop_at_min_replicas(
-    cluster: Cluster, job: Job, start_controller: StartController
+    cluster: Cluster, job: Job, start_controller: StartController, shells: RemoteShells
 ) -> None:
     start_controller(job.ns)
     job.create(elastic_job(job.name, 2, min_replicas="2"))
     job.wait_hosts(2)
+    running_launcher(job)
+    for i in range(3):
+        shells.start(names.worker_name(job.name, i))
     wait_for(lambda: allowed(job, 0), 20, "the budget allows no disruption at the minimum")
     spec = (budget(job) or {})["spec"]
     assert spec["minAvailable"] == 2
@@ -147,3 +160,42 @@ def test_run_policy_suspend_stops_and_resumes_the_job(
     job.wait_hosts(2)
     cond = job.condition("Suspended") or {}
     assert (cond.get("status"), cond.get("reason")) == ("False", "MPIJobResumed")
+
+
+def test_a_drain_cannot_evict_the_last_rank_holder(
+    cluster: Cluster, job: Job, start_controller: StartController, shells: RemoteShells
+) -> None:
+    """Issue 20 §1: the budget counts only workers that hold ranks, so once the others are
+    evicted, the last rank-holder cannot be until a replacement holds ranks: Horovod can
+    only reset onto a host set that keeps a host of its current assignment."""
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 3, min_replicas="1"))
+    job.wait_hosts(3)
+    running_launcher(job)
+    old = [names.worker_name(job.name, i) for i in range(3)]
+    for name in old:
+        shells.start(name)
+    wait_for(lambda: holding(job) == old, 20, "every worker labelled as holding ranks")
+    wait_for(lambda: allowed(job, 2), 20, "two disruptions allowed")
+    # kubectl drain of a node that holds the three: two evictions pass...
+    for name in old[:2]:
+        assert evict(job, name) == ""
+        shells.end(name)
+    last = old[2]
+    new = [names.worker_name(job.name, i) for i in range(3, 5)]
+    wait_for(lambda: set(new) <= set(job.workers()), 20, f"replacements {new} created")
+    wait_for(lambda: {f"{n}:1" for n in new} <= set(job.hosts()), 30, "replacements listed")
+    assert f"{last}:1" in job.hosts(), "the last rank-holder stays listed"
+    wait_for(lambda: allowed(job, 0), 20, "no disruption allowed")
+    # ...and the third is refused while the replacements, Running, hold no rank.
+    refused = evict(job, last)
+    assert "disruption budget" in refused, refused
+    time.sleep(2)
+    assert evict(job, last) != ""
+    assert holding(job) == [last]
+    # Horovod starts ranks on the replacements: they count, the last one may go.
+    for name in new:
+        shells.start(name)
+    wait_for(lambda: holding(job) == [last, *new], 20, "the replacements hold ranks")
+    wait_for(lambda: allowed(job, 2), 20, "disruptions allowed again")
+    assert evict(job, last) == ""
