@@ -126,6 +126,11 @@ def start_job(
     assert probe["ts"] < first_rank["ts"], (probe, first_rank)
     assert set(probe["hosts"]) == listed, (probe, listed)
     step.lines.append(f"probe done {probe['ts'] - step.started:+.2f}s, ranks on {sorted(listed)}")
+    # The PodDisruptionBudget is the controller's own, untouched by the test.
+    budget = json.loads(
+        run.kubectl("get", "pdb", names.disruption_budget_name(run.job), "-o", "json")
+    )
+    step.lines.append(f"PodDisruptionBudget spec as shipped: {json.dumps(budget['spec'])}")
     return run
 
 
