@@ -581,6 +581,9 @@ class _Builder:
         ):
             s.clear(INVALID, "SpecValid", "The spec is valid.")
         self.report_scaling(spec, requested, hosts, victims, backoff)
+        if rules.waiting and not self.moving:
+            message = f"{rules.waiting}: Horovod would lose or refuse a host-list change now"
+            s.set(SCALING, True, "WaitingForRanks", message)
         driver_down = restart or (launcher is not None and Worker(-1, launcher).phase == "Failed")
         s.fields["elastic"] = {
             # The files still name them, but no driver trains on them.

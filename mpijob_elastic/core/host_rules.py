@@ -137,7 +137,7 @@ def _pending(
         # (ranks.py) is when a read that counts is due.
         if mark is None or name not in hosts:
             continue
-        if (snapshot.at >= mark and name in seen) or now < mark + _FLOOR:
+        if name in seen if snapshot.at >= mark else now < mark + _FLOOR:
             waiting.append(name)
     return waiting, recheck
 

@@ -109,11 +109,17 @@ def test_a_job_whose_workers_all_sit_on_a_going_node_keeps_a_rank_holder_listed(
     assert step() == ["job-worker-1", "job-worker-2"]
     assert discovered(c.get("ConfigMap", "job-config")) == ["job-worker-0", *new]
     c.tick(1)
-    c.ranks = RankSnapshot(c.now, frozenset(["job-worker-0", *new]))
+    # The first read that shows the replacements' ranks (rankprobe.py: since then).
+    c.ranks = RankSnapshot(
+        c.now, frozenset(["job-worker-0", *new]), since=dict.fromkeys(new, c.now)
+    )
     # Their ranks run, but have not yet had the time to commit: nothing changes.
     assert step() == []
     assert discovered(c.get("ConfigMap", "job-config")) == ["job-worker-0", *new]
     assert holding() == ["job-worker-0", *new]
+    scaling = next(x for x in c.job["status"]["conditions"] if x["type"] == "Scaling")
+    assert scaling["reason"] == "WaitingForRanks"
+    assert "waiting for the ranks of job-worker-3, job-worker-4, job-worker-5" in scaling["message"]
     c.tick(host_rules.COMMIT_SECONDS)
     c.ranks = dataclasses.replace(
         c.ranks,
