@@ -114,8 +114,10 @@ def _pending(
     since = snapshot.since if snapshot is not None else {}
     waiting: list[str] = []
     recheck: float | None = None
-    if seen is None:
+    if seen is None or not seen & set(listed):
         # Without the signal nothing tells a reset under way; rule 2 still waits, on time.
+        # A launcher that reaches none of the listed hosts runs no ranks on them (not yet,
+        # or no more): there is no reset to wait for.
         return waiting, recheck
     for name in sorted(listed):
         h = hosts.get(name)
