@@ -118,12 +118,16 @@ def _holder_labels(want: Desired, observed: Observed) -> dict[str, dict[str, str
     if not want.objects:
         return {}  # frozen or finished: nothing of the job's children changes
     changes: dict[str, dict[str, str | None]] = {}
+    going = {w.uid for w in want.deletes} | {
+        v.worker.uid for v in want.victims if v.action == "delete"
+    }
     for pod in observed.pods:
         meta = pod["metadata"]
         name = meta["name"]
         if (
             meta.get("deletionTimestamp")
             or meta.get("uid") in observed.deleting
+            or meta.get("uid") in going
             or (meta.get("labels") or {}).get(names.LABEL_ROLE) != names.ROLE_WORKER
         ):
             continue
