@@ -152,8 +152,18 @@ def test_run_policy_suspend_stops_and_resumes_the_job(
     running_launcher(job)
     job.patch({"spec": {"runPolicy": {"suspend": True}}})
     wait_for(lambda: not job.pods() and not job.pods(names.ROLE_LAUNCHER), 20, "every pod deleted")
-    cond = job.condition("Suspended") or {}
-    assert (cond.get("status"), cond.get("reason")) == ("True", "MPIJobSuspended")
+    # The status is the turn's last write (and a 409 against the user's edit retries it).
+    wait_for(
+        lambda: (
+            (
+                (job.condition("Suspended") or {}).get("status"),
+                (job.condition("Suspended") or {}).get("reason"),
+            )
+            == ("True", "MPIJobSuspended")
+        ),
+        10,
+        "Suspended True",
+    )
     assert job.config()[names.HOSTFILE] == "", "the ConfigMap stays, listing no one"
     job.patch({"spec": {"runPolicy": {"suspend": False}}})
     running_launcher(job)
