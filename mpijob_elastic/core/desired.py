@@ -480,22 +480,8 @@ class _Builder:
         if launcher_host:
             role_names.insert(0, names.launcher_name(spec.name))
         launcher_listed = launcher_host and names.launcher_name(spec.name) in granted
-        rules = host_rules.for_job(
-            spec,
-            workers,
-            m,
-            hosts,
-            launcher,
-            launcher_listed,
-            discovered_hosts(old_data),
-            self.observed,
-            self.now,
-        )
+        rules = self.allowed_hosts(spec, workers, m, hosts, launcher, launcher_listed, old_data)
         hosts = list(rules.hosts)
-        if rules.waiting:
-            self.want_probe(spec, launcher, PROBE_INTERVAL_SECONDS)
-        if rules.recheck is not None:
-            self.requeue(rules.recheck)
         below_since = self.below_min(spec, launcher, hosts, old_annotations, suspension)
         if below_since is not None and suspension is None:
             timeout = timedelta(seconds=spec.below_min_timeout)
@@ -504,8 +490,8 @@ class _Builder:
                 return self.suspend(spec, workers, launcher, now, None, len(hosts))
             self.requeue((below_since + timeout - self.now).total_seconds())
         members = _by_index(spec.name, m.keep, m.new_indexes)
-        held = [i for i in m.leaving if i.worker.name not in rules.held]
-        victims = self.drain(spec, held, listed_hosts(old_data), launcher)
+        leaving = [i for i in m.leaving if i.worker.name not in rules.held]
+        victims = self.drain(spec, leaving, listed_hosts(old_data), launcher)
         retired = m.retired | {v.worker.index for v in victims if v.retire}
         if backoff is not None and len(hosts) >= requested:
             backoff = None  # every requested worker runs: the scale-out succeeded
@@ -613,6 +599,35 @@ class _Builder:
             obsolete=obsolete,
             rank_holders=rules.holders,
         )
+
+    def allowed_hosts(
+        self,
+        spec: JobSpec,
+        workers: Sequence[Worker],
+        m: Membership,
+        hosts: Sequence[str],
+        launcher: Mapping[str, Any] | None,
+        launcher_listed: bool,
+        old_data: Any,
+    ) -> host_rules.HostList:
+        """The host list the driver's rules allow now (host_rules.py, the one call site);
+        while they hold a change, the launcher is read every second."""
+        rules = host_rules.for_job(
+            spec,
+            workers,
+            m,
+            hosts,
+            launcher,
+            launcher_listed,
+            discovered_hosts(old_data),
+            self.observed,
+            self.now,
+        )
+        if rules.waiting:
+            self.want_probe(spec, launcher, PROBE_INTERVAL_SECONDS)
+        if rules.recheck is not None:
+            self.requeue(rules.recheck)
+        return rules
 
     def service_account(self, spec: JobSpec) -> dict[str, Obj]:
         """The launcher's ServiceAccount to create and keep, unless one of that name that
