@@ -76,6 +76,9 @@ def test_evictions_stop_at_min_replicas(
     running_launcher(job)
     for i in range(3):
         shells.start(names.worker_name(job.name, i))
+    both = [names.worker_name(job.name, i) for i in range(2)]
+    # Before the label, a worker is not covered at all (it holds no rank).
+    wait_for(lambda: holding(job) == both, 20, "both workers labelled as holding ranks")
     wait_for(lambda: allowed(job, 0), 20, "the budget allows no disruption at the minimum")
     spec = (budget(job) or {})["spec"]
     assert spec["minAvailable"] == 2
@@ -86,6 +89,7 @@ def test_evictions_stop_at_min_replicas(
 
     job.set_workers(3)
     job.wait_hosts(3)
+    wait_for(lambda: len(holding(job)) == 3, 20, "the third worker holds ranks")
     wait_for(lambda: allowed(job, 1), 20, "one disruption allowed above the minimum")
     assert evict(job, victim) == ""
     # The evicted worker is replaced under a fresh name and the job is back at its size.
