@@ -45,7 +45,7 @@ SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
 # (mpijob_elastic/core/ranks.py), about a second after its rank left at its next commit. A long
 # bound shows that the early end works: waiting it out would fail the step's timing.
 DRAIN_SECONDS = 15
-# The floor of every drain (ranks.DRAIN_FLOOR_SECONDS), and how soon after its rank left a
+# The floor of every drain (core/drain.py's DRAIN_FLOOR_SECONDS), and how soon after its rank left a
 # victim must be gone: one launcher read a second, plus the delete reaching the cache.
 DRAIN_FLOOR_SECONDS = 3.0
 GONE_AFTER_RANKS_LEFT_SECONDS = 3.0

@@ -20,7 +20,7 @@ from mpijob_elastic.app import health, leader, logs, memory
 from mpijob_elastic.app.reconciler import Controller
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Create, Observed, Replace
-from mpijob_elastic.core.plan import plan
+from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
 from mpijob_elastic.core.spec import InvalidSpec, parse
 from mpijob_elastic.machinery import clients, metrics
@@ -342,7 +342,7 @@ def render_children(job: dict[str, Any], settings: Settings) -> list[dict[str, A
             role=get("Role", launcher),
             role_binding=get("RoleBinding", launcher),
         )
-        for action in plan(observed, settings, now).actions:
+        for action in plan_writes(observed, settings, now).actions:
             if isinstance(action, Create | Replace):
                 objects[(action.obj["kind"], action.obj["metadata"]["name"])] = action.obj
     return list(objects.values())

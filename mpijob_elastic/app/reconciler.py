@@ -20,7 +20,7 @@ from typing import Any
 from mpijob_elastic.app.preflight import RECHECK_SECONDS, Preflight
 from mpijob_elastic.core import names, nodes
 from mpijob_elastic.core.actions import Observed
-from mpijob_elastic.core.plan import plan
+from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec import launcher_service_account, managed_by
@@ -418,6 +418,7 @@ class Controller:
             deleting=memory.deleting(pods, now),
             conflicts=memory.taken(now),
             in_use=memory.used(now),
+            refused=memory.refused,
             ranks=self.probes.answer((ns, meta["name"])),
             leaving_nodes=dict(self._leaving_nodes),
             strays=[o for kind in HANDOVER_SELECTORS for o in strays(kind)],
@@ -433,13 +434,13 @@ class Controller:
             self.probes.forget(key)
             return None
         observed = self.observe(job)
-        the_plan = plan(observed, self.settings)
-        await self.writer.run(job, the_plan)
+        writes = plan_writes(observed, self.settings)
+        await self.writer.run(job, writes)
         self.probes.acted_on(key, observed.ranks)
-        if the_plan.probe is not None:
-            self.probes.request(key, the_plan.probe)
+        if writes.probe is not None:
+            self.probes.request(key, writes.probe)
         retry = self.writer.of(key).next_retry(time.monotonic())
-        requeue = [t for t in (the_plan.requeue_after, retry) if t is not None]
+        requeue = [t for t in (writes.requeue_after, retry) if t is not None]
         return min(requeue) if requeue else None
 
     async def _read_launcher(self, namespace: str, pod: str, container: str | None) -> bytes:

@@ -98,6 +98,22 @@ def is_child_write(action: Action) -> bool:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """The last write of the job the API server refused and only the user can fix (a 4xx
+    other than a stale view, throttling or a name held by someone else), as the writer
+    remembers it until a turn's writes all go through. The core reports it on the job."""
+
+    # What was written, e.g. "create Pod job-worker-0".
+    write: str
+    # The server's reason (Forbidden, Invalid, ...), or its status code.
+    reason: str
+    # The server's message, quoted to the user.
+    message: str
+    # A pod create rejected as invalid: the user's pod template needs fixing.
+    pod_template: bool = False
+
+
+@dataclass(frozen=True)
 class Observed:
     """What the caches hold for one job: only children it controls, in its namespace."""
 
@@ -126,6 +142,8 @@ class Observed:
     # this job controls that carry only another controller's labels, and objects in its
     # namespace that no controller owns.
     strays: Sequence[Mapping[str, Any]] = ()
+    # The last write the server refused (the writer's memory of it).
+    refused: Refusal | None = None
 
 
 @dataclass(frozen=True)
@@ -137,11 +155,17 @@ class Probe:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Writes:
+    """One turn's writes and Events in the order they are made, and what comes after."""
+
     actions: tuple[Action, ...]
     # Reconcile again after this many seconds even if nothing changes (a drain deadline).
     requeue_after: float | None = None
     probe: Probe | None = None
+    # What the writer sends when a write of this turn is refused, before the turn ends: the
+    # status and the Events that report refusals, so that a write refused on every turn
+    # never keeps its report from the job.
+    on_refusal: tuple[WriteStatus | Emit, ...] = ()
 
     def of_type(self, kind: type[Any]) -> list[Any]:
         return [a for a in self.actions if isinstance(a, kind)]

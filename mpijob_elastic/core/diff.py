@@ -40,12 +40,14 @@ from mpijob_elastic.core.actions import (
     Create,
     DeleteObject,
     DeletePod,
+    Emit,
     Observed,
-    Plan,
     Replace,
+    Writes,
     WriteStatus,
 )
 from mpijob_elastic.core.desired import Desired
+from mpijob_elastic.core.reports import REFUSAL_EVENTS
 from mpijob_elastic.core.status import REFUSED, StatusBuilder
 from mpijob_elastic.core.times import format_precise_time
 
@@ -137,21 +139,20 @@ def _holder_labels(want: Desired, observed: Observed) -> dict[str, dict[str, str
     return changes
 
 
-def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
-    def ensure(kind: str) -> list[Action]:
-        obj = want.objects.get(kind)
-        if obj is None or (kind, obj["metadata"]["name"]) in observed.conflicts:
-            return []
-        action = _ensure(obj, _observed_object(observed, kind), _OWNED_KEYS[kind])
-        return [] if action is None else [action]
-
-    writes = ensure("ServiceAccount") + ensure("PodDisruptionBudget") + ensure("ConfigMap")
+def _obsolete(want: Desired, observed: Observed) -> list[Action]:
+    """Deletes of the children the job must no longer have."""
+    writes: list[Action] = []
     for kind in want.obsolete:
         gone = _observed_object(observed, kind)
         if gone is not None and not gone["metadata"].get("deletionTimestamp"):
             meta = gone["metadata"]
             writes.append(DeleteObject(kind, meta["name"], str(meta.get("uid", ""))))
+    return writes
 
+
+def _refresh_launcher(want: Desired, observed: Observed) -> list[Action]:
+    """The launcher's config-hash annotation, when its host lists changed: the annotation
+    change makes its mounted files refresh in well under a second (ranks.py)."""
     job_name = str(observed.job["metadata"]["name"])
     launcher = next(
         (
@@ -162,18 +163,25 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
         ),
         None,
     )
-    if launcher is not None and want.config_hash is not None:
-        current = (launcher["metadata"].get("annotations") or {}).get(names.ANN_CONFIG_HASH)
-        if current != want.config_hash:
-            writes.append(
-                AnnotatePod(
-                    launcher["metadata"]["name"],
-                    {names.ANN_CONFIG_HASH: want.config_hash},
-                    _resource_version(launcher),
-                )
-            )
+    if launcher is None or want.config_hash is None:
+        return []
+    current = (launcher["metadata"].get("annotations") or {}).get(names.ANN_CONFIG_HASH)
+    if current == want.config_hash:
+        return []
+    return [
+        AnnotatePod(
+            launcher["metadata"]["name"],
+            {names.ANN_CONFIG_HASH: want.config_hash},
+            _resource_version(launcher),
+        )
+    ]
 
+
+def _pod_marks(want: Desired, observed: Observed, now: datetime) -> list[Action]:
+    """The workers' drain marks to set or clear, and their rank-holder labels (in the
+    same patch where a worker gets both)."""
     labels = _holder_labels(want, observed)
+    writes: list[Action] = []
     for w in want.workers:
         if w.marked and not w.terminating:
             writes.append(
@@ -196,10 +204,25 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
                 )
             )
     pods = {p["metadata"]["name"]: p for p in observed.pods}
-    writes += [
+    return writes + [
         AnnotatePod(name, {}, _resource_version(pods[name]), change)
         for name, change in sorted(labels.items())
     ]
+
+
+def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
+    def ensure(kind: str) -> list[Action]:
+        obj = want.objects.get(kind)
+        if obj is None or (kind, obj["metadata"]["name"]) in observed.conflicts:
+            return []
+        action = _ensure(obj, _observed_object(observed, kind), _OWNED_KEYS[kind])
+        return [] if action is None else [action]
+
+    writes = ensure("ServiceAccount") + ensure("PodDisruptionBudget") + ensure("ConfigMap")
+    writes += _obsolete(want, observed)
+    writes += _refresh_launcher(want, observed)
+
+    writes += _pod_marks(want, observed, now)
     writes += [
         DeletePod(v.worker.name, v.worker.uid, v.grace_seconds)
         for v in want.victims
@@ -212,12 +235,19 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
     if want.launcher is not None:
         writes.append(Create(want.launcher))
 
+    rv = str(observed.job["metadata"].get("resourceVersion", ""))
+    changed = want.status != (observed.job.get("status") or {})
+    on_refusal: tuple[WriteStatus | Emit, ...] = (
+        *([WriteStatus(want.status, rv)] if changed else []),
+        *(e for e in want.events if e.reason in REFUSAL_EVENTS),
+    )
     if want.delete_job:
         # runPolicy.ttlSecondsAfterFinished: the garbage collector takes the children; a
-        # status written after the delete would only fail.
+        # status written after the delete would only fail (unless the delete is refused).
         meta = observed.job["metadata"]
         delete = DeleteObject(names.KIND, str(meta["name"]), str(meta.get("uid", "")))
-        return Plan((*writes, delete, *want.events), want.requeue_after, want.probe)
+        actions = (*writes, delete, *want.events)
+        return Writes(actions, want.requeue_after, want.probe, on_refusal)
     status = want.status
     if not writes and not observed.conflicts:
         # Nothing left to write means every earlier refusal is behind us.
@@ -225,6 +255,5 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
         if builder.clear(REFUSED, "WritesAccepted", "every write of the last sync went through"):
             status = builder.build()
     if status != (observed.job.get("status") or {}):
-        rv = str(observed.job["metadata"].get("resourceVersion", ""))
         writes.append(WriteStatus(status, rv))
-    return Plan((*writes, *want.events), want.requeue_after, want.probe)
+    return Writes((*writes, *want.events), want.requeue_after, want.probe, on_refusal)

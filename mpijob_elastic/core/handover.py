@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from mpijob_elastic.core import names, render
-from mpijob_elastic.core.actions import Claim, Emit, Observed, Plan
+from mpijob_elastic.core.actions import Claim, Emit, Observed, Writes
 from mpijob_elastic.core.workers import worker_index
 
 # Claims one turn may make; the job comes straight back for the rest.
@@ -133,10 +133,10 @@ def claims(observed: Observed) -> tuple[list[Claim], list[Emit]]:
     return found, events
 
 
-def plan(observed: Observed) -> Plan | None:
-    """The turn's plan if the job has anything to claim; None: plan it as usual."""
+def claim_writes(observed: Observed) -> Writes | None:
+    """The turn's writes if the job has anything to claim; None: plan it as usual."""
     found, events = claims(observed)
     if not found:
         return None
     # Right back: the claimed children are in the main caches now (the writes' results).
-    return Plan((*found, *events), requeue_after=0.0)
+    return Writes((*found, *events), requeue_after=0.0)

@@ -39,10 +39,11 @@ from typing import Any
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Observed
+from mpijob_elastic.core.drain import DRAIN_FLOOR_SECONDS
 from mpijob_elastic.core.membership import Membership
-from mpijob_elastic.core.ranks import DRAIN_FLOOR_SECONDS, RankSnapshot
+from mpijob_elastic.core.ranks import RankSnapshot
 from mpijob_elastic.core.spec import JobSpec
-from mpijob_elastic.core.workers import Worker
+from mpijob_elastic.core.workers import Worker, discovered_hosts
 
 # How long a new rank may take to join: Horovod's Gloo timeout (30 s by default), after
 # which the ranks waiting for it abort, plus a margin for the driver's discovery poll.
@@ -136,7 +137,7 @@ def _pending(
     assert snapshot is not None
     for name, mark in sorted(draining.items()):
         # Unlisted at ``mark``: a read from before then says nothing; the drain's floor
-        # (ranks.py) is when a read that counts is due.
+        # (drain.py) is when a read that counts is due.
         if mark is None or name not in hosts:
             continue
         if name in seen if snapshot.at >= mark else now < mark + _FLOOR:
@@ -202,14 +203,13 @@ def for_job(
     wanted: Sequence[str],
     launcher: Mapping[str, Any] | None,
     launcher_listed: bool,
-    listed: Collection[str],
     observed: Observed,
     now: datetime,
 ) -> HostList:
     """The rules applied to one job's turn (desired.py's one call): ``wanted`` is the
-    worker host list the planner would write, ``listed`` what ``discover_hosts.sh`` names
-    now. Only a running launcher's driver is bound by them; before it runs, nothing reads
-    the list."""
+    worker host list the planner would write; ``discover_hosts.sh`` as observed says what
+    is listed now. Only a running launcher's driver is bound by them; before it runs,
+    nothing reads the list."""
     status = (launcher or {}).get("status") or {}
     if (
         launcher is None
@@ -217,6 +217,7 @@ def for_job(
         or status.get("phase") != "Running"
     ):
         return HostList(tuple(wanted), frozenset(), frozenset())
+    listed = discovered_hosts((observed.config_map or {}).get("data"))
     main = spec.main_container
     may_list = {w.name for w in (*m.keep, *(i.worker for i in m.leaving)) if w.can_take_ranks(main)}
     # A main container whose start time cannot be read is taken as running for long.

@@ -12,22 +12,35 @@ from __future__ import annotations
 import dataclasses
 from datetime import UTC, datetime
 
-from mpijob_elastic.core import handover
-from mpijob_elastic.core.actions import Observed, Plan
+from mpijob_elastic.core import handover, reports
+from mpijob_elastic.core.actions import Observed, Writes, WriteStatus
 from mpijob_elastic.core.desired import desired
 from mpijob_elastic.core.diff import diff
 from mpijob_elastic.core.settings import Settings
+from mpijob_elastic.core.status import StatusBuilder
 
 
-def plan(observed: Observed, settings: Settings, now: datetime | None = None) -> Plan:
-    """Plan the writes that move one job's children towards its spec."""
+def plan_writes(observed: Observed, settings: Settings, now: datetime | None = None) -> Writes:
+    """The writes, in order, that move one job's children towards its spec."""
     now = now or datetime.now(UTC)
     observed = _without_our_own_names(observed)
     # Children to take over or adopt first: until then the job sees only part of them.
-    claiming = handover.plan(observed)
+    claiming = handover.claim_writes(observed)
     if claiming is not None:
-        return claiming
+        return _with_refusal(claiming, observed, now)
     return diff(desired(observed, settings, now), observed, now)
+
+
+def _with_refusal(claiming: Writes, observed: Observed, now: datetime) -> Writes:
+    """The claims, and the job's report of a write the server refused (a claim, say),
+    which ``desired`` makes on every other turn."""
+    status = StatusBuilder(observed.job, now)
+    event = reports.refused(status, observed.refused)
+    if event is None:
+        return claiming
+    rv = str(observed.job["metadata"].get("resourceVersion", ""))
+    report = (WriteStatus(status.build(), rv), event)
+    return dataclasses.replace(claiming, actions=(*claiming.actions, *report), on_refusal=report)
 
 
 def _without_our_own_names(observed: Observed) -> Observed:

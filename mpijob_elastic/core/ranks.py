@@ -36,25 +36,14 @@ from datetime import datetime
 # The command run in the launcher. `exit 0`: a process that ends while cat reads makes
 # cat fail, which says nothing about the others.
 PROBE_COMMAND = ("/bin/sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null; exit 0")
-# A victim must have been out of the host list this long before an empty read counts:
-# the launcher's mounted files refresh (well under a second with the config-hash
-# annotation), then Horovod's next discovery poll (1 s) must see the removal, or it could
-# still be starting a rank there.
-DRAIN_FLOOR_SECONDS = 3.0
-# How often a job with victims in their drain window reads the launcher.
-PROBE_INTERVAL_SECONDS = 1.0
 PROBE_TIMEOUT_SECONDS = 5.0
 # How often a running job's launcher is read for ranks that died under a live pod: one
 # exec per running job per period, no write.
 RANK_WATCH_SECONDS = 15.0
 # A rank seen by no read is never missed, so while a worker's main container started less
 # than this long ago (its ranks are starting, and a crash at start-up is likely) the
-# launcher is read every PROBE_INTERVAL_SECONDS instead.
+# launcher is read every drain.PROBE_INTERVAL_SECONDS instead.
 RANK_WATCH_STARTING_SECONDS = 30.0
-# A victim whose ranks have left is deleted with this grace period rather than the pod's
-# own: nothing of the training runs there any more, and a `sleep` that ignores SIGTERM
-# would hold its GPUs for the pod's full grace period (30 s by default).
-RANK_FREE_GRACE_SECONDS = 1
 
 
 @dataclass(frozen=True)

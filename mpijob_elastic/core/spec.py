@@ -118,7 +118,7 @@ class JobSpec:
     scale_out_timeout: float = Settings.default_scale_out_timeout_seconds
     # Worker pod names the user asked to remove (mpijob-elastic.io/remove-workers).
     remove: frozenset[str] = frozenset()
-    # 0: never suspended for lack of capacity (suspend.py).
+    # 0: never suspended for lack of capacity (lifecycle.py).
     below_min_timeout: float = 0.0
     # runPolicy.suspend: the user suspended the job.
     suspend: bool = False
@@ -362,18 +362,65 @@ def parse(
     meta = mapping(job.get("metadata"), "metadata", errors, required=True)
     raw_spec = mapping(job.get("spec"), "spec", errors, required=True)
     spec = raw_spec or {}
+    name, namespace, uid, annotations = _metadata(meta, errors)
+    slots = _slots(spec, errors)
+    run_policy = _run_policy(spec, errors)
+    launcher, worker = _replica_specs(spec, raw_spec is not None, max_workers, errors)
+    bounds = _bounds(annotations, max_workers, errors)
+    drain = _seconds(annotations, names.ANN_DRAIN_SECONDS, default_drain_seconds, errors)
+    scale_out_timeout = _seconds(
+        annotations, names.ANN_SCALE_OUT_TIMEOUT, default_scale_out_timeout, errors
+    )
+    remove = _remove_workers(annotations, name, errors)
+    below_min_timeout = _below_min_timeout(annotations, bounds, errors)
+    _check_name(name, worker, bounds, errors)
+    main = _main_container(spec, worker, errors)
+    account = _launcher_account(launcher, errors)
+    if protected_service_account is not None and namespace == protected_service_account[0]:
+        errors += _protected_account_errors(
+            name, launcher, worker, account, protected_service_account[1]
+        )
+    if errors or launcher is None or worker is None or slots is None or name is None:
+        raise InvalidSpec(errors)
+    return JobSpec(
+        namespace=namespace or "",
+        name=name,
+        uid=uid or "",
+        slots_per_worker=slots,
+        main_container=main,
+        clean_pod_policy=run_policy.clean,
+        launcher=launcher,
+        worker=worker,
+        bounds=bounds,
+        drain_seconds=drain,
+        scale_out_timeout=scale_out_timeout,
+        remove=remove,
+        below_min_timeout=below_min_timeout,
+        suspend=run_policy.suspend,
+        active_deadline_seconds=run_policy.deadline,
+        ttl_seconds_after_finished=run_policy.ttl,
+        backoff_limit=run_policy.backoff_limit,
+        scheduling_policy=run_policy.scheduling,
+        launcher_service_account=account,
+    )
 
-    name = namespace = uid = None
-    annotations: Mapping[str, Any] = {}
-    if meta is not None:
-        name = string_field(meta.get("name"), "metadata.name", errors, required=True)
-        namespace = string_field(meta.get("namespace"), "metadata.namespace", errors)
-        uid = string_field(meta.get("uid"), "metadata.uid", errors)
-        raw_annotations = meta.get("annotations")
-        string_map(raw_annotations, "metadata.annotations", errors)
-        if isinstance(raw_annotations, Mapping):
-            annotations = raw_annotations
 
+def _metadata(
+    meta: Mapping[str, Any] | None, errors: list[FieldError]
+) -> tuple[str | None, str | None, str | None, Mapping[str, Any]]:
+    """The job's name, namespace, uid and annotations."""
+    if meta is None:
+        return None, None, None, {}
+    name = string_field(meta.get("name"), "metadata.name", errors, required=True)
+    namespace = string_field(meta.get("namespace"), "metadata.namespace", errors)
+    uid = string_field(meta.get("uid"), "metadata.uid", errors)
+    raw_annotations = meta.get("annotations")
+    string_map(raw_annotations, "metadata.annotations", errors)
+    annotations = raw_annotations if isinstance(raw_annotations, Mapping) else {}
+    return name, namespace, uid, annotations
+
+
+def _slots(spec: Mapping[str, Any], errors: list[FieldError]) -> int | None:
     slots_raw = spec.get("slotsPerWorker", 1)
     slots = as_int(slots_raw)
     if slots is None or not 1 <= slots <= _INT32_MAX:
@@ -383,8 +430,22 @@ def parse(
                 f"must be a 32-bit integer >= 1, got {show(slots_raw)}",
             )
         )
-        slots = None
+        return None
+    return slots
 
+
+@dataclass(frozen=True)
+class _RunPolicy:
+    clean: str
+    suspend: bool
+    deadline: int | None
+    ttl: int | None
+    backoff_limit: int | None
+    scheduling: bool
+
+
+def _run_policy(spec: Mapping[str, Any], errors: list[FieldError]) -> _RunPolicy:
+    """spec.runPolicy, and the v1 spec.cleanPodPolicy it replaces."""
     run_policy = mapping(spec.get("runPolicy"), "spec.runPolicy", errors) or {}
     if run_policy.get("cleanPodPolicy") not in (None, ""):
         clean = _choice(
@@ -398,7 +459,6 @@ def parse(
         clean = _choice(
             spec.get("cleanPodPolicy"), "spec.cleanPodPolicy", CLEAN_POD_POLICIES, "None", errors
         )
-
     suspend = run_policy.get("suspend")
     if suspend is None:
         suspend = False
@@ -407,21 +467,28 @@ def parse(
             FieldError("spec.runPolicy.suspend", f"must be true or false, got {show(suspend)}")
         )
         suspend = False
-
-    deadline = _run_policy_count(run_policy, "activeDeadlineSeconds", 1, errors)
-    ttl = _run_policy_count(run_policy, "ttlSecondsAfterFinished", 0, errors)
-    backoff_limit = _run_policy_count(run_policy, "backoffLimit", 0, errors)
-
-    launcher = worker = None
-    # An unusable spec is reported once, not once more for every field missing from it.
-    specs = (
-        mapping(spec.get("mpiReplicaSpecs"), "spec.mpiReplicaSpecs", errors, required=True)
-        if raw_spec is not None
-        else None
+    return _RunPolicy(
+        clean,
+        suspend,
+        _run_policy_count(run_policy, "activeDeadlineSeconds", 1, errors),
+        _run_policy_count(run_policy, "ttlSecondsAfterFinished", 0, errors),
+        _run_policy_count(run_policy, "backoffLimit", 0, errors),
+        bool(run_policy.get("schedulingPolicy")),
     )
-    if specs is not None:
-        launcher = _replica_spec(specs, "Launcher", None, errors)
-        worker = _replica_spec(specs, "Worker", max_workers, errors)
+
+
+def _replica_specs(
+    spec: Mapping[str, Any], has_spec: bool, max_workers: int, errors: list[FieldError]
+) -> tuple[ReplicaSpec | None, ReplicaSpec | None]:
+    """The Launcher's and the Worker's replica specs."""
+    # An unusable spec is reported once, not once more for every field missing from it.
+    if not has_spec:
+        return None, None
+    specs = mapping(spec.get("mpiReplicaSpecs"), "spec.mpiReplicaSpecs", errors, required=True)
+    if specs is None:
+        return None, None
+    launcher = _replica_spec(specs, "Launcher", None, errors)
+    worker = _replica_spec(specs, "Worker", max_workers, errors)
     if launcher is not None and launcher.replicas != 1:
         errors.append(
             FieldError(
@@ -429,7 +496,10 @@ def parse(
                 f"must be 1, got {show(launcher.replicas)}",
             )
         )
+    return launcher, worker
 
+
+def _bounds(annotations: Mapping[str, Any], max_workers: int, errors: list[FieldError]) -> Bounds:
     bounds = Bounds(
         _annotation_int(annotations, names.ANN_MIN_REPLICAS, 0, max_workers, errors),
         _annotation_int(annotations, names.ANN_MAX_REPLICAS, 1, max_workers, errors),
@@ -441,11 +511,12 @@ def parse(
                 f"min-replicas {bounds.min} is greater than max-replicas {bounds.max}",
             )
         )
-    drain = _seconds(annotations, names.ANN_DRAIN_SECONDS, default_drain_seconds, errors)
-    scale_out_timeout = _seconds(
-        annotations, names.ANN_SCALE_OUT_TIMEOUT, default_scale_out_timeout, errors
-    )
-    remove = _remove_workers(annotations, name, errors)
+    return bounds
+
+
+def _below_min_timeout(
+    annotations: Mapping[str, Any], bounds: Bounds, errors: list[FieldError]
+) -> float:
     below_min_timeout = _seconds(annotations, names.ANN_BELOW_MIN_TIMEOUT, 0.0, errors)
     if below_min_timeout > 0 and not bounds.min:
         # Silently never suspending would leave the user believing the job is protected.
@@ -456,7 +527,13 @@ def parse(
                 "minimum to fall below",
             )
         )
+    return below_min_timeout
 
+
+def _check_name(
+    name: str | None, worker: ReplicaSpec | None, bounds: Bounds, errors: list[FieldError]
+) -> None:
+    """The job's name must make worker pod names that are hostnames."""
     if name is not None and not _DNS_LABEL.fullmatch(name):
         errors.append(
             FieldError(
@@ -478,65 +555,46 @@ def parse(
                 )
             )
 
+
+def _main_container(
+    spec: Mapping[str, Any], worker: ReplicaSpec | None, errors: list[FieldError]
+) -> str | None:
     main = spec.get("mainContainer")
-    if main is not None:
-        if not isinstance(main, str) or len(main) > _MAX_LABEL or not _DNS_LABEL.fullmatch(main):
-            errors.append(
-                FieldError(
-                    "spec.mainContainer",
-                    f"must be a container name (DNS-1123 label), got {show(main)}",
-                )
+    if main is None:
+        return None
+    if not isinstance(main, str) or len(main) > _MAX_LABEL or not _DNS_LABEL.fullmatch(main):
+        errors.append(
+            FieldError(
+                "spec.mainContainer",
+                f"must be a container name (DNS-1123 label), got {show(main)}",
             )
-        elif worker is not None and main not in {c.get("name") for c in worker.containers}:
-            errors.append(
-                FieldError(
-                    "spec.mainContainer",
-                    f"names no container of spec.mpiReplicaSpecs.Worker.template: {main!r}",
-                )
-            )
-
-    account = None
-    if launcher is not None:
-        account = (launcher.template.get("spec") or {}).get("serviceAccountName")
-        if account == "":
-            account = None  # how Go clients write "unset"
-        elif account is not None and (
-            not isinstance(account, str)
-            or len(account) > _MAX_SUBDOMAIN
-            or not _DNS_SUBDOMAIN.fullmatch(account)
-        ):
-            errors.append(
-                FieldError(
-                    _SERVICE_ACCOUNT_FIELD,
-                    f"must be a ServiceAccount name (DNS-1123 subdomain), got {show(account)}",
-                )
-            )
-
-    if protected_service_account is not None and namespace == protected_service_account[0]:
-        errors += _protected_account_errors(
-            name, launcher, worker, account, protected_service_account[1]
         )
+    elif worker is not None and main not in {c.get("name") for c in worker.containers}:
+        errors.append(
+            FieldError(
+                "spec.mainContainer",
+                f"names no container of spec.mpiReplicaSpecs.Worker.template: {main!r}",
+            )
+        )
+    return main if isinstance(main, str) else None
 
-    if errors or launcher is None or worker is None or slots is None or name is None:
-        raise InvalidSpec(errors)
-    return JobSpec(
-        namespace=namespace or "",
-        name=name,
-        uid=uid or "",
-        slots_per_worker=slots,
-        main_container=main,
-        clean_pod_policy=clean,
-        launcher=launcher,
-        worker=worker,
-        bounds=bounds,
-        drain_seconds=drain,
-        scale_out_timeout=scale_out_timeout,
-        remove=remove,
-        below_min_timeout=below_min_timeout,
-        suspend=suspend,
-        active_deadline_seconds=deadline,
-        ttl_seconds_after_finished=ttl,
-        backoff_limit=backoff_limit,
-        scheduling_policy=bool(run_policy.get("schedulingPolicy")),
-        launcher_service_account=account,
-    )
+
+def _launcher_account(launcher: ReplicaSpec | None, errors: list[FieldError]) -> Any:
+    """The Launcher template's serviceAccountName; None: unset."""
+    if launcher is None:
+        return None
+    account = (launcher.template.get("spec") or {}).get("serviceAccountName")
+    if account == "":
+        return None  # how Go clients write "unset"
+    if account is not None and (
+        not isinstance(account, str)
+        or len(account) > _MAX_SUBDOMAIN
+        or not _DNS_SUBDOMAIN.fullmatch(account)
+    ):
+        errors.append(
+            FieldError(
+                _SERVICE_ACCOUNT_FIELD,
+                f"must be a ServiceAccount name (DNS-1123 subdomain), got {show(account)}",
+            )
+        )
+    return account

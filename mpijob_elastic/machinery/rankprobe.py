@@ -1,6 +1,6 @@
 """The shell's half of ``ranks.py``: reads of the launcher, one at a time per job.
 
-A plan that has victims in their drain window asks for a read (``Plan.probe``). The read
+A plan that has victims in their drain window asks for a read (``Writes.probe``). The read
 runs in the background, so a slow or hung exec never holds a reconcile worker; when it
 ends, its answer is kept for the job and the job is queued again, and the next plan sees
 it in ``Observed.ranks``. A read never fails a reconcile: an error is an answer that says

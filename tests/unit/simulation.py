@@ -36,10 +36,11 @@ from unittest import mock
 
 from mpijob_elastic.app.reconciler import _job_signature
 from mpijob_elastic.core import names
-from mpijob_elastic.core.actions import Emit, Observed, Plan
-from mpijob_elastic.core.desired import WORKER_BACKOFF_MAX_SECONDS
-from mpijob_elastic.core.plan import plan
-from mpijob_elastic.core.ranks import DRAIN_FLOOR_SECONDS, RANK_WATCH_SECONDS, RankSnapshot
+from mpijob_elastic.core.actions import Emit, Observed, Writes
+from mpijob_elastic.core.capacity import WORKER_BACKOFF_MAX_SECONDS
+from mpijob_elastic.core.drain import DRAIN_FLOOR_SECONDS
+from mpijob_elastic.core.plan import plan_writes
+from mpijob_elastic.core.ranks import RANK_WATCH_SECONDS, RankSnapshot
 from mpijob_elastic.core.render import exec_names, requests_gpu
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
 from mpijob_elastic.core.spec import launcher_service_account
@@ -52,7 +53,7 @@ from mpijob_elastic.machinery.writer import JobMemory, Writer
 
 Obj = dict[str, Any]
 Key = tuple[str, str]
-Planner = Callable[[Observed, Settings, datetime], Plan]
+Planner = Callable[[Observed, Settings, datetime], Writes]
 # Every request passes one: (what it is, the request as it would reach the server) -> its answer.
 Gate = Callable[["Request", Callable[[], Obj]], Obj]
 # How long a removed host's ranks take to reach their next commit and leave.
@@ -156,6 +157,7 @@ def observe(
         conflicts=memory.taken(seconds),
         in_use=memory.used(seconds),
         ranks=ranks,
+        refused=memory.refused,
     )
 
 
@@ -673,10 +675,10 @@ class Cluster:
         memory = self.writer.of((NAMESPACE, self.name))
         return observe(self.world.objects, self.job, memory, self.world.clock, self.ranks)
 
-    def plan(self, settings: Settings = SETTINGS) -> Plan:
-        return plan(self.observed(), settings, self.now)
+    def plan(self, settings: Settings = SETTINGS) -> Writes:
+        return plan_writes(self.observed(), settings, self.now)
 
-    def apply(self, p: Plan) -> None:
+    def apply(self, p: Writes) -> None:
         with world_time(self.world):
             asyncio.run(self.writer.run(self.job, p))
 
@@ -791,7 +793,7 @@ class Sim:
         *,
         seed: int = 0,
         faults: Faults = CALM,
-        planner: Planner = plan,
+        planner: Planner = plan_writes,
         writer: type[Writer] = Writer,
         settings: Settings = SETTINGS,
     ) -> None:
@@ -1081,7 +1083,7 @@ class Sim:
         return problems
 
 
-def resting(p: Plan, pods: list[Obj]) -> bool:
+def resting(p: Writes, pods: list[Obj]) -> bool:
     """Nothing left to do but watch a running job's ranks (ranks.RANK_WATCH_SECONDS):
     no drain or deletion under way."""
     leaving = any(

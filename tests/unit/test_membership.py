@@ -10,18 +10,18 @@ import pytest
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import AnnotatePod, Create, DeletePod
+from mpijob_elastic.core.drain import DRAIN_FLOOR_SECONDS, RANK_FREE_GRACE_SECONDS
 from mpijob_elastic.core.membership import (
     DISRUPTED,
     NAMED,
     NEWEST,
     NOT_LISTED,
+    Facts,
+    choose_members,
     format_indexes,
     parse_indexes,
-    plan_membership,
 )
 from mpijob_elastic.core.ranks import (
-    DRAIN_FLOOR_SECONDS,
-    RANK_FREE_GRACE_SECONDS,
     RankSnapshot,
     remote_shell_hosts,
 )
@@ -46,10 +46,8 @@ def pod(index: int, *, phase: str = "Running", created: int = 0, **meta: Any) ->
     return Worker(index, body)
 
 
-def members(workers: list[Worker], target: int, **kw: Any) -> Any:
-    args: dict[str, Any] = {"listed": (), "retired": (), "named": (), "taken": (), "main": None}
-    args.update(kw)
-    return plan_membership("job", workers, target, **args)
+def members(workers: list[Worker], target: int, main: str | None = None, **kw: Any) -> Any:
+    return choose_members("job", workers, target, main, Facts(**kw))
 
 
 # -- pure ------------------------------------------------------------------------------

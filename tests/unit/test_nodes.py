@@ -9,7 +9,7 @@ from datetime import timedelta
 from mpijob_elastic.core import host_rules, names
 from mpijob_elastic.core.actions import AnnotatePod, Create, DeletePod
 from mpijob_elastic.core.nodes import DEFAULT_LEAVING_TAINTS, leaving, slim
-from mpijob_elastic.core.plan import plan
+from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.ranks import RankSnapshot
 from tests.unit.simulation import SETTINGS, Cluster, discovered, make_job
 
@@ -44,7 +44,7 @@ def test_workers_on_a_going_node_leave_gracefully_and_are_replaced() -> None:
     c.converge()
     on_nodes(c)
     observed = dataclasses.replace(c.observed(), leaving_nodes={"n1": "cordoned"})
-    p = plan(observed, SETTINGS, c.now)
+    p = plan_writes(observed, SETTINGS, c.now)
     # Make before break: the replacement starts first, the worker on n1 stays listed.
     assert [a.obj["metadata"]["name"] for a in p.of_type(Create)] == ["job-worker-3"]
     assert not [a for a in p.of_type(AnnotatePod) if names.ANN_DRAINING_SINCE in a.annotations]
@@ -55,7 +55,9 @@ def test_workers_on_a_going_node_leave_gracefully_and_are_replaced() -> None:
     assert "job-worker-1 (node n1 cordoned)" in scaling["message"]
     # Once the replacement takes ranks, the worker on n1 leaves gracefully.
     c.run_pods()
-    p = plan(dataclasses.replace(c.observed(), leaving_nodes={"n1": "cordoned"}), SETTINGS, c.now)
+    p = plan_writes(
+        dataclasses.replace(c.observed(), leaving_nodes={"n1": "cordoned"}), SETTINGS, c.now
+    )
     marks = [a.name for a in p.of_type(AnnotatePod) if names.ANN_DRAINING_SINCE in a.annotations]
     assert marks == ["job-worker-1"]
     assert not p.of_type(DeletePod)
@@ -73,7 +75,7 @@ def test_a_job_without_elastic_bounds_is_left_alone() -> None:
     c.converge()
     on_nodes(c)
     observed = dataclasses.replace(c.observed(), leaving_nodes={"n1": "cordoned"})
-    assert plan(observed, SETTINGS, c.now).actions == ()
+    assert plan_writes(observed, SETTINGS, c.now).actions == ()
 
 
 def test_a_job_whose_workers_all_sit_on_a_going_node_keeps_a_rank_holder_listed() -> None:
@@ -87,7 +89,7 @@ def test_a_job_whose_workers_all_sit_on_a_going_node_keeps_a_rank_holder_listed(
     c.ranks = RankSnapshot(c.now, frozenset(old))
 
     def step() -> list[str]:
-        p = plan(
+        p = plan_writes(
             dataclasses.replace(c.observed(), leaving_nodes={"n1": "cordoned"}), SETTINGS, c.now
         )
         c.apply(p)

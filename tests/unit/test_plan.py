@@ -19,12 +19,9 @@ from mpijob_elastic.core.actions import (
     Replace,
     WriteStatus,
 )
-from mpijob_elastic.core.plan import plan
-from mpijob_elastic.core.ranks import (
-    DRAIN_FLOOR_SECONDS,
-    PROBE_INTERVAL_SECONDS,
-    RANK_WATCH_SECONDS,
-)
+from mpijob_elastic.core.drain import DRAIN_FLOOR_SECONDS, PROBE_INTERVAL_SECONDS
+from mpijob_elastic.core.plan import plan_writes
+from mpijob_elastic.core.ranks import RANK_WATCH_SECONDS
 from mpijob_elastic.core.render import exec_names
 from mpijob_elastic.core.workers import worker_index
 from mpijob_elastic.machinery.kube import ApiError
@@ -584,7 +581,7 @@ def test_an_accepted_delete_whose_pod_stays_is_looked_at_again() -> None:
     victim = c.get("Pod", "job-worker-1")
     assert victim is not None
     accepted = dataclasses.replace(c.observed(), deleting=frozenset({victim["metadata"]["uid"]}))
-    p = plan(accepted, SETTINGS, c.now)
+    p = plan_writes(accepted, SETTINGS, c.now)
     assert not p.of_type(DeletePod)
     # Not left to another event: once the acceptance is forgotten, the delete is planned again.
     assert p.requeue_after == DELETE_MEMORY_SECONDS
@@ -615,3 +612,61 @@ def test_a_taken_name_is_reported_even_when_its_holder_cannot_be_read(
     assert (
         "ConfigMap job-config already exists (its owner could not be read" in (refused["message"])
     )
+
+
+@pytest.mark.parametrize(
+    ("error", "type_", "reason", "event"),
+    [
+        (
+            ApiError(403, "Forbidden", 'pods "job-worker-1" is forbidden: exceeded quota'),
+            "WriteRefused",
+            "Forbidden",
+            "WriteRefused",
+        ),
+        (
+            ApiError(422, "Invalid", "spec.containers[0].image: Required value"),
+            "InvalidSpec",
+            "PodTemplateRejected",
+            "PodTemplateRejected",
+        ),
+    ],
+)
+def test_a_refused_write_is_reported_by_the_core_once(
+    monkeypatch: pytest.MonkeyPatch, error: ApiError, type_: str, reason: str, event: str
+) -> None:
+    """The writer only remembers the server's refusal; the next turn's desired() sets the
+    condition quoting the server, and its Event goes out once though the write is refused
+    on every turn."""
+    c = started(1)
+    create = c.world.create
+
+    def refuse(obj: dict[str, Any]) -> dict[str, Any]:
+        if obj["kind"] == "Pod" and obj["metadata"]["name"] == "job-worker-1":
+            raise error
+        return create(obj)
+
+    monkeypatch.setattr(c.world, "create", refuse)
+    c.set_replicas(2)
+    for _ in range(3):
+        with pytest.raises(ApiError):
+            c.apply(c.plan())
+    assert c.observed().refused is not None
+    cond = condition(c, type_)
+    assert cond is not None
+    assert cond["status"] == "True"
+    assert cond["reason"] == reason
+    assert error.message in cond["message"]
+    if type_ == "WriteRefused":
+        assert cond["message"].startswith("create Pod job-worker-1: ")
+    said = [e for e in c.events if e.reason == event]
+    assert len(said) == 1
+    assert said[0].type == "Warning"
+    assert said[0].message == cond["message"]
+    # The cause removed: the writes go through, the memory forgets, the condition clears.
+    monkeypatch.setattr(c.world, "create", create)
+    c.converge()
+    assert c.observed().refused is None
+    cleared = condition(c, type_)
+    assert cleared is not None
+    assert cleared["status"] == "False"
+    assert len([e for e in c.events if e.reason == event]) == 1

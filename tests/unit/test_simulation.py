@@ -27,12 +27,12 @@ from mpijob_elastic.core.actions import (
     Action,
     DeletePod,
     Observed,
-    Plan,
     Replace,
+    Writes,
 )
 from mpijob_elastic.core.desired import desired
 from mpijob_elastic.core.diff import diff
-from mpijob_elastic.core.plan import plan
+from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.ranks import RANK_WATCH_SECONDS
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.machinery.writer import Key, Writer
@@ -143,16 +143,16 @@ def is_config_map(action: Action) -> bool:
     return isinstance(action, Replace) and action.obj["kind"] == "ConfigMap"
 
 
-def deletes_first(observed: Observed, s: Settings, now: datetime) -> Plan:
+def deletes_first(observed: Observed, s: Settings, now: datetime) -> Writes:
     """The real plan with the victims' deletes moved before the host-list write."""
-    p = plan(observed, s, now)
+    p = plan_writes(observed, s, now)
     deletes = tuple(a for a in p.actions if isinstance(a, DeletePod))
     rest = [a for a in p.actions if not isinstance(a, DeletePod)]
     at = next((i for i, a in enumerate(rest) if is_config_map(a)), len(rest))
-    return Plan((*rest[:at], *deletes, *rest[at:]), p.requeue_after)
+    return Writes((*rest[:at], *deletes, *rest[at:]), p.requeue_after)
 
 
-def trusts_any_mark(observed: Observed, s: Settings, now: datetime) -> Plan:
+def trusts_any_mark(observed: Observed, s: Settings, now: datetime) -> Writes:
     """The old drain rule: a marked worker is draining even if the host lists name it.
 
     ``desired`` is shown host lists without the marked workers; ``diff`` the real ones.
@@ -324,14 +324,14 @@ def test_the_simulation_catches_a_reused_blacklisted_name() -> None:
     assert "(g) pod job-worker-1 created under a blacklisted name" in str(caught.value)
 
 
-def ignores_host_rules(observed: Observed, s: Settings, now: datetime) -> Plan:
+def ignores_host_rules(observed: Observed, s: Settings, now: datetime) -> Writes:
     """The planner as it was before host_rules.py: the wanted host list, written at once."""
 
     def wanted_only(wanted: Any, *_: Any, **__: Any) -> host_rules.HostList:
         return host_rules.HostList(tuple(wanted), frozenset(), frozenset())
 
     with mock.patch.object(host_rules, "next_hosts", wanted_only):
-        return plan(observed, s, now)
+        return plan_writes(observed, s, now)
 
 
 def replace_every_worker(sim: Sim) -> None:
