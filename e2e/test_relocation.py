@@ -9,6 +9,11 @@ rules"). Each job here runs with the stricter mock driver against the controller
 driver's own record must show none of those ends (``events.FATAL_EVENTS``), no failure and
 no blacklist. Each step's timeline goes to stdout and to e2e/out/.
 
+It runs on KWOK (the driver a local process, ``make e2e``) and on kind (``E2E_IN_CLUSTER=1``
+from hack/e2e-kind.sh: the controller deployed, the launcher a real pod running the mock
+launcher image). The node that holds every worker is one of the cluster's schedulable
+nodes, with at least one other for the launcher and the replacements.
+
 Rules and where they are checked here: 1 (a previous host kept) in the cordon and drain;
 6 (horovodrun exits 1 on SIGTERM; a launcher its node stopped does not fail the job) at
 the end of the cordon test;
@@ -21,7 +26,9 @@ exit judged by (host, slot)) by the failure events in every test.
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -29,7 +36,14 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.harness import EXIT_ANNOTATION, ElasticRun, Step, describe_moves, format_timeline
+from e2e.harness import (
+    EXIT_ANNOTATION,
+    ElasticRun,
+    Step,
+    describe_moves,
+    format_timeline,
+    in_cluster_job,
+)
 from e2e.mockhorovod import events as ev
 from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster
@@ -42,12 +56,45 @@ DRAIN_SECONDS = 15
 WORKERS = 3
 RELOCATION_TIMEOUT = 90
 HOSTNAME = "kubernetes.io/hostname"
+# hack/e2e-kind.sh sets these: the controller is deployed in the cluster, and the launcher
+# is a real pod running the mock launcher image.
+IN_CLUSTER = os.environ.get("E2E_IN_CLUSTER") == "1"
+
+
+def colocation_node(cluster: Cluster) -> str:
+    """The node to put every worker on: the last by name of the Ready nodes that take
+    pods (not cordoned, no NoSchedule or NoExecute taint), of which there must be
+    another for the launcher and the replacements. On KWOK: kwok-node-3 unless another
+    test has it cordoned; on kind: the worker node (the control plane takes pods too,
+    hack/kind-up.sh)."""
+    nodes = json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    schedulable = sorted(
+        n["metadata"]["name"]
+        for n in nodes
+        if not n["spec"].get("unschedulable")
+        and not any(
+            t.get("effect") in ("NoSchedule", "NoExecute") for t in n["spec"].get("taints") or ()
+        )
+        and any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in n.get("status", {}).get("conditions", [])
+        )
+    )
+    assert len(schedulable) >= 2, f"one node for the workers, another for the rest: {nodes}"
+    return str(schedulable[-1])
 
 
 def colocated_job(name: str, node: str, min_replicas: int) -> dict[str, Any]:
     """The sample with every worker preferring ``node`` (one 8-GPU node holds the whole
     job) and the launcher kept off it. A preference, so replacements may go elsewhere."""
     job: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
+    if IN_CLUSTER:
+        in_cluster_job(
+            job,
+            os.environ["E2E_LAUNCHER_IMAGE"],
+            os.environ["E2E_WORKER_IMAGE"],
+            driver_args(min_replicas),
+        )
     job["metadata"]["name"] = name
     annotations = job["metadata"]["annotations"]
     annotations[names.ANN_DRAIN_SECONDS] = str(DRAIN_SECONDS)
@@ -85,10 +132,17 @@ def e2e_namespace(cluster: Cluster, admission_policy: AdmissionPolicy) -> Iterat
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
+def driver_args(min_replicas: int) -> tuple[str, ...]:
+    return ("-np", str(WORKERS), "--min-np", str(min_replicas), "--max-np", "5")
+
+
 @pytest.fixture(scope="module")
 def controller(
     cluster: Cluster, e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ControllerProcess]:
+) -> Iterator[ControllerProcess | None]:
+    if IN_CLUSTER:
+        yield None  # deployed from config/default by hack/e2e-kind.sh
+        return
     proc = ControllerProcess(
         cluster, (e2e_namespace,), tmp_path_factory.mktemp("controller") / "controller.log"
     )
@@ -110,7 +164,8 @@ def start_job(
         namespace,
         colocated_job(name, node, min_replicas),
         workdir,
-        driver_args=("-np", str(WORKERS), "--min-np", str(min_replicas), "--max-np", "5"),
+        driver_args=driver_args(min_replicas),
+        in_cluster=IN_CLUSTER,
     )
     step = run.submit()
     run.start_launcher()
@@ -225,15 +280,21 @@ def check_relocation(run: ElasticRun, step: Step, old: set[str], before: set[str
     return listed
 
 
-def launcher_stopped_by_its_node(run: ElasticRun) -> None:
-    """Rule 6: the launcher's node stops it (node-pressure eviction): the kubelet SIGTERMs
-    horovodrun, which exits 1, and the pod ends Failed with reason Evicted. A launcher
-    ended by a disruption must not fail the job."""
-    step = run.begin("the launcher's node evicts it: horovodrun gets SIGTERM")
+def drain(run: ElasticRun, step: Step, node: str) -> Any:
+    """``kubectl drain`` of the node. In the cluster only of the job's pods: the node also
+    runs a replica of the controller and the cluster's add-ons, which are not what this
+    test is about."""
+    selector = names.selector(run.job, names.ROLE_WORKER) if IN_CLUSTER else None
+    return run.drain(step, node, selector, 120)
+
+
+def evicted_by_its_node(run: ElasticRun) -> int:
+    """KWOK: the launcher's node stops it (node-pressure eviction): the harness SIGTERMs
+    the driver, as the kubelet would, and the pod ends Failed with reason Evicted through
+    the KWOK exit stage. The driver's exit code, returned."""
     driver = run.procs[-1]
     driver.send_signal(signal.SIGTERM)
     code = driver.wait(30)
-    assert code == 1, code  # horovodrun's exit on SIGTERM
     run.kubectl(
         "annotate",
         "pod",
@@ -241,7 +302,44 @@ def launcher_stopped_by_its_node(run: ElasticRun) -> None:
         f"{EXIT_ANNOTATION}={code}",
         "kwok.mpijob-elastic.io/reason=Evicted",
     )
-    step.marks.append((time.time(), f"launcher pod ended: exit {code}, reason Evicted"))
+    return code
+
+
+def evicted_through_the_api(run: ElasticRun) -> int:
+    """In the cluster: an eviction through the Eviction API (what a drain or an autoscaler
+    sends; the launcher is not under the budget): the kubelet SIGTERMs horovodrun and the
+    pod goes. The driver's exit code, from its log followed to its end."""
+    name = names.launcher_name(run.job)
+    followed = run.workdir / "evicted-launcher.jsonl"
+    cluster = run.cluster
+    logs = ["logs", "-f", "-n", run.namespace, name]
+    with followed.open("wb") as out:
+        follow = subprocess.Popen(
+            [cluster.kubectl_path, "--kubeconfig", cluster.kubeconfig, *logs],
+            stdout=out,
+            stderr=subprocess.DEVNULL,
+        )
+    wait_for(lambda: followed.stat().st_size > 0, 30, "the launcher's log followed")
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": run.namespace},
+    }
+    path = f"/api/v1/namespaces/{run.namespace}/pods/{name}/eviction"
+    cluster.kubectl("create", "--raw", path, "-f", "-", input=json.dumps(eviction))
+    follow.wait(90)
+    run.ended(followed.read_bytes())
+    (done,) = run.driver_events(ev.DRIVER_EXIT)
+    return int(done["exit_code"])
+
+
+def launcher_stopped_by_its_node(run: ElasticRun) -> None:
+    """Rule 6: an eviction stops the launcher: horovodrun gets SIGTERM and exits 1. A
+    launcher ended by a disruption must not fail the job: it is started again."""
+    step = run.begin("the launcher is evicted: horovodrun gets SIGTERM")
+    code = evicted_through_the_api(run) if IN_CLUSTER else evicted_by_its_node(run)
+    assert code == 1, code  # horovodrun's exit on SIGTERM
+    step.marks.append((time.time(), f"launcher pod ended: exit {code}, evicted"))
     deadline = time.time() + 15
     while time.time() < deadline:
         job = json.loads(run.kubectl("get", "mpijob", run.job, "-o", "json"))
@@ -253,6 +351,12 @@ def launcher_stopped_by_its_node(run: ElasticRun) -> None:
         assert failed == [], failed
         time.sleep(1)
 
+    def restarts() -> int:
+        job = json.loads(run.kubectl("get", "mpijob", run.job, "-o", "json"))
+        return int(job.get("status", {}).get("elastic", {}).get("launcherRestarts", 0))
+
+    wait_for(lambda: restarts() >= 1, 30, "the launcher started again")
+
 
 def test_cordon_then_drain_of_the_node_holding_every_worker(
     cluster: Cluster,
@@ -260,7 +364,7 @@ def test_cordon_then_drain_of_the_node_holding_every_worker(
     controller: ControllerProcess,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    node = "kwok-node-3"
+    node = colocation_node(cluster)
     run = start_job(cluster, e2e_namespace, tmp_path_factory.mktemp("cordon"), "colocated", node, 1)
     try:
         old = set(run.discovered())
@@ -272,8 +376,8 @@ def test_cordon_then_drain_of_the_node_holding_every_worker(
 
         # The drain that follows the cordon: the node's pods (the old workers, if any
         # are left) are evicted; the job trains on.
-        drain = run.begin(f"kubectl drain {node}")
-        drained = run.drain(drain, node, None, 120)
+        drain_step = run.begin(f"kubectl drain {node}")
+        drained = drain(run, drain_step, node)
         assert drained.returncode == 0, drained.output
         time.sleep(3)
         assert set(run.discovered()) == listed
@@ -293,7 +397,7 @@ def test_drain_of_the_node_holding_every_worker_never_goes_below_min(
     controller: ControllerProcess,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    node = "kwok-node-2"
+    node = colocation_node(cluster)
     run = start_job(
         cluster, e2e_namespace, tmp_path_factory.mktemp("drain"), "colocated-drain", node, 2
     )
@@ -301,7 +405,7 @@ def test_drain_of_the_node_holding_every_worker_never_goes_below_min(
         old = set(run.discovered())
         before = set(run.worker_pods())
         step = run.begin(f"kubectl drain {node}: {', '.join(sorted(old))} on it")
-        drained = run.drain(step, node, None, 120)
+        drained = drain(run, step, node)
         assert drained.returncode == 0, drained.output
         check_relocation(run, step, old, before)
         step.lines.append(
