@@ -110,11 +110,10 @@ def run(
 
 
 def no_failures(run: ElasticRun, since: float = 0.0) -> None:
-    bad = [
-        e
-        for e in run.driver_events(ev.RANK_FAILED, ev.HOST_BLACKLISTED, ev.EXEC_FAILED)
-        if e["ts"] >= since
-    ]
+    """No failure, blacklist or refused exec, and none of the real driver's ends: a reset
+    with no previous host, a host update lost in a reset, a new rank past the Gloo
+    timeout, a reset blocked below --min-np past the elastic timeout, every rank lost."""
+    bad = [e for e in run.driver_events(*ev.FAILURE_EVENTS, *ev.FATAL_EVENTS) if e["ts"] >= since]
     assert bad == [], bad
 
 

@@ -5,9 +5,12 @@
 # and kubectl images and loads them, the README's install steps run on a copy of config/
 # (the controller image set in config/default's `images:` entry; write_install_overlay in
 # kind/lib.sh) and `kubectl apply -k` installs it; the rollout waits for /readyz, which
-# fails while the controller misses a permission. e2e/test_elastic.py runs with the launcher
-# as a real pod: kubectl from the kubectl-delivery init container, /etc/mpi mounted by the
-# kubelet, ranks started in real worker containers through kubexec.sh. Afterwards the
+# fails while the controller misses a permission. e2e/test_elastic.py and
+# e2e/test_relocation.py (every worker on the kind worker node, cordoned then drained; the
+# control plane, which takes pods too, is where the launcher and the replacements go) run
+# with the launcher as a real pod: kubectl from the kubectl-delivery init container,
+# /etc/mpi mounted by the kubelet, ranks started in real worker containers through
+# kubexec.sh. Afterwards the
 # controller is uninstalled and the cluster stopped (KEEP_CLUSTER=1 keeps both).
 set -euo pipefail
 log_name=e2e-kind
@@ -59,7 +62,7 @@ log "controller available after $((SECONDS - start))s"
 
 log "running the suite"
 MPIJOB_ELASTIC_KUBECONFIG=$kubeconfig E2E_IN_CLUSTER=1 \
-  "$repo_root/.venv/bin/python" -m pytest e2e/test_elastic.py "$@"
+  "$repo_root/.venv/bin/python" -m pytest e2e/test_elastic.py e2e/test_relocation.py "$@"
 
 # After the suite, the install as an admin sees it (docs/operations.md): both replicas
 # ready, one of them the Lease's holder, and the holder's /metrics declaring every series

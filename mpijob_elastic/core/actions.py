@@ -4,7 +4,7 @@ observe.py)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 Obj = dict[str, Any]
@@ -37,6 +37,8 @@ class AnnotatePod:
     name: str
     annotations: Mapping[str, str | None]
     resource_version: str
+    # Labels merged the same way (the rank-holder label).
+    labels: Mapping[str, str | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

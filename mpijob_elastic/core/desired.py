@@ -11,6 +11,8 @@ ordered writes. Each decision has its own module:
   below-min).
 * ``membership.py`` and ``drain.py``: which workers stay, which leave and how (drained
   victims, failed workers replaced, retired names).
+* ``host_rules.py``: which change of the host list Horovod's driver may see now, and who
+  holds ranks (called once, in ``_hosts``).
 * ``reports.py``: the conditions and Events no other decision owns, the server's
   refusals of our writes among them.
 
@@ -18,11 +20,11 @@ What this module itself decides is what the children are made of: the launcher R
 exec on the workers the job controls and on those it creates in this turn (written once
 their creates went through, ``diff.py``), so a name someone else's pod holds is never
 granted; a worker enters ``discover_hosts.sh`` only once its main container runs and the
-Role we last wrote grants it; the launcher starts once every worker the job wants exists
-and enough of them run. Bad input never deletes anything: an invalid spec freezes the
-job's children, and Worker replicas outside the job's bounds keep the job at its current
-size. A child name held by an object the job does not control is never granted, written
-or waited on.
+Role we last wrote grants it, and as the host-list rules allow; the launcher starts once
+every worker the job wants exists and enough of them run. Bad input never deletes
+anything: an invalid spec freezes the job's children, and Worker replicas outside the
+job's bounds keep the job at its current size. A child name held by an object the job
+does not control is never granted, written or waited on.
 """
 
 from __future__ import annotations
@@ -32,7 +34,16 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from mpijob_elastic.core import capacity, drain, lifecycle, names, render, render_pods, reports
+from mpijob_elastic.core import (
+    capacity,
+    drain,
+    host_rules,
+    lifecycle,
+    names,
+    render,
+    render_pods,
+    reports,
+)
 from mpijob_elastic.core.actions import DELETE_MEMORY_SECONDS, Emit, Probe
 from mpijob_elastic.core.capacity import ScaleOut, Target
 from mpijob_elastic.core.drain import Victim
@@ -81,6 +92,8 @@ class Desired:
     obsolete: Sequence[str] = ()
     # The finished job's runPolicy.ttlSecondsAfterFinished is over: delete the job itself.
     delete_job: bool = False
+    # Workers that hold ranks (host_rules.py): labelled so, the others not.
+    rank_holders: frozenset[str] = frozenset()
 
 
 def desired(observed: Observed, settings: Settings, now: datetime) -> Desired:
@@ -182,7 +195,9 @@ def _scale(
         state = lifecycle.suspend(turn, spec, suspension, None, len(hosts.listed))
         return _stopped(turn, spec, workers, launcher, state)
     old_data = (turn.observed.config_map or {}).get("data")
-    victims = drain.drain(turn, spec, m.leaving, listed_hosts(old_data), launcher)
+    # A worker the host-list rules keep listed waits: its drain has not begun.
+    leaving = [i for i in m.leaving if i.worker.name not in hosts.rules.held]
+    victims = drain.drain(turn, spec, leaving, listed_hosts(old_data), launcher)
     members = _Members(m, create_now, hosts, victims)
     return _children(turn, spec, launcher, size, members, restarts, below_since)
 
@@ -231,6 +246,8 @@ class _Hosts:
     listed: list[str]
     # Whether the launcher is listed, first, as a host.
     launcher: bool
+    # What the host-list rules (host_rules.py) made of the list the job wants.
+    rules: host_rules.HostList
 
 
 def _hosts(
@@ -258,7 +275,30 @@ def _hosts(
     )
     if launcher_host:
         role_names.insert(0, names.launcher_name(spec.name))
-    return _Hosts(role_names, listed, launcher_host and names.launcher_name(spec.name) in granted)
+    launcher_listed = launcher_host and names.launcher_name(spec.name) in granted
+    rules = _allowed_hosts(turn, spec, workers, m, listed, launcher, launcher_listed)
+    return _Hosts(role_names, list(rules.hosts), launcher_listed, rules)
+
+
+def _allowed_hosts(
+    turn: Turn,
+    spec: JobSpec,
+    workers: Sequence[Worker],
+    m: Membership,
+    wanted: Sequence[str],
+    launcher: Mapping[str, Any] | None,
+    launcher_listed: bool,
+) -> host_rules.HostList:
+    """The host list the driver's rules allow now (host_rules.py, the one call site);
+    while they hold a change, the launcher is read every second."""
+    rules = host_rules.for_job(
+        spec, workers, m, wanted, launcher, launcher_listed, turn.observed, turn.now
+    )
+    if rules.waiting:
+        drain.read_launcher(turn, spec, launcher, drain.PROBE_INTERVAL_SECONDS)
+    if rules.recheck is not None:
+        turn.requeue(rules.recheck)
+    return rules
 
 
 @dataclass(frozen=True)
@@ -321,8 +361,11 @@ def _children(
         _watch_ranks(turn, spec, m.keep, launcher)
     reports.spec_valid(turn, spec, bool(members.create_now) or new_launcher is not None)
     reports.scaling(turn, spec, size.wanted, listed, victims, backoff, size.goal.moving)
+    reports.waiting_for_ranks(turn, members.hosts.rules.waiting, size.goal.moving)
+    driver_down = restarts.now or (launcher is not None and Worker(-1, launcher).phase == "Failed")
     turn.status.fields["elastic"] = {
-        "listed": len(listed),
+        # The files still name them, but no driver trains on them.
+        "listed": 0 if driver_down else len(listed),
         "draining": sum(1 for v in victims if v.deadline is not None or v.action == "mark"),
         "retired": format_indexes(retired),
         **_bounds(spec),
@@ -342,6 +385,7 @@ def _children(
         deletes=restarted + list(m.replace[:POD_WRITES_PER_TURN]),
         launcher=new_launcher,
         obsolete=obsolete,
+        rank_holders=members.hosts.rules.holders,
     )
 
 

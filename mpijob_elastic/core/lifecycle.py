@@ -154,14 +154,15 @@ def _launcher_failure(spec: JobSpec, pod: Worker) -> str | None:
     """Why a failed launcher is worth starting again, or None if its failure is the
     job's own (v1: Never, or ExitCode with an exit code of 1-127)."""
     policy = spec.launcher.restart_policy
+    if pod.reason in NODE_REASONS or pod.disrupted:
+        # Evicted, preempted, drained: horovodrun exits 1 on SIGTERM, which says
+        # nothing of the training, whatever the restart policy.
+        return f"its node stopped it ({pod.reason or 'DisruptionTarget'})"
     if policy == "Never":
         return None
-    node = pod.reason in NODE_REASONS or pod.disrupted
     code = pod.exit_code(spec.main_container)
-    if policy == "ExitCode" and not node and (code is None or code < 128):
+    if policy == "ExitCode" and (code is None or code < 128):
         return None
-    if node:
-        return f"its node stopped it ({pod.reason or 'DisruptionTarget'})"
     return f"it exited with code {code}"
 
 
@@ -217,6 +218,9 @@ def _launcher_ended(turn: Turn, launcher: Mapping[str, Any]) -> bool:
         message = f"MPIJob {turn.job_name} successfully completed."
         if s.set(SUCCEEDED, True, "MPIJobSucceeded", message):
             turn.event("Normal", "MPIJobSucceeded", f"launcher {name} succeeded")
+    elif phase == "Failed" and _disrupted(launcher):
+        # Its exit (1 after SIGTERM) is not the job's: it is restarted once it is gone.
+        return False
     elif phase == "Failed":
         message = f"MPIJob {turn.job_name} has failed: launcher {name} failed."
         if s.set(FAILED, True, "MPIJobFailed", message):
@@ -225,6 +229,13 @@ def _launcher_ended(turn: Turn, launcher: Mapping[str, Any]) -> bool:
         return False
     _ended(turn)
     return True
+
+
+def _disrupted(launcher: Mapping[str, Any]) -> bool:
+    """A launcher ended by an eviction, a preemption, a drain or a delete: with the
+    ``DisruptionTarget`` condition, a node's reason, or terminating."""
+    pod = Worker(-1, launcher)
+    return pod.disrupted or pod.terminating or pod.reason in NODE_REASONS
 
 
 def expired(turn: Turn, spec: JobSpec) -> bool:

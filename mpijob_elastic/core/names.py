@@ -53,6 +53,8 @@ ANN_BELOW_MIN_TIMEOUT: Final = "mpijob-elastic.io/below-min-timeout-seconds"
 
 # State the controller keeps on the objects it owns, so a restart resumes where it was.
 ANN_DRAINING_SINCE: Final = "mpijob-elastic.io/draining-since"
+# On a worker that holds ranks (host_rules.py): the PodDisruptionBudget counts only these.
+LABEL_HOLDS_RANKS: Final = "mpijob-elastic.io/holds-ranks"
 ANN_CONFIG_HASH: Final = "mpijob-elastic.io/config-hash"
 # On the ConfigMap: worker indexes never to use again (Horovod may have blacklisted them).
 ANN_RETIRED_WORKERS: Final = "mpijob-elastic.io/retired-workers"

@@ -29,7 +29,8 @@ e.g. ssh), the drain falls back to its full ``drain-seconds``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 
 # The command run in the launcher. `exit 0`: a process that ends while cat reads makes
@@ -58,24 +59,39 @@ class RankSnapshot:
     # Workers an earlier read showed reached and a later one did not, while others stayed
     # reached, since the planner last acted on a read: their ranks ended.
     lost: frozenset[str] = frozenset()
+    # Since when each host in ``hosts`` has been reached without a break (the first read
+    # that showed it); a host missing here: unknown, taken as long ago. The host-list
+    # rules (host_rules.py) wait for a new host's ranks to have run a while.
+    since: Mapping[str, datetime] = field(default_factory=dict)
 
 
 def remote_shell_hosts(output: bytes) -> frozenset[str] | None:
     """The hosts named right after ``kubexec.sh`` in the launcher's command lines.
 
-    ``output`` is every process's NUL-separated argv, concatenated. Tokens are split on
-    NULs and whitespace, so both ``/bin/sh /etc/mpi/kubexec.sh host cmd`` and Horovod's
-    ``/bin/sh -c '/etc/mpi/kubexec.sh host cmd'`` read the same. None when no process runs
-    our remote shell at all: then the launcher reaches its workers some other way (or
-    runs no ranks), and an empty set would wrongly say every rank has left.
+    ``output`` is every process's NUL-separated argv, concatenated. Both
+    ``/bin/sh /etc/mpi/kubexec.sh host cmd`` and Horovod's
+    ``/bin/sh -c '/etc/mpi/kubexec.sh host cmd'`` read the same. A remote shell that runs
+    Horovod's start-up interface probe (``horovod.runner.task_fn``) holds no rank and is
+    not counted: its end must not read as ranks lost. None when no process runs our
+    remote shell at all: then the launcher reaches its workers some other way (or runs no
+    ranks), and an empty set would wrongly say every rank has left.
     """
-    tokens = output.replace(b"\0", b" ").decode("utf-8", "replace").split()
+    args = [a.split() for a in output.decode("utf-8", "replace").split("\0")]
     found = False
     hosts: set[str] = set()
-    for i, token in enumerate(tokens):
-        if token.strip("'\"").endswith("kubexec.sh"):
+    for i, tokens in enumerate(args):
+        for j, token in enumerate(tokens):
+            if not token.strip("'\"").endswith("kubexec.sh"):
+                continue
             found = True
-            host = tokens[i + 1].strip("'\"") if i + 1 < len(tokens) else ""
-            if host:
+            # The host and command follow in the same argument (sh -c), else in the next
+            # ones (kubexec.sh's own argv: the host, then the command as one argument).
+            if len(tokens) > j + 1:
+                host, command = tokens[j + 1], tokens[j + 2 :]
+            else:
+                after = [t for a in args[i + 1 : i + 3] for t in a]
+                host, command = (after[0], after[1:]) if after else ("", [])
+            host = host.strip("'\"")
+            if host and not any("horovod.runner.task_fn" in t for t in command):
                 hosts.add(host)
     return frozenset(hosts) if found else None

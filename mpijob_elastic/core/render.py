@@ -187,9 +187,11 @@ def config_map(
 def disruption_budget(spec: JobSpec, min_available: int) -> Obj:
     """Keeps voluntary disruptions (``kubectl drain``, the cluster autoscaler, Karpenter
     consolidation: anything that evicts) from taking the job below ``min_available``
-    workers; our own deletes are not evictions and pass. A worker that is not Ready
-    (Pending, crash-looping) holds no rank, so it may always be evicted: it must never
-    block a node's drain."""
+    workers that hold ranks; our own deletes are not evictions and pass. It selects only
+    the workers the controller labels as rank-holders (host_rules.py): a replacement that
+    runs but holds no rank yet does not count, so a drain cannot evict the last worker
+    Horovod could reset from before a replacement holds ranks. A worker that is not
+    Ready (crash-looping) may always be evicted: it must never block a node's drain."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
@@ -202,7 +204,12 @@ def disruption_budget(spec: JobSpec, min_available: int) -> Obj:
         ),
         "spec": {
             "minAvailable": min_available,
-            "selector": {"matchLabels": names.labels(spec.name, names.ROLE_WORKER)},
+            "selector": {
+                "matchLabels": {
+                    **names.labels(spec.name, names.ROLE_WORKER),
+                    names.LABEL_HOLDS_RANKS: "true",
+                }
+            },
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }

@@ -1,7 +1,8 @@
 """What the job says about itself: conditions and Events that no other decision owns.
 
 Unsupported fields, membership changes (scaled up, replaced, retired), names held by
-someone else's objects, the ``Scaling`` condition, and every write the API server refused:
+someone else's objects, the ``Scaling`` condition (``WaitingForRanks`` while the
+host-list rules hold a change back), and every write the API server refused:
 the writer only remembers the server's refusal (``Observed.refused``), the job's condition
 and Event are decided here, as for every other condition. Each condition is set only when
 what a reader sees changes, and its Event goes with that change, so a refusal repeated
@@ -29,7 +30,7 @@ from mpijob_elastic.core.status import (
 )
 from mpijob_elastic.core.times import format_time
 from mpijob_elastic.core.turn import Turn
-from mpijob_elastic.core.workers import hostfile_workers
+from mpijob_elastic.core.workers import hostfile_workers, split_pods
 
 # The reasons of the Events that report a refused write: sent even when the turn stops at
 # a write refused again (``Writes.on_refusal``), so the report is not held up by it.
@@ -54,14 +55,7 @@ def membership(
     turn: Turn, spec: JobSpec, m: Membership, create_now: Sequence[int], target: int
 ) -> None:
     if m.newly_retired:
-        retired = ", ".join(names.worker_name(spec.name, i) for i in sorted(m.newly_retired))
-        turn.event(
-            "Warning",
-            "WorkerRetired",
-            f"worker pods {retired} lost their ranks while listed in discover_hosts.sh; "
-            "Horovod blacklists such names, so their replacements get names never used "
-            "in this job",
-        )
+        _retired(turn, spec, m)
     old_data = (turn.observed.config_map or {}).get("data")
     previous = len(hostfile_workers(spec.name, old_data))
     growth = max(target - previous, 0)
@@ -78,6 +72,35 @@ def membership(
             "WorkerReplaced",
             f"created worker pods {', '.join(new[growth:])} "
             "in place of workers that failed or left",
+        )
+
+
+def _retired(turn: Turn, spec: JobSpec, m: Membership) -> None:
+    """A terminating worker may still leave gracefully (its ranks go at their next
+    commit): it is retired in case they do not, not said to have lost them."""
+    observed = turn.observed
+    leaving = {w.index for w in split_pods(spec.name, observed.pods)[0] if w.terminating}
+    lost = observed.ranks.lost if observed.ranks else frozenset()
+    going = sorted(
+        i for i in m.newly_retired if i in leaving and names.worker_name(spec.name, i) not in lost
+    )
+    dead = sorted(set(m.newly_retired) - set(going))
+    tail = "Horovod blacklists such names, so their replacements get names never used in this job"
+    if dead:
+        turn.event(
+            "Warning",
+            "WorkerRetired",
+            f"worker pods {', '.join(names.worker_name(spec.name, i) for i in dead)} lost "
+            f"their ranks while listed in discover_hosts.sh; {tail}",
+        )
+    if going:
+        turn.event(
+            "Normal",
+            "WorkerRetired",
+            f"worker pods {', '.join(names.worker_name(spec.name, i) for i in going)} are "
+            "being deleted while listed in discover_hosts.sh (evicted, preempted or "
+            "deleted): their ranks may still leave gracefully, but if the grace period "
+            f"ends first, {tail}",
         )
 
 
@@ -161,6 +184,14 @@ def scaling(
             )
     elif s.get(SCALING) is not None:
         s.set(SCALING, False, "ScalingComplete", f"{target} workers ready")
+
+
+def waiting_for_ranks(turn: Turn, why: str, moving: Mapping[str, str]) -> None:
+    """``Scaling`` while the host-list rules (host_rules.py) hold a change back, unless a
+    relocation already says so."""
+    if why and not moving:
+        message = f"{why}: Horovod would lose or refuse a host-list change now"
+        turn.status.set(SCALING, True, "WaitingForRanks", message)
 
 
 def _relocating(moving: Mapping[str, str], listed: int, target: int) -> str:

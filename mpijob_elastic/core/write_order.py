@@ -13,7 +13,9 @@ refused, so every write may rely on the phases above it having landed:
 3. ``obsolete``: the budget's delete, once the job is suspended, finished or no longer
    elastic.
 4. ``config hash``: the launcher's annotation; its kubelet refreshes the mounted files now.
-5. ``drain marks``: marks cleared on workers the job keeps, and marks on victims whose
+5. ``pod marks``: the rank-holder label set on workers that hold ranks and removed from
+   the others (the PodDisruptionBudget counts only labelled workers, host_rules.py); drain
+   marks cleared on workers the job keeps, and marks on victims whose
    drain starts (after the host-list write, so a mark never predates the list that
    dropped them).
 6. ``deletes``: victims whose drain is over, retired and failed workers to replace, a
@@ -69,7 +71,7 @@ STEPS = (
     "ConfigMap",
     "obsolete",
     "config hash",
-    "drain marks",
+    "pod marks",
     "deletes",
     "creates",
     "Role",
@@ -137,6 +139,32 @@ def _phases(steps: Sequence[tuple[str, Sequence[Action]]]) -> tuple[Phase, ...]:
     return tuple(Phase(step, tuple(writes)) for step, writes in steps if writes)
 
 
+def _holder_labels(want: Desired, observed: Observed) -> dict[str, dict[str, str | None]]:
+    """The rank-holder label to set or remove, per worker whose label is not as wanted
+    (the PodDisruptionBudget counts only labelled workers). Terminating pods are left
+    alone: the budget does not count them anyway."""
+    if not want.objects:
+        return {}  # frozen or finished: nothing of the job's children changes
+    changes: dict[str, dict[str, str | None]] = {}
+    going = {w.uid for w in want.deletes} | {
+        v.worker.uid for v in want.victims if v.action == "delete"
+    }
+    for pod in observed.pods:
+        meta = pod["metadata"]
+        name = meta["name"]
+        if (
+            meta.get("deletionTimestamp")
+            or meta.get("uid") in observed.deleting
+            or meta.get("uid") in going
+            or (meta.get("labels") or {}).get(names.LABEL_ROLE) != names.ROLE_WORKER
+        ):
+            continue
+        has = (meta.get("labels") or {}).get(names.LABEL_HOLDS_RANKS) == "true"
+        if has != (name in want.rank_holders):
+            changes[name] = {names.LABEL_HOLDS_RANKS: "true" if not has else None}
+    return changes
+
+
 def _obsolete(want: Desired, observed: Observed) -> list[Action]:
     """Deletes of the children the job must no longer have."""
     writes: list[Action] = []
@@ -175,22 +203,37 @@ def _refresh_launcher(want: Desired, observed: Observed) -> list[Action]:
     ]
 
 
-def _drain_marks(want: Desired, now: datetime) -> list[Action]:
-    """Marks cleared on workers the job keeps, and set on victims whose drain starts."""
-    marks: list[Action] = [
-        AnnotatePod(w.name, {names.ANN_DRAINING_SINCE: None}, _resource_version(w.pod))
-        for w in want.workers
-        if w.marked and not w.terminating
-    ]
+def _pod_marks(want: Desired, observed: Observed, now: datetime) -> list[Action]:
+    """The workers' drain marks to set or clear, and their rank-holder labels (in the
+    same patch where a worker gets both)."""
+    labels = _holder_labels(want, observed)
+    writes: list[Action] = []
+    for w in want.workers:
+        if w.marked and not w.terminating:
+            writes.append(
+                AnnotatePod(
+                    w.name,
+                    {names.ANN_DRAINING_SINCE: None},
+                    _resource_version(w.pod),
+                    labels.pop(w.name, {}),
+                )
+            )
     mark = format_precise_time(now)
-    marks += [
-        AnnotatePod(
-            v.worker.name, {names.ANN_DRAINING_SINCE: mark}, _resource_version(v.worker.pod)
-        )
-        for v in want.victims
-        if v.action == "mark"
+    for v in want.victims:
+        if v.action == "mark":
+            writes.append(
+                AnnotatePod(
+                    v.worker.name,
+                    {names.ANN_DRAINING_SINCE: mark},
+                    _resource_version(v.worker.pod),
+                    labels.pop(v.worker.name, {}),
+                )
+            )
+    pods = {p["metadata"]["name"]: p for p in observed.pods}
+    return writes + [
+        AnnotatePod(name, {}, _resource_version(pods[name]), change)
+        for name, change in sorted(labels.items())
     ]
-    return marks
 
 
 def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
@@ -214,7 +257,7 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
             ("ConfigMap", ensure("ConfigMap")),
             ("obsolete", _obsolete(want, observed)),
             ("config hash", _refresh_launcher(want, observed)),
-            ("drain marks", _drain_marks(want, now)),
+            ("pod marks", _pod_marks(want, observed, now)),
             ("deletes", deletes),
             ("creates", [Create(pod) for pod in want.new_pods]),
             ("Role", ensure("Role")),

@@ -129,6 +129,15 @@ class RankProbes:
             if previous.hosts and snapshot.hosts:
                 # All gone at once is the launcher ending its run, not ranks failing.
                 lost |= previous.hosts - snapshot.hosts
-            snapshot = dataclasses.replace(snapshot, lost=lost)
+            # A host reached in both reads has been reached since the earlier one said.
+            since = {
+                h: previous.since.get(h, previous.at)
+                if previous.hosts and h in previous.hosts
+                else at
+                for h in snapshot.hosts or ()
+            }
+            snapshot = dataclasses.replace(snapshot, lost=lost, since=since)
+        elif snapshot.hosts:
+            snapshot = dataclasses.replace(snapshot, since=dict.fromkeys(snapshot.hosts, at))
         self._answers[key] = snapshot
         self._on_answer(key)

@@ -352,6 +352,8 @@ class Writer:
 
     async def _annotate(self, key: Key, ns: str, action: AnnotatePod) -> None:
         patch: Obj = {"metadata": {"annotations": dict(action.annotations)}}
+        if action.labels:
+            patch["metadata"]["labels"] = dict(action.labels)
         if action.resource_version:
             patch["metadata"]["resourceVersion"] = action.resource_version
         try:

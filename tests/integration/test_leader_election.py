@@ -297,7 +297,7 @@ async def test_a_drain_mark_planned_on_a_stale_pod_is_refused_and_not_reported(
         with pytest.raises(ApiError) as refused:
             await writer.run(
                 await kube.list(names.KIND, job.ns, job.name),
-                Writes((Phase("drain marks", (mark,)),)),
+                Writes((Phase("pod marks", (mark,)),)),
             )
         assert refused.value.conflict
     finally:

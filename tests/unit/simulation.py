@@ -71,6 +71,9 @@ Planner = Callable[[Observed, Settings, datetime], Writes]
 Gate = Callable[["Request", Callable[[], Obj]], Obj]
 # How long a removed host's ranks take to reach their next commit and leave.
 RANK_LEAVE_SECONDS = 1.0
+# How long a newly listed host takes to hold ranks: the other ranks reach a commit, reset,
+# and its own rank starts.
+RANK_JOIN_SECONDS = 1.0
 SETTINGS = Settings(kubectl_delivery=KubectlDelivery.NONE, default_drain_seconds=30)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 NAMESPACE = "ns"
@@ -235,6 +238,12 @@ class World:
     (h) A turn's writes follow its plan's phases: none goes out before every write of
         the phases above it was accepted, nor after a write of an earlier phase failed
         (checked by ``Sim``, which sees the requests go out).
+    (i) No host-list write drops every rank-holder while one exists (Horovod's driver
+        cannot reset onto a set with no host of its current assignment). A rank-holder is
+        a listed worker whose pod lives and has been listed for ``RANK_JOIN_SECONDS``; a
+        terminating one may stay listed when it is the last (c's one exception).
+    (j) Once the job listed min-replicas workers, no host-list write lists fewer while a
+        worker it drops could have stayed (exists, runs, is not terminating).
 
     (e), convergence, is ``Sim.settle``'s.
     """
@@ -260,6 +269,9 @@ class World:
         self._listed: dict[str, set[str]] = {}
         self._ever_listed: set[str] = set()
         self._left_at: dict[str, float] = {}
+        self._listed_at: dict[str, float] = {}
+        # Per job: whether discover_hosts.sh has listed min-replicas workers (j).
+        self._reached_min: set[str] = set()
         # Per job: worker names Horovod would have blacklisted.
         self.blacklisted: dict[str, set[str]] = {}
         for job in jobs:
@@ -333,12 +345,13 @@ class World:
             new["status"] = copy.deepcopy(body["status"])
         else:
             self._check_for(_controller_uid(current), kind, name)
-            annotations = new["metadata"].setdefault("annotations", {})
-            for k, v in body["metadata"]["annotations"].items():
-                if v is None:
-                    annotations.pop(k, None)
-                else:
-                    annotations[k] = v
+            for part in ("annotations", "labels"):
+                values = new["metadata"].setdefault(part, {})
+                for k, v in (body["metadata"].get(part) or {}).items():
+                    if v is None:
+                        values.pop(k, None)
+                    else:
+                        values[k] = v
         self._put(new)
         return copy.deepcopy(new)
 
@@ -417,7 +430,12 @@ class World:
     def rank_hosts(self, job: str) -> frozenset[str]:
         """The workers the launcher's remote shells reach now: listed ones, and unlisted
         ones whose ranks have not reached their next commit yet."""
-        hosts = set(self._listed.get(job, set()))
+        hosts = {
+            n
+            for n in self._listed.get(job, set())
+            if (pod := self.objects.get(("Pod", n))) is None
+            or self.clock - self._listed_at.get(pod["metadata"]["uid"], 0.0) >= RANK_JOIN_SECONDS
+        }
         for pod in self.workers(job):
             left = self._left_at.get(pod["metadata"]["uid"])
             if left is not None and self.clock - left < RANK_LEAVE_SECONDS:
@@ -485,10 +503,25 @@ class World:
         if name in self._listed.get(job, set()):
             self._ever_listed.add(pod["metadata"]["uid"])
 
+    def rank_holders(self, job: str) -> set[str]:
+        """The listed hosts that hold ranks now: their pod lives (not failed) and has been
+        listed for RANK_JOIN_SECONDS."""
+        return {
+            n
+            for n in self._listed.get(job, set())
+            if (pod := self.objects.get(("Pod", n))) is not None
+            and pod["status"]["phase"] != "Failed"
+            and self.clock - self._listed_at.get(pod["metadata"]["uid"], self.clock)
+            >= RANK_JOIN_SECONDS
+        }
+
     def _config_written(self, config_map: Obj) -> None:
         job = config_map["metadata"]["labels"][names.LABEL_JOB]
         hosts = set(discovered(config_map))
         before = self._listed.get(job, set())
+        holders = self.rank_holders(job)
+        if before != hosts:
+            self._check_host_change(job, before, hosts, holders)
         self._listed[job] = hosts
         for name in hosts ^ before:
             pod = self.objects.get(("Pod", name))
@@ -498,6 +531,7 @@ class World:
             if name in hosts:
                 self._ever_listed.add(uid)
                 self._left_at.pop(uid, None)
+                self._listed_at[uid] = self.clock
             else:
                 self._left_at[uid] = self.clock
         acting = self.acting
@@ -506,12 +540,41 @@ class World:
         for name in sorted(hosts):
             pod = self.objects.get(("Pod", name))
             # (c) a listed host exists, is not being deleted, runs and is wanted.
-            if pod is None or pod["metadata"].get("deletionTimestamp"):
+            last_holder = name in before and holders & hosts == {name}
+            if pod is None or (pod["metadata"].get("deletionTimestamp") and not last_holder):
                 self._violate(f"(c) discover_hosts.sh names {name}, which is gone or terminating")
             elif name not in acting.listable:
                 self._violate(
                     f"(c) discover_hosts.sh names {name}, which the controller's view did not "
                     "show running and wanted"
+                )
+
+    def _check_host_change(
+        self, job: str, before: set[str], hosts: set[str], holders: set[str]
+    ) -> None:
+        """(i) a rank-holder stays; (j) never below the minimum once reached."""
+        if holders and not holders & hosts:
+            self._violate(
+                f"(i) discover_hosts.sh of {job} dropped every rank-holder {sorted(holders)}"
+            )
+        annotations = self.job(job)["metadata"].get("annotations") or {}
+        minimum = int(annotations.get(names.ANN_MIN_REPLICAS) or 0)
+        count = sum(1 for n in hosts if worker_index(job, n) is not None)
+        if minimum and count >= minimum:
+            self._reached_min.add(job)
+        elif minimum and job in self._reached_min:
+            could_stay = [
+                n
+                for n in before - hosts
+                if worker_index(job, n) is not None
+                and (pod := self.objects.get(("Pod", n))) is not None
+                and pod["status"]["phase"] == "Running"
+                and not pod["metadata"].get("deletionTimestamp")
+            ]
+            if could_stay:
+                self._violate(
+                    f"(j) discover_hosts.sh of {job} lists {count} workers, below "
+                    f"min-replicas {minimum}, and dropped {sorted(could_stay)}"
                 )
 
     def _pod_deleted(self, pod: Obj) -> None:

@@ -139,6 +139,18 @@ def test_remote_shell_hosts_reads_every_form_horovod_and_mpirun_use() -> None:
     assert remote_shell_hosts(b"") is None
 
 
+def test_the_start_up_interface_probe_is_no_rank() -> None:
+    probe = (
+        b"/bin/sh\0-c\0/etc/mpi/kubexec.sh job-worker-1 "
+        b"/usr/bin/python -m horovod.runner.task_fn 0 2 abc def\0"
+        b"/bin/sh\0/etc/mpi/kubexec.sh\0job-worker-2\0python -m horovod.runner.task_fn 1 2\0"
+    )
+    # Our remote shell runs, but reaches no rank: its end is no loss.
+    assert remote_shell_hosts(probe) == frozenset()
+    rank = b"/bin/sh\0-c\0/etc/mpi/kubexec.sh job-worker-3 'cd /x ; python train.py'\0"
+    assert remote_shell_hosts(probe + rank) == frozenset({"job-worker-3"})
+
+
 def test_remove_workers_must_name_workers_of_the_job() -> None:
     job = make_job(2, annotations={names.ANN_REMOVE_WORKERS: "job-worker-1, job-worker-3,"})
     assert parse(job, 30).remove == {"job-worker-1", "job-worker-3"}

@@ -183,3 +183,29 @@ def test_a_read_without_a_free_slot_keeps_the_last_answer() -> None:
         await probes.stop()
 
     asyncio.run(main())
+
+
+def test_each_host_is_known_since_the_first_read_that_showed_it() -> None:
+    outputs = [shells("w-0"), shells("w-0", "w-1"), shells("w-0", "w-1"), shells("w-0")]
+
+    async def main() -> None:
+        answered = asyncio.Event()
+
+        async def execute(ns: str, pod: str, container: str | None) -> bytes:
+            return outputs.pop(0)
+
+        probes = RankProbes(execute, lambda _key: answered.set())
+        reads = []
+        for _ in range(4):
+            await read(probes, answered)
+            snapshot = probes.answer(KEY)
+            assert snapshot is not None
+            reads.append(snapshot)
+        assert reads[0].since == {"w-0": reads[0].at}
+        assert reads[1].since == {"w-0": reads[0].at, "w-1": reads[1].at}
+        # Still there: since the read that first showed it, not since this one.
+        assert reads[2].since == {"w-0": reads[0].at, "w-1": reads[1].at}
+        assert reads[3].since == {"w-0": reads[0].at}
+        await probes.stop()
+
+    asyncio.run(main())

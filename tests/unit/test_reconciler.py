@@ -63,7 +63,7 @@ def test_each_phase_starts_once_the_one_before_was_accepted() -> None:
     kube = _Recording()
     phases = (
         Phase("config hash", (AnnotatePod("launcher", {}, "1"),)),
-        Phase("drain marks", (AnnotatePod("w0", {}, "1"), AnnotatePod("w1", {}, "1"))),
+        Phase("pod marks", (AnnotatePod("w0", {}, "1"), AnnotatePod("w1", {}, "1"))),
         Phase("creates", (pod("w2"), pod("w3"))),
     )
     asyncio.run(Writer(kube, lambda _: None).run(JOB, Writes(phases)))
@@ -85,7 +85,7 @@ def test_each_phase_starts_once_the_one_before_was_accepted() -> None:
 def test_the_writer_stops_at_the_first_phase_with_a_refused_write() -> None:
     kube = _Recording(refuse=("w1",))
     phases = (
-        Phase("drain marks", (AnnotatePod("w0", {}, "1"), AnnotatePod("w1", {}, "1"))),
+        Phase("pod marks", (AnnotatePod("w0", {}, "1"), AnnotatePod("w1", {}, "1"))),
         Phase("creates", (pod("w2"),)),
         Phase("status", (WriteStatus({"phase": "x"}, "1"),)),
     )

@@ -149,8 +149,14 @@ def test_labels_are_mpi_operator_v1s_and_training_operator_19s_byte_for_byte() -
     assert render.config_map(spec, {})["metadata"]["labels"] == {**v1, "app": "job"}
     budget = render.disruption_budget(spec, 1)
     assert budget["metadata"]["labels"] == {**v1, "mpi-job-role": "worker", "app": "job"}
-    # The budget still selects by the v1 labels, which every worker carries.
-    assert budget["spec"]["selector"] == {"matchLabels": {**v1, "mpi-job-role": "worker"}}
+    # The budget selects by the v1 labels, and only the workers labelled as holding ranks.
+    assert budget["spec"]["selector"] == {
+        "matchLabels": {
+            **v1,
+            "mpi-job-role": "worker",
+            "mpijob-elastic.io/holds-ranks": "true",
+        }
+    }
 
 
 def test_a_template_label_cannot_take_the_place_of_ours() -> None:

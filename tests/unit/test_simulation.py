@@ -9,6 +9,7 @@ delete the server never confirmed.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 from collections.abc import Mapping
@@ -20,7 +21,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from mpijob_elastic.core import membership, names
+from mpijob_elastic.core import host_rules, membership, names
 from mpijob_elastic.core.actions import (
     DELETE_MEMORY_SECONDS,
     Action,
@@ -32,6 +33,7 @@ from mpijob_elastic.core.actions import (
 from mpijob_elastic.core.desired import desired
 from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.plan import plan_writes
+from mpijob_elastic.core.ranks import RANK_WATCH_SECONDS
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.write_order import diff
 from mpijob_elastic.machinery.writer import Key, Writer
@@ -45,6 +47,7 @@ from tests.unit.simulation import (
     Sim,
     Violation,
     World,
+    discovered,
     make_job,
 )
 
@@ -217,7 +220,26 @@ def started(w: World, **kw: Any) -> Sim:
     sim = Sim(w, **kw)
     sim.advance(30, until=lambda: settled(sim))
     assert settled(sim)
+    # The host-list rules (host_rules.py) keep a host an older read of the launcher showed
+    # holding ranks: the scenarios start once a read has shown every worker's.
+    sim.advance(
+        RANK_WATCH_SECONDS + 1,
+        until=lambda: all(
+            (r := sim._ranks.get(j)) is not None
+            and r.hosts is not None
+            and {n for n in r.hosts if "worker" in n} == set(discovered_names(sim, j))
+            for j in sim.jobs
+        ),
+    )
     return sim
+
+
+def discovered_names(sim: Sim, job: str) -> list[str]:
+    return [
+        n
+        for n in discovered(sim.world.get_obj("ConfigMap", names.config_map_name(job)))
+        if "worker" in n
+    ]
 
 
 def scale_in_with_zero_drain(sim: Sim) -> None:
@@ -230,14 +252,18 @@ def stale_mark_after_restart(sim: Sim) -> None:
     """Defect 1's scenario: 4->2, back to 4, restart between the host-list write and the
     unmark, 4->2 again."""
     w = sim.world
+
+    def marked() -> list[str]:
+        return [
+            p["metadata"]["name"]
+            for p in w.workers()
+            if names.ANN_DRAINING_SINCE in p["metadata"].get("annotations", {})
+        ]
+
     w.set_replicas(2)
-    sim.advance(1)
-    marked = [
-        p["metadata"]["name"]
-        for p in w.workers()
-        if names.ANN_DRAINING_SINCE in p["metadata"].get("annotations", {})
-    ]
-    assert marked == ["job-worker-2", "job-worker-3"]
+    # Both leave within a few seconds, perhaps one after the other (host_rules.py).
+    sim.advance(5, until=lambda: len(marked()) == 2)
+    assert marked() == ["job-worker-2", "job-worker-3"]
     w.set_replicas(4)
     sim.inject(Request("patch", "Pod", "job-worker-2"), KILL)
     sim.advance(10, until=lambda: sim.kills == 1)
@@ -250,7 +276,7 @@ def lost_delete(sim: Sim) -> None:
     """Defect 2's scenario: a drained worker's delete times out before reaching the server."""
     sim.inject(Request("delete", "Pod", "job-worker-3"), TIMEOUT_BEFORE)
     sim.world.set_replicas(2)
-    sim.advance(DRAIN + 1)
+    sim.advance(DRAIN + 5, until=lambda: sim.failed_turns == 1)
     assert sim.failed_turns == 1
     # Promptly, through the failed turn's backoff: not only once the safety net of
     # forgetting an accepted delete (DELETE_MEMORY_SECONDS) has brought the job back.
@@ -326,3 +352,46 @@ def test_the_simulation_catches_a_reused_blacklisted_name() -> None:
     ):
         crash_then_scale_up(sim)
     assert "(g) pod job-worker-1 created under a blacklisted name" in str(caught.value)
+
+
+def ignores_host_rules(observed: Observed, s: Settings, now: datetime) -> Writes:
+    """The planner as it was before host_rules.py: the wanted host list, written at once."""
+
+    def wanted_only(wanted: Any, *_: Any, **__: Any) -> host_rules.HostList:
+        return host_rules.HostList(tuple(wanted), frozenset(), frozenset())
+
+    with mock.patch.object(host_rules, "next_hosts", wanted_only):
+        return plan_writes(observed, s, now)
+
+
+def replace_every_worker(sim: Sim) -> None:
+    """Every worker named for removal at the same replicas: all are replaced, as when the
+    node that holds them all is drained."""
+    w = sim.world
+    job = copy.deepcopy(w.job())
+    job["metadata"]["annotations"][names.ANN_REMOVE_WORKERS] = ",".join(
+        p["metadata"]["name"] for p in w.workers()
+    )
+    job["metadata"]["generation"] += 1
+    w.replace(job)
+    sim.settle()
+
+
+def test_replacing_every_worker_keeps_a_rank_holder_listed() -> None:
+    w = world(3, jobs=("job",))
+    with started(w) as sim:
+        replace_every_worker(sim)
+    assert [p["metadata"]["name"] for p in w.workers()] == [
+        "job-worker-3",
+        "job-worker-4",
+        "job-worker-5",
+    ]
+
+
+def test_the_simulation_catches_a_list_without_rank_holders() -> None:
+    with (
+        started(world(3, jobs=("job",)), planner=ignores_host_rules) as sim,
+        pytest.raises(Violation) as caught,
+    ):
+        replace_every_worker(sim)
+    assert "(i) discover_hosts.sh of job dropped every rank-holder" in str(caught.value)

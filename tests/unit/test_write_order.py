@@ -32,7 +32,7 @@ DOCUMENTED = (
     "ConfigMap",
     "obsolete",
     "config hash",
-    "drain marks",
+    "pod marks",
     "deletes",
     "creates",
     "Role",
@@ -52,6 +52,16 @@ def _annotates(key: str) -> Callable[[Action], bool]:
     return lambda a: isinstance(a, AnnotatePod) and set(a.annotations) == {key}
 
 
+def _pod_mark(a: Action) -> bool:
+    """A drain mark, the rank-holder label, or both, and nothing else."""
+    return (
+        isinstance(a, AnnotatePod)
+        and set(a.annotations) <= {names.ANN_DRAINING_SINCE}
+        and set(a.labels) <= {names.LABEL_HOLDS_RANKS}
+        and bool(a.annotations or a.labels)
+    )
+
+
 def _worker_create(a: Action) -> bool:
     return _object("Pod")(a) and "-worker-" in a.obj["metadata"]["name"]  # type: ignore[union-attr]
 
@@ -64,7 +74,7 @@ BELONGS: dict[str, Callable[[Action], bool]] = {
     "ConfigMap": _object("ConfigMap"),
     "obsolete": lambda a: isinstance(a, DeleteObject) and a.kind == "PodDisruptionBudget",
     "config hash": _annotates(names.ANN_CONFIG_HASH),
-    "drain marks": _annotates(names.ANN_DRAINING_SINCE),
+    "pod marks": _pod_mark,
     "deletes": lambda a: isinstance(a, DeletePod),
     "creates": _worker_create,
     "Role": _object("Role"),
@@ -122,8 +132,8 @@ def test_every_plan_of_a_job_s_life_follows_the_order() -> None:
     c.set_replicas(1)
     shrink = c.plan()
     steps = [phase.step for phase in shrink.phases]
-    assert steps[:3] == ["ConfigMap", "config hash", "drain marks"], steps
+    assert steps[:3] == ["ConfigMap", "config hash", "pod marks"], steps
     c.apply(shrink)
     c.converge()
     seen = {phase.step for p in c.plans for phase in p.phases}
-    assert {"launcher", "deletes", "config hash", "drain marks"} <= seen
+    assert {"launcher", "deletes", "config hash", "pod marks"} <= seen
