@@ -54,9 +54,12 @@ def elected(namespace: str, port: int) -> tuple[str, ...]:
 
 
 def identity(proc: ControllerProcess) -> str:
-    found = [e["identity"] for e in proc.log_entries() if e.get("msg") == "waiting to lead"]
-    assert found, "no 'waiting to lead' line"
-    return str(found[-1])
+    # A process that has just started may not have said it yet (a loaded machine).
+    def said() -> str | None:
+        entries = proc.log_entries()
+        return next((e["identity"] for e in entries if e.get("msg") == "waiting to lead"), None)
+
+    return str(wait_for(said, what="its 'waiting to lead' line"))
 
 
 def holder(cluster: Cluster, namespace: str) -> str:
