@@ -15,6 +15,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from mpijob_elastic.app.preflight import RECHECK_SECONDS, Preflight
@@ -418,10 +419,27 @@ class Controller:
             deleting=memory.deleting(pods, now),
             conflicts=memory.taken(now),
             in_use=memory.used(now),
-            ranks=self.probes.answer((ns, meta["name"])),
+            **self._ranks(job, pods, named("ConfigMap", names.ranks_name(meta["name"]))),
             leaving_nodes=dict(self._leaving_nodes),
             strays=[o for kind in HANDOVER_SELECTORS for o in strays(kind)],
         )
+
+    def _ranks(self, job: Obj, pods: list[Obj], report: Obj | None) -> dict[str, Any]:
+        """Observed's rank fields: the launcher's reports, and the last exec read."""
+        meta = job["metadata"]
+        key = (meta["namespace"], meta["name"])
+        launcher = names.launcher_name(meta["name"])
+        running = any(
+            p["metadata"]["name"] == launcher
+            and not p["metadata"].get("deletionTimestamp")
+            and (p.get("status") or {}).get("phase") == "Running"
+            for p in pods
+        )
+        return {
+            "ranks": self.probes.pushed(key, report, running, datetime.now(UTC)),
+            "ranks_report": report,
+            "ranks_read": self.probes.answer(key),
+        }
 
     async def reconcile(self, key: Key) -> float | None:
         """One turn for one job; raises if a write failed, so the queue backs off."""

@@ -116,8 +116,13 @@ class Observed:
     # (kind, name) of objects the job uses without controlling them: a ServiceAccount of
     # the launcher's name that someone else made (the user's own, named in the template).
     in_use: frozenset[tuple[str, str]] = frozenset()
-    # The last read of which workers the launcher's remote shells reach (ranks.py).
+    # Which workers the launcher's remote shells reach, from its reports (ranks.py); None
+    # while no launcher runs.
     ranks: RankSnapshot | None = None
+    # The job's ranks ConfigMap, if it exists as the job's; and the last exec read of the
+    # launcher, asked for only where the reports say nothing (ranks.py).
+    ranks_report: Mapping[str, Any] | None = None
+    ranks_read: RankSnapshot | None = None
     # Nodes that are going away (nodes.py), with why.
     leaving_nodes: Mapping[str, str] = field(default_factory=dict)
     # Candidates for a hand-over (handover.py), not among the children above: objects

@@ -41,8 +41,8 @@ from mpijob_elastic.core.ranks import (
     DRAIN_FLOOR_SECONDS,
     PROBE_INTERVAL_SECONDS,
     RANK_FREE_GRACE_SECONDS,
-    RANK_WATCH_SECONDS,
-    RANK_WATCH_STARTING_SECONDS,
+    reported,
+    seen_by,
 )
 from mpijob_elastic.core.scaleout import (
     Backoff,
@@ -138,6 +138,8 @@ class Desired:
     obsolete: Sequence[str] = ()
     # The finished job's runPolicy.ttlSecondsAfterFinished is over: delete the job itself.
     delete_job: bool = False
+    # The ranks ConfigMap to create if missing; its data is the launcher's (ranks.py).
+    ranks: Obj | None = None
 
 
 class _Builder:
@@ -509,7 +511,8 @@ class _Builder:
         hash_ = render.config_hash(data)
         objects = {
             **self.service_account(spec),
-            "Role": render.role(spec, role_names),
+            # The reports' grant only on the ranks ConfigMap the job controls (ranks.py).
+            "Role": render.role(spec, role_names, ranks=self.observed.ranks_report is not None),
             "RoleBinding": render.role_binding(spec),
             "ConfigMap": render.config_map(spec, data, {k: v for k, v in state.items() if v}),
         }
@@ -540,14 +543,6 @@ class _Builder:
         if launcher is not None and (launcher.get("status") or {}).get("phase") == "Running":
             s.set(RUNNING, True, "MPIJobRunning", f"MPIJob {spec.name} is running.")
             s.clear(RESTARTING, "MPIJobRunning", f"MPIJob {spec.name} is running.")
-            if hosts:
-                # Watch for ranks that die under a live pod (ranks.py).
-                starts = [t for w in m.keep if (t := w.running_since(main)) is not None]
-                starting = any(
-                    (self.now - t).total_seconds() < RANK_WATCH_STARTING_SECONDS for t in starts
-                )
-                every = PROBE_INTERVAL_SECONDS if starting else RANK_WATCH_SECONDS
-                self.want_probe(spec, launcher, every)
 
         # A pod template the API server refused stays reported until a pod create goes
         # through, which a plan without pod creates implies.
@@ -585,6 +580,7 @@ class _Builder:
             requeue_after=self.requeue_after,
             probe=self.probe,
             obsolete=obsolete,
+            ranks=render.ranks_config_map(spec),
         )
 
     def service_account(self, spec: JobSpec) -> dict[str, Obj]:
@@ -711,7 +707,7 @@ class _Builder:
         due: list[Victim] = []
         drain = timedelta(seconds=spec.drain_seconds)
         floor = timedelta(seconds=min(DRAIN_FLOOR_SECONDS, spec.drain_seconds))
-        snapshot = self.observed.ranks
+        reports = self.observed.ranks
         for item in leaving:
             w = item.worker
             since = w.draining_since
@@ -736,7 +732,7 @@ class _Builder:
             else:
                 deadline = since + drain
                 reached = since + floor
-                seen = snapshot.hosts if snapshot is not None and snapshot.at >= reached else None
+                seen = seen_by(w.name, reports, self.observed.ranks_read, reached)
                 if self.now >= deadline:
                     action = "delete"
                     # Deleted under a running rank: Horovod counts a failure.
@@ -747,7 +743,9 @@ class _Builder:
                     action = "delete"
                     grace = RANK_FREE_GRACE_SECONDS
                 else:
-                    self.want_probe(spec, launcher, PROBE_INTERVAL_SECONDS)
+                    if not reported(w.name, reports):
+                        # The reports say nothing of it: an exec read must (ranks.py).
+                        self.want_probe(spec, launcher, PROBE_INTERVAL_SECONDS)
                     self.requeue((deadline - self.now).total_seconds())
             if action == "delete" and len(due) >= POD_WRITES_PER_TURN:
                 self.requeue(0)
@@ -828,7 +826,7 @@ class _Builder:
             return
         if (launcher.get("status") or {}).get("phase") != "Running":
             return
-        last = self.observed.ranks
+        last = self.observed.ranks_read
         age = (self.now - last.at).total_seconds() if last is not None else every
         if age < every:
             self.requeue(every - age)

@@ -7,7 +7,8 @@ it having landed:
 1. The ServiceAccount, and the PodDisruptionBudget before any worker it protects exists
    (or the budget's delete, once the job is suspended, finished or no longer elastic).
 2. The ConfigMap: victims leave the host lists before anything happens to them; a worker
-   is listed only once the Role we wrote grants exec on it (``desired.py``).
+   is listed only once the Role we wrote grants exec on it (``desired.py``). The ranks
+   ConfigMap, created empty; only its existence is ours, its data is the launcher's.
 3. The launcher's config-hash annotation: its kubelet refreshes the mounted files now.
 4. Drain marks cleared on workers the job keeps; then marks on victims whose drain starts
    (after the host-list write, so a mark never predates the list that dropped them),
@@ -21,7 +22,8 @@ it having landed:
    lists only granted workers. Then the RoleBinding: a controller without the ``bind``
    verb (ours) may bind only a Role that exists, whose rules it holds itself; the API
    server answers 404 for a RoleBinding to a Role not there yet.
-7. The launcher, after its workers exist and are granted.
+7. The launcher, after its workers exist and are granted; the ranks ConfigMap emptied
+   first, so no report of an earlier launcher is read as this one's (ranks.py).
 8. The status, then Events.
 
 Only drift is written: a settled job yields no writes.
@@ -120,6 +122,13 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
         return [] if action is None else [action]
 
     writes = ensure("ServiceAccount") + ensure("PodDisruptionBudget") + ensure("ConfigMap")
+    ranks = want.ranks
+    if (
+        ranks is not None
+        and observed.ranks_report is None
+        and ("ConfigMap", ranks["metadata"]["name"]) not in observed.conflicts
+    ):
+        writes.append(Create(ranks))
     for kind in want.obsolete:
         gone = _observed_object(observed, kind)
         if gone is not None and not gone["metadata"].get("deletionTimestamp"):
@@ -170,6 +179,9 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Plan:
     writes += [Create(pod) for pod in want.new_pods]
     writes += ensure("Role") + ensure("RoleBinding")
     if want.launcher is not None:
+        report = observed.ranks_report
+        if report is not None and report.get("data"):
+            writes.append(Replace({k: v for k, v in report.items() if k != "data"}))
         writes.append(Create(want.launcher))
 
     if want.delete_job:

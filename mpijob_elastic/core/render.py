@@ -110,10 +110,21 @@ def service_account(spec: JobSpec) -> Obj:
     }
 
 
-def role_rules(exec_targets: Sequence[str]) -> list[Obj]:
+def role_rules(exec_targets: Sequence[str], ranks: str | None = None) -> list[Obj]:
+    """``ranks``: the job's ranks ConfigMap, once it exists as the job's: the one object
+    the launcher may write, by merge patch, to report its remote shells (ranks.py)."""
     rules: list[Obj] = [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     ]
+    if ranks:
+        rules.append(
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "verbs": ["patch"],
+                "resourceNames": [ranks],
+            }
+        )
     # An empty resourceNames list would mean *every* pod in the namespace, so with no
     # workers the exec rule is left out altogether.
     if exec_targets:
@@ -137,15 +148,21 @@ def exec_names(role: Mapping[str, Any] | None) -> set[str]:
     return granted
 
 
-def role(spec: JobSpec, exec_targets: Sequence[str]) -> Obj:
+def role(spec: JobSpec, exec_targets: Sequence[str], ranks: bool = False) -> Obj:
     """``exec_targets``: the pods the launcher may exec into (its workers, and itself when
-    it is a host)."""
+    it is a host); ``ranks``: grant the reports into the job's ranks ConfigMap."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": _launcher_object(spec),
-        "rules": role_rules(exec_targets),
+        "rules": role_rules(exec_targets, names.ranks_name(spec.name) if ranks else None),
     }
+
+
+def ranks_config_map(spec: JobSpec) -> Obj:
+    """Empty: the launcher's ``kubexec.sh`` fills it (ranks.py). The job's, like its config."""
+    meta = _metadata(spec, names.ranks_name(spec.name), names.object_labels(spec.name, None))
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}
 
 
 def role_binding(spec: JobSpec) -> Obj:
@@ -187,20 +204,47 @@ def hostfile(spec: JobSpec, members: Sequence[str]) -> str:
     return "".join(lines)
 
 
+# kubexec.sh's reports of each remote shell's start and exit (ranks.py), around the v1
+# exec line. They never hold up or fail the remote shell: each is a background kubectl,
+# bounded, retried twice, its output and errors discarded, and the script's exit status
+# is still kubectl exec's own. The background job is a new `sh`, not a subshell: a forked
+# subshell would keep the copy of stderr that the shell saves around `2>/dev/null`, and
+# so keep the caller's pipe open, which horovodrun reads to its end. Traced lines are
+# sent to /dev/null to keep the trace of `set -x` the v1 one. A shell that the caller
+# kills by a signal reports no exit: see ranks.py. `$$` and the start second name the
+# shell: unique in the launcher.
+KUBEXEC_REPORT = """\
+{{ R=${{POD_NAME}}_$$_$(date +%s)
+case "$*" in *horovod.runner.task_fn*) R=;; esac
+report() {{
+  [ -n "$R" ] || return 0
+  /bin/sh -c 'for t in 1 2 3; do "$0" patch configmap "$1" --type=merge --request-timeout=5s \\
+    -p "$2" && break; sleep 1; done' {kubectl} {ranks} "{{\\"data\\":{{\\"$R$1\\":\\"$2\\"}}}}" \\
+    </dev/null >/dev/null 2>&1 &
+}}
+report "" start; }} 2>/dev/null
+"""
+KUBEXEC_EXIT = "{ rc=$?; report _exit $rc; exit $rc; } 2>/dev/null\n"
+
+
 def kubexec(spec: JobSpec, settings: Settings) -> str:
+    """v1's script, byte for byte up to its exec line, with the reports around it."""
     kubectl = (
         f"{KUBECTL_DIR}/kubectl"
         if settings.kubectl_delivery is KubectlDelivery.INIT_CONTAINER
         else "kubectl"
     )
-    # spec.mainContainer was validated as a DNS-1123 label, so it cannot carry shell.
+    # spec.mainContainer was validated as a DNS-1123 label, so it cannot carry shell; the
+    # job's name, a DNS-1123 subdomain, cannot either.
     container = f" --container {spec.main_container}" if spec.main_container else ""
     return (
         "#!/bin/sh\n"
         "set -x\n"
         "POD_NAME=$1\n"
         "shift\n"
-        f'{kubectl} exec ${{POD_NAME}}{container} -- /bin/sh -c "$*"'
+        + KUBEXEC_REPORT.format(kubectl=kubectl, ranks=names.ranks_name(spec.name))
+        + f'{kubectl} exec ${{POD_NAME}}{container} -- /bin/sh -c "$*"\n'
+        + KUBEXEC_EXIT
     )
 
 

@@ -39,7 +39,7 @@ from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Emit, Observed, Plan
 from mpijob_elastic.core.desired import WORKER_BACKOFF_MAX_SECONDS
 from mpijob_elastic.core.plan import plan
-from mpijob_elastic.core.ranks import DRAIN_FLOOR_SECONDS, RANK_WATCH_SECONDS, RankSnapshot
+from mpijob_elastic.core.ranks import DRAIN_FLOOR_SECONDS, RankSnapshot
 from mpijob_elastic.core.render import exec_names, requests_gpu
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
 from mpijob_elastic.core.spec import launcher_service_account
@@ -128,7 +128,10 @@ def observe(
     seconds: float,
     ranks: RankSnapshot | None = None,
 ) -> Observed:
-    """What the controller's caches hold for one job, as ``Controller.observe`` reads them."""
+    """What the controller's caches hold for one job, as ``Controller.observe`` reads them.
+
+    ``ranks``: the last exec read of the launcher. The simulated launcher sends no reports
+    (ranks.py), so every drain here ends through exec reads, the fallback path."""
     uid, job_name = job["metadata"]["uid"], job["metadata"]["name"]
     # Through the caches' transforms, so a field the planner reads but a cache drops fails
     # the planner's tests.
@@ -152,7 +155,8 @@ def observe(
         deleting=memory.deleting(pods, seconds),
         conflicts=memory.taken(seconds),
         in_use=memory.used(seconds),
-        ranks=ranks,
+        ranks_report=owned.get(("ConfigMap", names.ranks_name(job_name))),
+        ranks_read=ranks,
     )
 
 
@@ -1019,14 +1023,13 @@ class Sim:
 
 
 def resting(p: Plan, pods: list[Obj]) -> bool:
-    """Nothing left to do but watch a running job's ranks (ranks.RANK_WATCH_SECONDS):
-    no drain or deletion under way."""
+    """Nothing left to do: no drain or deletion under way, and no turn due."""
     leaving = any(
         names.ANN_DRAINING_SINCE in (pod["metadata"].get("annotations") or {})
         or pod["metadata"].get("deletionTimestamp")
         for pod in pods
     )
-    return p.requeue_after is None or (p.requeue_after <= RANK_WATCH_SECONDS and not leaving)
+    return p.requeue_after is None and not leaving
 
 
 def replicas(job: Mapping[str, Any]) -> int:

@@ -135,10 +135,12 @@ def test_remote_shell_hosts_reads_every_form_horovod_and_mpirun_use() -> None:
         b"/opt/kube/kubectl\0exec\0job-worker-2\0--\0/bin/sh\0-c\0orted\0"
         b"python\0-m\0horovod.runner.launch\0-np\0" + b"x" * 10
     )
-    assert remote_shell_hosts(output) == frozenset({"job-worker-1", "job-worker-2"})
+    assert remote_shell_hosts(output, "job") == frozenset({"job-worker-1", "job-worker-2"})
     # No remote shell of ours at all: the launcher uses ssh, or runs nothing: unknown.
-    assert remote_shell_hosts(b"python\0train.py\0sleep\0") is None
-    assert remote_shell_hosts(b"") is None
+    assert remote_shell_hosts(b"python\0train.py\0sleep\0", "job") is None
+    assert remote_shell_hosts(b"", "job") is None
+    # Another job's shells (KWOK runs every exec on one machine) say nothing of this one.
+    assert remote_shell_hosts(output, "other") is None
 
 
 def test_remove_workers_must_name_workers_of_the_job() -> None:

@@ -23,7 +23,6 @@ from mpijob_elastic.core.plan import plan
 from mpijob_elastic.core.ranks import (
     DRAIN_FLOOR_SECONDS,
     PROBE_INTERVAL_SECONDS,
-    RANK_WATCH_SECONDS,
 )
 from mpijob_elastic.core.render import exec_names
 from mpijob_elastic.core.workers import worker_index
@@ -63,7 +62,15 @@ def test_new_job_grants_exec_once_its_workers_are_created() -> None:
     c = Cluster(make_job(2))
     p = c.plan()
     kinds = [a.obj["kind"] for a in p.actions if isinstance(a, Create)]
-    assert kinds == ["ServiceAccount", "ConfigMap", "Pod", "Pod", "Role", "RoleBinding"]
+    assert kinds == [
+        "ServiceAccount",
+        "ConfigMap",
+        "ConfigMap",
+        "Pod",
+        "Pod",
+        "Role",
+        "RoleBinding",
+    ]
     c.apply(p)
     # Granted only after the creates went through: a name held by someone else's pod
     # (a create answered 409) never reaches the Role.
@@ -80,9 +87,9 @@ def test_settled_job_plans_nothing() -> None:
     assert c.get("Pod", "job-launcher") is not None
     p = c.plan()
     assert p.actions == ()
-    # Only the watch for ranks that die under a live pod: a read, no write.
-    assert p.requeue_after == RANK_WATCH_SECONDS
-    assert p.probe == Probe("job-launcher", "main")
+    # Nothing on a timer: a rank that dies is reported by the launcher (ranks.py).
+    assert p.requeue_after is None
+    assert p.probe is None
 
 
 def test_discovery_is_in_index_order_not_string_order() -> None:

@@ -237,7 +237,7 @@ def test_a_gpu_launcher_is_granted_exec_on_itself_once_it_exists_then_listed_fir
     assert c.world.violations == []
     written = c.get("Role", "job-launcher")
     assert written is not None
-    assert written["rules"][1]["resourceNames"] == [
+    assert written["rules"][2]["resourceNames"] == [
         "job-launcher",
         "job-worker-0",
         "job-worker-1",
