@@ -112,7 +112,8 @@ def service_account(spec: JobSpec) -> Obj:
 
 def role_rules(exec_targets: Sequence[str], ranks: str | None = None) -> list[Obj]:
     """``ranks``: the job's ranks ConfigMap, once it exists as the job's: the one object
-    the launcher may write, by merge patch, to report its remote shells (ranks.py)."""
+    the launcher may write, by merge patch, to report its remote shells (ranks.py); and
+    read, because ``kubectl patch`` reads the object before it patches."""
     rules: list[Obj] = [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     ]
@@ -121,7 +122,7 @@ def role_rules(exec_targets: Sequence[str], ranks: str | None = None) -> list[Ob
             {
                 "apiGroups": [""],
                 "resources": ["configmaps"],
-                "verbs": ["patch"],
+                "verbs": ["get", "patch"],
                 "resourceNames": [ranks],
             }
         )

@@ -308,6 +308,12 @@ def proof(p: Permission) -> tuple[Scenario, str] | None:
         ("pods", "patch"): (scale, forbidden(p)),
         ("pods/exec", "get"): (scale, forbidden(p)),
         ("pods/exec", "create"): (start, escalation("pods/exec")),
+        # The launcher's Role grants get on its job's ranks ConfigMap (kubectl patch
+        # reads the object first), and RBAC lets us grant only what we hold.
+        ("configmaps", "get"): (
+            start,
+            escalation("configmaps") + ', ResourceNames:[\\"proof-ranks',
+        ),
         ("configmaps", "create"): (start, forbidden(p)),
         ("configmaps", "update"): (scale, forbidden(p)),
         ("configmaps", "patch"): (adopt, forbidden(p)),
