@@ -486,3 +486,44 @@ def test_a_job_naming_the_controllers_service_account_is_refused(
     assert start(other, lambda: False)
     assert job.pods() == {}
     assert job.pods(names.ROLE_LAUNCHER) == {}
+
+
+def test_the_launcher_may_write_its_ranks_configmap_and_nothing_else(
+    cluster: Cluster, namespace: str, run_as: RunAs, tmp_path: Path
+) -> None:
+    """The reports' grant (docs/rbac.md): get and patch on `<job>-ranks`, by name; the
+    launcher still cannot read or write any other ConfigMap, its job's own config
+    included, nor list them."""
+    run_as(None)
+    job = Job(cluster, namespace, "reports")
+    assert start(job, lambda: False)
+    launcher = names.launcher_name(job.name)
+    kubeconfig = cluster.service_account_kubeconfig(namespace, launcher, tmp_path / "l.conf")
+
+    def as_launcher(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [cluster.kubectl_path, "--kubeconfig", kubeconfig, "-n", namespace, *args],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    report = json.dumps({"data": {f"{job.name}-worker-0_1_2": "start"}})
+    ranks = names.ranks_name(job.name)
+    wait_for(
+        lambda: (
+            as_launcher("patch", "configmap", ranks, "--type=merge", "-p", report).returncode == 0
+        ),
+        20,
+        "the launcher's report accepted",
+    )
+    for args in (
+        ("patch", "configmap", names.config_map_name(job.name), "--type=merge", "-p", report),
+        ("get", "configmap", names.config_map_name(job.name)),
+        ("get", "configmaps"),
+        ("delete", "configmap", ranks),
+        ("replace", "--raw", f"/api/v1/namespaces/{namespace}/configmaps/{ranks}", "-f", "-"),
+    ):
+        refused = as_launcher(*args)
+        assert refused.returncode != 0, args
+        assert "forbidden" in refused.stderr.lower(), (args, refused.stderr)
