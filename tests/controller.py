@@ -182,6 +182,13 @@ class RemoteShells:
         # Running once its rank runs here (KWOK's exec is a local process).
         wait_for(lambda: self._ranks(worker), 30, f"the rank on {worker}")
 
+    def start_silent(self, worker: str) -> None:
+        """A remote shell that reports nothing (a launcher whose kubexec.sh predates the
+        reports): only its command line, which an exec read of the launcher sees."""
+        self.procs[worker] = subprocess.Popen(
+            [sys.executable, "-c", RANK_CODE, "/etc/mpi/kubexec.sh", worker, f"rank-of-{worker}"]
+        )
+
     def end(self, worker: str) -> float:
         """The rank on ``worker`` dies; returns when, once its remote shell has ended."""
         for pid in self._ranks(worker):

@@ -171,8 +171,30 @@ def test_a_drain_ends_once_the_launcher_no_longer_reaches_the_victim(
         f"rank left ({gone2 - edited:.2f}s after the edit)"
     )
     assert gone - edited < 10
-    assert gone2 - left2 < 5
+    # Past its floor, a victim goes as soon as the launcher reports its rank's end.
+    assert gone2 - left2 < 2
     assert job.workers() == [f"{job.name}-worker-0"]
+
+
+def test_without_reports_a_drain_ends_on_an_exec_read_of_the_launcher(
+    job: Job, start_controller: StartController, shells: RemoteShells
+) -> None:
+    """The reports say nothing of the victims (their remote shells report nothing): the
+    controller reads the launcher's process list instead, as before the reports."""
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 3, drain="30"))
+    job.wait_hosts(3)
+    running_launcher(job)
+    for i in range(3):
+        shells.start_silent(names.worker_name(job.name, i))
+    job.set_workers(1)
+    wait_for(lambda: job.hosts() == hosts(job, 0), 10, "victims out of discovery")
+    time.sleep(4)  # past the floor, with both victims still reached
+    assert {f"{job.name}-worker-1", f"{job.name}-worker-2"} <= set(job.workers())
+    left = shells.end(f"{job.name}-worker-1")
+    wait_for(lambda: f"{job.name}-worker-1" not in job.workers(), 10, "worker-1 deleted")
+    print(f"FIGURE no reports: victim deleted {time.monotonic() - left:.2f}s after its rank left")
+    assert f"{job.name}-worker-2" in job.workers(), "a victim still reached was deleted"
 
 
 def test_a_rank_that_dies_under_a_live_pod_retires_its_worker(
