@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 from typing import Any
 
@@ -622,3 +624,61 @@ def test_a_taken_name_is_reported_even_when_its_holder_cannot_be_read(
     assert (
         "ConfigMap job-config already exists (its owner could not be read" in (refused["message"])
     )
+
+
+def test_the_ranks_configmap_is_created_granted_and_emptied_before_a_new_launcher() -> None:
+    c = started(2)
+    ranks = c.get("ConfigMap", "job-ranks")
+    assert ranks is not None and not ranks.get("data")
+    assert ranks["metadata"]["ownerReferences"][0]["name"] == "job"
+    role = c.get("Role", "job-launcher")
+    assert role is not None
+    assert {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "verbs": ["get", "patch"],
+        "resourceNames": ["job-ranks"],
+    } in role["rules"]
+    # The launcher reported; then its pod is gone (its node went) and a new one is made.
+    ranks["data"] = {"job-worker-0_12_34": "start"}
+    c.world.vanish_now("job-launcher")
+    p = c.plan()
+    writes = [
+        (type(a).__name__, a.obj["kind"], a.obj["metadata"]["name"])
+        for a in p.actions
+        if isinstance(a, Create | Replace)
+    ]
+    assert ("Create", "Pod", "job-launcher") in writes
+    emptied = writes.index(("Replace", "ConfigMap", "job-ranks"))
+    assert emptied < writes.index(("Create", "Pod", "job-launcher"))
+    replaced = next(
+        a.obj
+        for a in p.actions
+        if isinstance(a, Replace) and a.obj["metadata"]["name"] == "job-ranks"
+    )
+    assert "data" not in replaced
+
+
+def test_a_foreign_ranks_configmap_is_never_granted_to_the_launcher() -> None:
+    c = Cluster(make_job(2, annotations=dict(ELASTIC)))
+    c.objects[("ConfigMap", "job-ranks")] = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "job-ranks",
+            "namespace": "ns",
+            "uid": "someone",
+            "resourceVersion": "1",
+        },
+        "data": {"theirs": "x"},
+    }
+    for _ in range(10):
+        c.run_pods()
+        # The create of job-ranks is answered 409: that turn fails, the next knows why.
+        with contextlib.suppress(ApiError):
+            c.apply(c.plan())
+    role = c.get("Role", "job-launcher")
+    assert role is not None
+    assert all("configmaps" not in r["resources"] for r in role["rules"])
+    assert c.get("Pod", "job-launcher") is not None
+    assert c.get("ConfigMap", "job-ranks")["data"] == {"theirs": "x"}
