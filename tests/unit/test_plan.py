@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-
 import dataclasses
 from typing import Any
 
@@ -629,7 +628,8 @@ def test_a_taken_name_is_reported_even_when_its_holder_cannot_be_read(
 def test_the_ranks_configmap_is_created_granted_and_emptied_before_a_new_launcher() -> None:
     c = started(2)
     ranks = c.get("ConfigMap", "job-ranks")
-    assert ranks is not None and not ranks.get("data")
+    assert ranks is not None
+    assert not ranks.get("data")
     assert ranks["metadata"]["ownerReferences"][0]["name"] == "job"
     role = c.get("Role", "job-launcher")
     assert role is not None
