@@ -681,4 +681,6 @@ def test_a_foreign_ranks_configmap_is_never_granted_to_the_launcher() -> None:
     assert role is not None
     assert all("configmaps" not in r["resources"] for r in role["rules"])
     assert c.get("Pod", "job-launcher") is not None
-    assert c.get("ConfigMap", "job-ranks")["data"] == {"theirs": "x"}
+    theirs = c.get("ConfigMap", "job-ranks")
+    assert theirs is not None
+    assert theirs["data"] == {"theirs": "x"}
