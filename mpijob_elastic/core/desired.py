@@ -511,8 +511,12 @@ class _Builder:
         hash_ = render.config_hash(data)
         objects = {
             **self.service_account(spec),
-            # The reports' grant only on the ranks ConfigMap the job controls (ranks.py).
-            "Role": render.role(spec, role_names, ranks=self.observed.ranks_report is not None),
+            # The reports' grant on the job's ranks ConfigMap (ranks.py), never on a name
+            # someone else holds: its create comes first (diff.py), and a refused one
+            # stops the turn before this Role is written.
+            "Role": render.role(
+                spec, role_names, ranks=not self.taken("ConfigMap", names.ranks_name(spec.name))
+            ),
             "RoleBinding": render.role_binding(spec),
             "ConfigMap": render.config_map(spec, data, {k: v for k, v in state.items() if v}),
         }

@@ -111,9 +111,9 @@ def service_account(spec: JobSpec) -> Obj:
 
 
 def role_rules(exec_targets: Sequence[str], ranks: str | None = None) -> list[Obj]:
-    """``ranks``: the job's ranks ConfigMap, once it exists as the job's: the one object
-    the launcher may write, by merge patch, to report its remote shells (ranks.py); and
-    read, because ``kubectl patch`` reads the object before it patches."""
+    """``ranks``: the job's ranks ConfigMap, unless someone else's holds the name: the one
+    object the launcher may write, by merge patch, to report its remote shells (ranks.py);
+    and read, because ``kubectl patch`` reads the object before it patches."""
     rules: list[Obj] = [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     ]
