@@ -127,11 +127,13 @@ def observe(
     memory: JobMemory,
     seconds: float,
     ranks: RankSnapshot | None = None,
+    reports: RankSnapshot | None = None,
 ) -> Observed:
     """What the controller's caches hold for one job, as ``Controller.observe`` reads them.
 
-    ``ranks``: the last exec read of the launcher. The simulated launcher sends no reports
-    (ranks.py), so every drain here ends through exec reads, the fallback path."""
+    ``ranks``: the last exec read of the launcher; ``reports``: what its reports say
+    (ranks.py). The simulated worlds send no reports, so their drains end through exec
+    reads, the fallback path; a test may set ``Cluster.reports``."""
     uid, job_name = job["metadata"]["uid"], job["metadata"]["name"]
     # Through the caches' transforms, so a field the planner reads but a cache drops fails
     # the planner's tests.
@@ -155,6 +157,7 @@ def observe(
         deleting=memory.deleting(pods, seconds),
         conflicts=memory.taken(seconds),
         in_use=memory.used(seconds),
+        ranks=reports,
         ranks_report=owned.get(("ConfigMap", names.ranks_name(job_name))),
         ranks_read=ranks,
     )
@@ -572,8 +575,10 @@ class Cluster:
         self.world = World(job)
         self.name = str(job["metadata"]["name"])
         self.writer = Writer(FakeKube(self.world), lambda _: None)
-        # What the last read of the launcher's remote shells said; a test sets it.
+        # What the last read of the launcher's remote shells said, and what its reports
+        # say; a test sets them.
         self.ranks: RankSnapshot | None = None
+        self.reports: RankSnapshot | None = None
 
     @property
     def job(self) -> Obj:
@@ -612,7 +617,9 @@ class Cluster:
 
     def observed(self) -> Observed:
         memory = self.writer.of((NAMESPACE, self.name))
-        return observe(self.world.objects, self.job, memory, self.world.clock, self.ranks)
+        return observe(
+            self.world.objects, self.job, memory, self.world.clock, self.ranks, self.reports
+        )
 
     def plan(self, settings: Settings = SETTINGS) -> Plan:
         return plan(self.observed(), settings, self.now)
