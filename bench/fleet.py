@@ -212,101 +212,12 @@ async def measure(kubeconfig: str, namespace: str, opts: Options) -> dict[str, A
             await controller.ready()
             pid = controller.pid
 
-        # -- first create -> every job converged ----------------------------------------
-        w = opts.workers
-        for i in range(opts.jobs):
-            fleet.jobs[f"job-{i}"] = Job(f"job-{i}", w)
-        cpu0 = cpu_seconds(pid) if pid else 0.0
-        t0 = time.monotonic()
-
-        async def create(job: Job) -> None:
-            manifest = job_manifest(job.name, w, max_workers=w + w // 2, min_workers=w // 2)
-            manifest["metadata"]["namespace"] = namespace
-            await kube.create(manifest)
-
-        await _bounded([lambda j=j: create(j) for j in fleet.jobs.values()])
-        result["create_s"] = round(time.monotonic() - t0, 1)
-        await wait_for(
-            lambda: all(j.converged is not None for j in fleet.jobs.values()),
-            opts.converge_limit,
-            "convergence",
-        )
-        done = [j.converged - t0 for j in fleet.jobs.values() if j.converged is not None]
-        converged_at = time.monotonic()
-        if pid:
-            result["cpu_ms_per_job"] = round(1000 * (cpu_seconds(pid) - cpu0) / opts.jobs, 1)
-        result["converge_p50_s"] = round(statistics.median(done), 1)
-        result["converge_p90_s"] = round(percentile(done, 0.9), 1)
-        result["converge_max_s"] = round(max(done), 1)
-        # Goal 5: the median job long before the last one; the share done by the median.
-        result["converged_by_half_time"] = sum(1 for d in done if d <= max(done) / 2)
-
-        # Steady state begins once nothing has changed for settle_seconds: the launchers
-        # start running and the jobs' status says so after the convergence above.
-        def quiet() -> bool:
-            last = fleet.changes[-1][0] if fleet.changes else 0.0
-            return time.monotonic() - last >= opts.settle_seconds
-
-        # A controller that never goes quiet is measured anyway, after SETTLE_LIMIT.
-        with contextlib.suppress(TimeoutError):
-            await wait_for(quiet, SETTLE_LIMIT_SECONDS, "quiet")
-        result["settle_s"] = round(time.monotonic() - converged_at - opts.settle_seconds, 1)
-        if pid:
-            result["rss_mb"] = round(rss_mb(pid), 1)
-
-        # -- steady state ------------------------------------------------------------------
-        start = time.monotonic()
-        cpu0 = cpu_seconds(pid) if pid else 0.0
-        await asyncio.sleep(opts.steady_seconds)
-        if pid:
-            # Nothing changes: no reconcile is due (the launchers report rank ends, ranks.py).
-            result["steady_cpu_share"] = round((cpu_seconds(pid) - cpu0) / opts.steady_seconds, 3)
-        result["steady_writes"] = dict(fleet.writes(start, time.monotonic()))
-        result["settle_writes"] = dict(fleet.writes(converged_at, start))
-
-        # -- restart: cache sync and writes --------------------------------------------------
+        converged_at = await _first_create(kube, namespace, fleet, opts, pid, result)
+        await _settle(fleet, opts, pid, converged_at, result)
+        await _steady(fleet, opts, pid, converged_at, result)
         if controller is not None:
-            controller.stop()
-            start = time.monotonic()
-            controller.start()
-            result["sync_s"] = round(await controller.ready(), 2)
-            pid = controller.pid
-            await asyncio.sleep(opts.steady_seconds)
-            result["restart_writes"] = dict(fleet.writes(start, time.monotonic()))
-            result["rss_restart_mb"] = round(rss_mb(pid), 1)
-
-        # -- mass rescale ------------------------------------------------------------------
-        edited = list(fleet.jobs.values())[: min(opts.rescale_jobs, opts.jobs)]
-        for n, job in enumerate(edited):
-            job.want = w // 2 if n % 2 == 0 else w + w // 2
-
-        async def edit(job: Job) -> None:
-            patch = {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": job.want}}}}
-            await kube.patch(names.KIND, namespace, job.name, patch)
-            job.edited = time.monotonic()
-            fleet.check(job)
-
-        cpu0 = cpu_seconds(pid) if pid else 0.0
-        t0 = time.monotonic()
-        await _bounded([lambda j=j: edit(j) for j in edited])
-        await wait_for(
-            lambda: all(j.rescaled is not None for j in edited), opts.converge_limit, "rescale"
-        )
-        t1 = time.monotonic()
-        lags = [j.rescaled - j.edited for j in edited if j.rescaled and j.edited]
-        result["rescale_jobs"] = len(edited)
-        result["rescale_edits_s"] = round(max(j.edited or 0 for j in edited) - t0, 1)
-        result["rescale_p50_s"] = round(statistics.median(lags), 2)
-        result["rescale_p99_s"] = round(percentile(lags, 0.99), 2)
-        result["rescale_max_s"] = round(max(lags), 2)
-        result["rescale_all_s"] = round(t1 - t0, 1)
-        seen = [t for t, _ in fleet.changes if t0 <= t < t1]
-        result["rescale_events_per_s"] = round(len(seen) / max(t1 - t0, 1e-9))
-        per_second = Counter(int(t - t0) for t in seen)
-        result["rescale_events_peak_per_s"] = max(per_second.values(), default=0)
-        if pid:
-            result["rescale_cpu_share"] = round((cpu_seconds(pid) - cpu0) / (t1 - t0), 2)
-        result["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+            pid = await _restart(controller, fleet, opts, result)
+        await _rescale(kube, namespace, fleet, opts, pid, result)
     finally:
         if controller is not None:
             controller.stop()
@@ -314,6 +225,124 @@ async def measure(kubeconfig: str, namespace: str, opts: Options) -> dict[str, A
             await informer.stop()
         await api.close()
     return result
+
+
+async def _first_create(
+    kube: Kube, namespace: str, fleet: Fleet, opts: Options, pid: int, result: dict[str, Any]
+) -> float:
+    """First create -> every job converged; when the last one did."""
+    w = opts.workers
+    for i in range(opts.jobs):
+        fleet.jobs[f"job-{i}"] = Job(f"job-{i}", w)
+    cpu0 = cpu_seconds(pid) if pid else 0.0
+    t0 = time.monotonic()
+
+    async def create(job: Job) -> None:
+        manifest = job_manifest(job.name, w, max_workers=w + w // 2, min_workers=w // 2)
+        manifest["metadata"]["namespace"] = namespace
+        await kube.create(manifest)
+
+    await _bounded([lambda j=j: create(j) for j in fleet.jobs.values()])
+    result["create_s"] = round(time.monotonic() - t0, 1)
+    await wait_for(
+        lambda: all(j.converged is not None for j in fleet.jobs.values()),
+        opts.converge_limit,
+        "convergence",
+    )
+    done = [j.converged - t0 for j in fleet.jobs.values() if j.converged is not None]
+    converged_at = time.monotonic()
+    if pid:
+        result["cpu_ms_per_job"] = round(1000 * (cpu_seconds(pid) - cpu0) / opts.jobs, 1)
+    result["converge_p50_s"] = round(statistics.median(done), 1)
+    result["converge_p90_s"] = round(percentile(done, 0.9), 1)
+    result["converge_max_s"] = round(max(done), 1)
+    # Goal 5: the median job long before the last one; the share done by the median.
+    result["converged_by_half_time"] = sum(1 for d in done if d <= max(done) / 2)
+    return converged_at
+
+
+async def _settle(
+    fleet: Fleet, opts: Options, pid: int, converged_at: float, result: dict[str, Any]
+) -> None:
+    """Steady state begins once nothing has changed for settle_seconds: the launchers
+    start running and the jobs' status says so after the convergence."""
+
+    def quiet() -> bool:
+        last = fleet.changes[-1][0] if fleet.changes else 0.0
+        return time.monotonic() - last >= opts.settle_seconds
+
+    # A controller that never goes quiet is measured anyway, after SETTLE_LIMIT.
+    with contextlib.suppress(TimeoutError):
+        await wait_for(quiet, SETTLE_LIMIT_SECONDS, "quiet")
+    result["settle_s"] = round(time.monotonic() - converged_at - opts.settle_seconds, 1)
+    if pid:
+        result["rss_mb"] = round(rss_mb(pid), 1)
+
+
+async def _steady(
+    fleet: Fleet, opts: Options, pid: int, converged_at: float, result: dict[str, Any]
+) -> None:
+    start = time.monotonic()
+    cpu0 = cpu_seconds(pid) if pid else 0.0
+    await asyncio.sleep(opts.steady_seconds)
+    if pid:
+        # Nothing changes: no reconcile is due (the launchers report rank ends, ranks.py).
+        result["steady_cpu_share"] = round((cpu_seconds(pid) - cpu0) / opts.steady_seconds, 3)
+    result["steady_writes"] = dict(fleet.writes(start, time.monotonic()))
+    result["settle_writes"] = dict(fleet.writes(converged_at, start))
+
+
+async def _restart(
+    controller: Controller, fleet: Fleet, opts: Options, result: dict[str, Any]
+) -> int:
+    """Restart: cache sync and writes; the new controller's PID."""
+    controller.stop()
+    start = time.monotonic()
+    controller.start()
+    result["sync_s"] = round(await controller.ready(), 2)
+    pid = controller.pid
+    await asyncio.sleep(opts.steady_seconds)
+    result["restart_writes"] = dict(fleet.writes(start, time.monotonic()))
+    result["rss_restart_mb"] = round(rss_mb(pid), 1)
+    return pid
+
+
+async def _rescale(
+    kube: Kube, namespace: str, fleet: Fleet, opts: Options, pid: int, result: dict[str, Any]
+) -> None:
+    """Mass rescale."""
+    w = opts.workers
+    edited = list(fleet.jobs.values())[: min(opts.rescale_jobs, opts.jobs)]
+    for n, job in enumerate(edited):
+        job.want = w // 2 if n % 2 == 0 else w + w // 2
+
+    async def edit(job: Job) -> None:
+        patch = {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": job.want}}}}
+        await kube.patch(names.KIND, namespace, job.name, patch)
+        job.edited = time.monotonic()
+        fleet.check(job)
+
+    cpu0 = cpu_seconds(pid) if pid else 0.0
+    t0 = time.monotonic()
+    await _bounded([lambda j=j: edit(j) for j in edited])
+    await wait_for(
+        lambda: all(j.rescaled is not None for j in edited), opts.converge_limit, "rescale"
+    )
+    t1 = time.monotonic()
+    lags = [j.rescaled - j.edited for j in edited if j.rescaled and j.edited]
+    result["rescale_jobs"] = len(edited)
+    result["rescale_edits_s"] = round(max(j.edited or 0 for j in edited) - t0, 1)
+    result["rescale_p50_s"] = round(statistics.median(lags), 2)
+    result["rescale_p99_s"] = round(percentile(lags, 0.99), 2)
+    result["rescale_max_s"] = round(max(lags), 2)
+    result["rescale_all_s"] = round(t1 - t0, 1)
+    seen = [t for t, _ in fleet.changes if t0 <= t < t1]
+    result["rescale_events_per_s"] = round(len(seen) / max(t1 - t0, 1e-9))
+    per_second = Counter(int(t - t0) for t in seen)
+    result["rescale_events_peak_per_s"] = max(per_second.values(), default=0)
+    if pid:
+        result["rescale_cpu_share"] = round((cpu_seconds(pid) - cpu0) / (t1 - t0), 2)
+    result["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def run(kubeconfig: str | None, opts: Options) -> dict[str, Any]:

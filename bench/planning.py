@@ -1,7 +1,7 @@
 """Benchmark: how long one plan blocks the event loop, for jobs up to the worker cap.
 
 Planning is pure and synchronous, so while it runs no other job is reconciled and no
-watch event is read. This times ``plan()`` on in-memory jobs of N Running workers: a
+watch event is read. This times ``plan_writes()`` on in-memory jobs of N Running workers: a
 settled job (the common case), a scale-in of half of it, and a new job (capped at
 desired.POD_WRITES_PER_TURN creates per turn). No cluster needed.
 
@@ -16,7 +16,7 @@ import time
 from datetime import timedelta
 
 from mpijob_elastic.core.actions import Create
-from mpijob_elastic.core.plan import plan
+from mpijob_elastic.core.plan import plan_writes
 from tests.unit.simulation import SETTINGS, Cluster, make_job
 
 
@@ -26,7 +26,7 @@ def _time(c: Cluster, repeat: int) -> tuple[float, float, int]:
     writes = 0
     for _ in range(repeat):
         start = time.perf_counter()
-        p = plan(observed, SETTINGS, c.now)
+        p = plan_writes(observed, SETTINGS, c.now)
         samples.append((time.perf_counter() - start) * 1000)
         writes = len(p.actions)
     return statistics.median(samples), max(samples), writes

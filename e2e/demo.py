@@ -91,114 +91,135 @@ def demo(cluster: Cluster, workdir: Path) -> None:
     """)
     run = ElasticRun(cluster, NAMESPACE, sample(), workdir / "launcher")
     try:
-        section("2. Submit the sample elastic MPIJob (config/samples/elastic-mpijob.yaml)")
-        say(f"""
-            2 workers, bounds 1..5 (annotations {names.ANN_MIN_REPLICAS} and
-            {names.ANN_MAX_REPLICAS}), drain {DRAIN_SECONDS}s. Its launcher runs
-              horovodrun -np 2 --min-np 1 --max-np 5 \\
-                --host-discovery-script /etc/mpi/discover_hosts.sh ...
-            Here a mock of Horovod's elastic driver plays the launcher: it runs
-            discover_hosts.sh every second and starts ranks through kubexec.sh (kubectl exec,
-            as the launcher's ServiceAccount, so RBAC is checked for real).
-        """)
-        step = run.submit()
-        run.start_launcher()
-        run.wait_for_ranks_on(2)
-        show_state(run, step)
-
-        section("3. Scale up to 4: kubectl patch ... Worker.replicas: 4")
-        say("""
-            The controller grants the launcher exec on the new workers first, creates them,
-            and lists each in discover_hosts.sh once it runs. It annotates the launcher pod
-            so the kubelet refreshes the mounted file now, not in a minute.
-        """)
-        step = run.scale(4)
-        run.wait_for_ranks_on(4)
-        show_state(run, step)
-
-        section("4. Scale in to 1: kubectl patch ... Worker.replicas: 1")
-        say(f"""
-            The surplus workers leave discover_hosts.sh first. Horovod sees hosts leave the
-            discovery output and lets them go gracefully at their next commit: no failure,
-            no blacklist. The controller reads the launcher's remote shells and deletes
-            each pod once its rank has left, a few seconds in, not after the whole
-            {DRAIN_SECONDS}s drain bound. (Upstream controllers deleted them while still
-            listed: a failure in Horovod's eyes, and a blacklisted name.)
-        """)
-        step = run.scale(1)
-        run.wait_for_ranks_on(1)
-        time.sleep(1)
-        say("  one second later:")
-        show_state(run, step)
-        wait_for(lambda: run.worker_pods() == run.hosts(1), 30, "the drain")
-        say(f"  once their ranks had left ({time.time() - step.started:.1f}s after the edit):")
-        show_state(run, step)
-
-        section("5. Scale back to 3: kubectl scale mpijob/elastic-horovod --replicas=3")
-        say("""
-            Names are reused (worker-1, worker-2). Since they left gracefully, none was
-            blacklisted, so Horovod takes them all back.
-        """)
-        step = run.scale(3, via="scale")
-        run.wait_for_ranks_on(3)
-        show_state(run, step)
-
-        section("6. An edit outside the bounds is refused")
-        refused = cluster.kubectl(
-            "scale", f"mpijob/{run.job}", "-n", NAMESPACE, "--replicas=9", check=False
-        )
-        say(f"  kubectl scale --replicas=9 -> {refused.stderr.strip()}")
-
-        section("7. A node goes away: kubectl drain")
-        node, selector = run.node_to_drain()
-        before = run.worker_nodes()
-        leaving = {w: n for w, n in before.items() if n == node}
-        # Indented as the text below, which say() dedents as a whole.
-        only = f" \\\n{' ' * 16}--pod-selector={selector}" if selector else ""
-        say(f"""
-            A node is emptied, for maintenance or before a spot node is reclaimed:
-              kubectl drain {node} --ignore-daemonsets --delete-emptydir-data --force \\
-                --timeout=120s{only}
-            It cordons the node and evicts its pods, here {", ".join(sorted(leaving))}.
-            The controller sees the cordon and creates a replacement elsewhere at once. An
-            evicted worker (deleted with a grace period) leaves discover_hosts.sh at once,
-            and the default worker command keeps its rank alive until it leaves at its next
-            commit, so Horovod removes the host gracefully: no failure, no blacklist. The
-            job's PodDisruptionBudget (minAvailable = min-replicas) makes kubectl drain wait
-            rather than take the job below its minimum.
-        """)
-        say("  the job's disruption budget (kubectl get pdb):")
-        for line in run.kubectl("get", "pdb").splitlines():
-            print(f"    {line}")
-        step = run.begin(f"kubectl drain {node}")
-        try:
-            drained = run.drain(step, node, selector)
-            for line in drained.output.splitlines():
-                print(f"    {line}")
-            run.wait_for_size(3)
-            wait_for(lambda: not set(leaving) & set(run.worker_pods()), 30, "the evicted pods")
-            show_state(run, step, since="the drain")
-            placement = run.worker_nodes()
-            say("  the workers that left and their replacements, in seconds since the drain:")
-            for line in describe_moves(run.moves(step, leaving), run.arrivals(step, set(before))):
-                print(f"    {line}")
-        finally:
-            run.kubectl("uncordon", node)
-        still = sum(n == node for n in placement.values())
-        say(f"""
-            The job runs {len(placement)} workers, {still or "none"} of them on {node}
-            (uncordoned again now).
-        """)
-
-        section("8. The training finishes")
-        code = run.finish()
-        wait_for(lambda: "Succeeded" in run.kubectl("get", "mpijob", run.job), 30, "Succeeded")
-        say(f"  The driver exited {code}, so the launcher pod ended, and the job:")
-        for line in run.kubectl("get", "mpijob", run.job).splitlines():
-            print(f"    {line}")
+        _submit_and_grow(run)
+        _shrink_and_regrow(run)
+        _refuse(cluster, run)
+        _drain_node(run)
+        _finish(run)
     finally:
         run.close()
         controller.stop()
+
+
+def _submit_and_grow(run: ElasticRun) -> None:
+    """Sections 2 and 3: the job starts, then grows."""
+    section("2. Submit the sample elastic MPIJob (config/samples/elastic-mpijob.yaml)")
+    say(f"""
+        2 workers, bounds 1..5 (annotations {names.ANN_MIN_REPLICAS} and
+        {names.ANN_MAX_REPLICAS}), drain {DRAIN_SECONDS}s. Its launcher runs
+          horovodrun -np 2 --min-np 1 --max-np 5 \\
+            --host-discovery-script /etc/mpi/discover_hosts.sh ...
+        Here a mock of Horovod's elastic driver plays the launcher: it runs
+        discover_hosts.sh every second and starts ranks through kubexec.sh (kubectl exec,
+        as the launcher's ServiceAccount, so RBAC is checked for real).
+    """)
+    step = run.submit()
+    run.start_launcher()
+    run.wait_for_ranks_on(2)
+    show_state(run, step)
+
+    section("3. Scale up to 4: kubectl patch ... Worker.replicas: 4")
+    say("""
+        The controller grants the launcher exec on the new workers first, creates them,
+        and lists each in discover_hosts.sh once it runs. It annotates the launcher pod
+        so the kubelet refreshes the mounted file now, not in a minute.
+    """)
+    step = run.scale(4)
+    run.wait_for_ranks_on(4)
+    show_state(run, step)
+
+
+def _shrink_and_regrow(run: ElasticRun) -> None:
+    """Sections 4 and 5: a scale-in drains, a scale-up reuses the names."""
+    section("4. Scale in to 1: kubectl patch ... Worker.replicas: 1")
+    say(f"""
+        The surplus workers leave discover_hosts.sh first. Horovod sees hosts leave the
+        discovery output and lets them go gracefully at their next commit: no failure,
+        no blacklist. The controller reads the launcher's remote shells and deletes
+        each pod once its rank has left, a few seconds in, not after the whole
+        {DRAIN_SECONDS}s drain bound. (Upstream controllers deleted them while still
+        listed: a failure in Horovod's eyes, and a blacklisted name.)
+    """)
+    step = run.scale(1)
+    run.wait_for_ranks_on(1)
+    time.sleep(1)
+    say("  one second later:")
+    show_state(run, step)
+    wait_for(lambda: run.worker_pods() == run.hosts(1), 30, "the drain")
+    say(f"  once their ranks had left ({time.time() - step.started:.1f}s after the edit):")
+    show_state(run, step)
+
+    section("5. Scale back to 3: kubectl scale mpijob/elastic-horovod --replicas=3")
+    say("""
+        Names are reused (worker-1, worker-2). Since they left gracefully, none was
+        blacklisted, so Horovod takes them all back.
+    """)
+    step = run.scale(3, via="scale")
+    run.wait_for_ranks_on(3)
+    show_state(run, step)
+
+
+def _refuse(cluster: Cluster, run: ElasticRun) -> None:
+    """Section 6: the admission policy refuses a size outside the bounds."""
+    section("6. An edit outside the bounds is refused")
+    refused = cluster.kubectl(
+        "scale", f"mpijob/{run.job}", "-n", NAMESPACE, "--replicas=9", check=False
+    )
+    say(f"  kubectl scale --replicas=9 -> {refused.stderr.strip()}")
+
+
+def _drain_node(run: ElasticRun) -> None:
+    """Section 7: kubectl drain moves the workers on a node."""
+    section("7. A node goes away: kubectl drain")
+    node, selector = run.node_to_drain()
+    before = run.worker_nodes()
+    leaving = {w: n for w, n in before.items() if n == node}
+    # Indented as the text below, which say() dedents as a whole.
+    only = f" \\\n{' ' * 12}--pod-selector={selector}" if selector else ""
+    say(f"""
+        A node is emptied, for maintenance or before a spot node is reclaimed:
+          kubectl drain {node} --ignore-daemonsets --delete-emptydir-data --force \\
+            --timeout=120s{only}
+        It cordons the node and evicts its pods, here {", ".join(sorted(leaving))}.
+        The controller sees the cordon and creates a replacement elsewhere at once. An
+        evicted worker (deleted with a grace period) leaves discover_hosts.sh at once,
+        and the default worker command keeps its rank alive until it leaves at its next
+        commit, so Horovod removes the host gracefully: no failure, no blacklist. The
+        job's PodDisruptionBudget (minAvailable = min-replicas) makes kubectl drain wait
+        rather than take the job below its minimum.
+    """)
+    say("  the job's disruption budget (kubectl get pdb):")
+    for line in run.kubectl("get", "pdb").splitlines():
+        print(f"    {line}")
+    step = run.begin(f"kubectl drain {node}")
+    try:
+        drained = run.drain(step, node, selector)
+        for line in drained.output.splitlines():
+            print(f"    {line}")
+        run.wait_for_size(3)
+        wait_for(lambda: not set(leaving) & set(run.worker_pods()), 30, "the evicted pods")
+        show_state(run, step, since="the drain")
+        placement = run.worker_nodes()
+        say("  the workers that left and their replacements, in seconds since the drain:")
+        for line in describe_moves(run.moves(step, leaving), run.arrivals(step, set(before))):
+            print(f"    {line}")
+    finally:
+        run.kubectl("uncordon", node)
+    still = sum(n == node for n in placement.values())
+    say(f"""
+        The job runs {len(placement)} workers, {still or "none"} of them on {node}
+        (uncordoned again now).
+    """)
+
+
+def _finish(run: ElasticRun) -> None:
+    """Section 8: the job succeeds."""
+    section("8. The training finishes")
+    code = run.finish()
+    wait_for(lambda: "Succeeded" in run.kubectl("get", "mpijob", run.job), 30, "Succeeded")
+    say(f"  The driver exited {code}, so the launcher pod ended, and the job:")
+    for line in run.kubectl("get", "mpijob", run.job).splitlines():
+        print(f"    {line}")
 
 
 def main() -> int:

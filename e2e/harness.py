@@ -35,15 +35,22 @@ EXIT_ANNOTATION = "kwok.mpijob-elastic.io/exit-code"
 # Where the mock images keep the mock driver and rank (e2e/images/*/Dockerfile).
 IMAGE_REPO = "/opt/mockhorovod"
 STOP_FILE_IN_POD = "/tmp/stop-training"
+# The driver's size flags, as the sample's launcher gives them to horovodrun.
+DRIVER_ARGS = ("-np", "2", "--min-np", "1", "--max-np", "5")
 
 
-def in_cluster_job(job: dict[str, Any], launcher_image: str, worker_image: str) -> dict[str, Any]:
+def in_cluster_job(
+    job: dict[str, Any],
+    launcher_image: str,
+    worker_image: str,
+    driver_args: tuple[str, ...] = DRIVER_ARGS,
+) -> dict[str, Any]:
     """The job with the mock images, for a cluster whose kubelets run containers."""
     specs = job["spec"]["mpiReplicaSpecs"]
     launcher = specs["Launcher"]["template"]["spec"]["containers"][0]
     launcher["image"] = launcher_image
     launcher["command"] = [
-        "horovodrun", "-np", "2", "--min-np", "1", "--max-np", "5",
+        "horovodrun", *driver_args,
         "--host-discovery-script", "/etc/mpi/discover_hosts.sh",
         "--rank-repo", IMAGE_REPO, "--rank-python", "/usr/local/bin/python3",
         "--stop-file", STOP_FILE_IN_POD,
@@ -137,8 +144,11 @@ class ElasticRun:
     namespace: str
     manifest: dict[str, Any]
     workdir: Path
-    driver_args: tuple[str, ...] = ("-np", "2", "--min-np", "1", "--max-np", "5")
+    driver_args: tuple[str, ...] = DRIVER_ARGS
     in_cluster: bool = False
+    # In the cluster: the driver's record is no longer the launcher pod's log (that
+    # launcher ended; its successor's run would replace the record), see ``ended``.
+    record_kept: bool = False
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
 
@@ -247,8 +257,14 @@ class ElasticRun:
 
     # -- what the launcher saw --------------------------------------------------------------
 
+    def ended(self, log: bytes) -> None:
+        """The launcher pod's driver ended with ``log`` (read to its end): that stays the
+        driver's record, whatever launcher runs next."""
+        self.driver_log.write_bytes(log)
+        self.record_kept = True
+
     def driver_events(self, *kinds: str) -> list[dict[str, Any]]:
-        if self.in_cluster:
+        if self.in_cluster and not self.record_kept:
             logs = self.kubectl("logs", names.launcher_name(self.job), check=False)
             # Once the job is deleted its launcher's log is gone; keep the last one read.
             if logs:

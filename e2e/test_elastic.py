@@ -45,7 +45,7 @@ SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
 # (mpijob_elastic/core/ranks.py), about a second after its rank left at its next commit. A long
 # bound shows that the early end works: waiting it out would fail the step's timing.
 DRAIN_SECONDS = 15
-# The floor of every drain (ranks.DRAIN_FLOOR_SECONDS), and how soon after its rank left a
+# The floor of every drain (core/drain.py's DRAIN_FLOOR_SECONDS), and how soon after its rank left a
 # victim must be gone: one launcher read a second, plus the delete reaching the cache.
 DRAIN_FLOOR_SECONDS = 3.0
 GONE_AFTER_RANKS_LEFT_SECONDS = 3.0
@@ -110,11 +110,10 @@ def run(
 
 
 def no_failures(run: ElasticRun, since: float = 0.0) -> None:
-    bad = [
-        e
-        for e in run.driver_events(ev.RANK_FAILED, ev.HOST_BLACKLISTED, ev.EXEC_FAILED)
-        if e["ts"] >= since
-    ]
+    """No failure, blacklist or refused exec, and none of the real driver's ends: a reset
+    with no previous host, a host update lost in a reset, a new rank past the Gloo
+    timeout, a reset blocked below --min-np past the elastic timeout, every rank lost."""
+    bad = [e for e in run.driver_events(*ev.FAILURE_EVENTS, *ev.FATAL_EVENTS) if e["ts"] >= since]
     assert bad == [], bad
 
 

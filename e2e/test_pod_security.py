@@ -12,7 +12,7 @@ import copy
 import json
 from typing import Any
 
-from mpijob_elastic.core import names, render
+from mpijob_elastic.core import names, render_pods
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
 from mpijob_elastic.core.spec import parse
 from tests.cluster import Cluster
@@ -33,7 +33,7 @@ def launcher_pod(namespace: str) -> dict[str, Any]:
     job = make_job(2, namespace=namespace)
     launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
     launcher["containers"] = [dict(launcher["containers"][0], securityContext=RESTRICTED_CONTAINER)]
-    pod = render.launcher_pod(parse(job, 30), INIT, "hash", 2)
+    pod = render_pods.launcher_pod(parse(job, 30), INIT, "hash", 2)
     # The test job does not exist, so the garbage collector would delete an owned pod.
     del pod["metadata"]["ownerReferences"]
     return pod

@@ -5,9 +5,12 @@
 # and kubectl images and loads them, the README's install steps run on a copy of config/
 # (the controller image set in config/default's `images:` entry; write_install_overlay in
 # kind/lib.sh) and `kubectl apply -k` installs it; the rollout waits for /readyz, which
-# fails while the controller misses a permission. e2e/test_elastic.py runs with the launcher
-# as a real pod: kubectl from the kubectl-delivery init container, /etc/mpi mounted by the
-# kubelet, ranks started in real worker containers through kubexec.sh. Afterwards the
+# fails while the controller misses a permission. e2e/test_elastic.py and
+# e2e/test_relocation.py (every worker on the kind worker node, cordoned then drained; the
+# control plane, which takes pods too, is where the launcher and the replacements go) run
+# with the launcher as a real pod: kubectl from the kubectl-delivery init container,
+# /etc/mpi mounted by the kubelet, ranks started in real worker containers through
+# kubexec.sh. Afterwards the
 # controller is uninstalled and the cluster stopped (KEEP_CLUSTER=1 keeps both).
 set -euo pipefail
 log_name=e2e-kind
@@ -59,7 +62,7 @@ log "controller available after $((SECONDS - start))s"
 
 log "running the suite"
 MPIJOB_ELASTIC_KUBECONFIG=$kubeconfig E2E_IN_CLUSTER=1 \
-  "$repo_root/.venv/bin/python" -m pytest e2e/test_elastic.py "$@"
+  "$repo_root/.venv/bin/python" -m pytest e2e/test_elastic.py e2e/test_relocation.py "$@"
 
 # After the suite, the install as an admin sees it (docs/operations.md): both replicas
 # ready, one of them the Lease's holder, and the holder's /metrics declaring every series
@@ -73,10 +76,11 @@ holder=$(k -n $ns get lease mpijob-elastic -o jsonpath='{.spec.holderIdentity}')
 leader=${holder%_*}
 k -n $ns get pod "$leader" >/dev/null || { log "the Lease's holder $holder is no pod"; exit 1; }
 metrics=$(k get --raw "/api/v1/namespaces/$ns/pods/$leader:8080/proxy/metrics")
-for series in reconciles reconcile_duration_seconds queue_depth queue_wait_seconds \
-  watch_restarts relists api_errors jobs scale_operations drain_duration_seconds \
-  running_to_listed_seconds; do
-  grep -qE "^# TYPE mpijob_elastic_$series(_total)? " <<<"$metrics" || { log "no $series"; exit 1; }
+# Every series the controller registers, read from its registry (tests/metric_names.py).
+families=$("$repo_root/.venv/bin/python" -c \
+  'from tests.metric_names import every_family; print(*every_family())')
+for series in $families; do
+  grep -qE "^# TYPE $series(_total)? " <<<"$metrics" || { log "no $series"; exit 1; }
 done
 for sample in 'reconciles_total{result="success"}' relists_total reconcile_duration_seconds_count; do
   grep -qF "mpijob_elastic_$sample" <<<"$metrics" || { log "no $sample on $leader"; exit 1; }

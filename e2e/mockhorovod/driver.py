@@ -79,6 +79,20 @@ EXIT_OK = 0
 EXIT_FATAL = 1
 EXIT_USAGE = 2
 
+# Horovod's defaults for HOROVOD_GLOO_TIMEOUT_SECONDS and HOROVOD_START_TIMEOUT.
+DEFAULT_GLOO_TIMEOUT = 30.0
+DEFAULT_START_TIMEOUT = 30.0
+# Without --network-interface, horovodrun's elastic start waits for this many hosts: it
+# finds the common interfaces host to host (runner/launch.py, _get_min_start_hosts).
+MIN_START_HOSTS_WITHOUT_NIC = 2
+# What the interface probe runs on each host, through the remote shell: a short-lived shell
+# that is not a rank (Horovod's task service, which ends once the driver has its answer).
+PROBE_MARKER = "mockhorovod-probe"
+PROBE_COMMAND = f"echo {PROBE_MARKER} && sleep 1"
+# The stop reasons with which horovodrun exits 0: the training finished by itself.
+CLEAN_STOPS = frozenset({"stop_file", "run_seconds", "sigint"})
+NO_PREVIOUS_HOSTS = "No hosts from previous set remaining, unable to broadcast state."
+
 # How much of a rank's stderr an event carries: enough for kubectl's one-line refusal and
 # the rank's own last words, not a whole log.
 STDERR_TAIL_LINES = 20
@@ -220,6 +234,14 @@ class DriverConfig:
     rank_python: str = sys.executable
     rank_repo: str = str(REPO_ROOT)
     rank_alive_file: str = DEFAULT_RANK_ALIVE_FILE
+    # Horovod's HOROVOD_GLOO_TIMEOUT_SECONDS: how long the ranks of a reset wait in the new
+    # world's rendezvous for every newly started rank before they all abort.
+    gloo_timeout: float = DEFAULT_GLOO_TIMEOUT
+    # horovodrun's --start-timeout (HOROVOD_START_TIMEOUT): the deadline, from launch, by
+    # which every discovered host must have answered the interface probe.
+    start_timeout: float = DEFAULT_START_TIMEOUT
+    # horovodrun's --network-interface: given, there is no probe and one host is enough.
+    network_interface: str | None = None
     command: tuple[str, ...] = ()
 
     def validate(self) -> None:
@@ -239,7 +261,14 @@ class DriverConfig:
                     "--blacklist-cooldown-range needs "
                     f"{COOLDOWN_LOWER_BOUND} <= MIN <= MAX <= {COOLDOWN_UPPER_BOUND}"
                 )
-        for name in ("discovery_interval", "discovery_timeout", "stop_grace", "commit_interval"):
+        for name in (
+            "discovery_interval",
+            "discovery_timeout",
+            "stop_grace",
+            "commit_interval",
+            "gloo_timeout",
+            "start_timeout",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive")
         try:
@@ -276,6 +305,9 @@ class Rank:
     # ``shutdown``); None while it holds one. Any exit after that is ignored, as in Horovod.
     stopping: str | None = None
     notified: bool = False
+    # Its FAILURE was recorded by the driver itself (it timed out in a reset's rendezvous);
+    # the exit that follows when the job is stopped says nothing more.
+    aborted: bool = False
     exit_code: int | None = None
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
     task: asyncio.Task[None] | None = None
@@ -290,13 +322,27 @@ class Rank:
 
 @dataclass(eq=False)
 class HostEntry:
-    """A host in the job: it has (or had) ranks. ``leaving`` says why its ranks were
-    unassigned (set at a commit); ``noticed_gone`` that discovery no longer lists it (the
-    ranks keep their assignment until the next commit)."""
+    """A host of the current assignment and its assigned ranks by local rank (a rank that
+    failed stays here until the reset that follows); ``noticed_gone`` says that discovery no
+    longer lists it (the ranks keep their assignment until the next reset). Unassigned
+    ranks leave the entry for ``Driver._departing``, so a name listed again gets slots of
+    its own at once, as in Horovod, which judges every exit by (host, slot)."""
 
     ranks: dict[int, Rank] = field(default_factory=dict)
-    leaving: str | None = None
     noticed_gone: bool = False
+
+
+@dataclass(eq=False)
+class ResetWindow:
+    """A reset's rendezvous: from the reset until every rank it started has joined
+    (``hvd.init`` returned on all of them). Until then the ranks do not commit; a host
+    update sent meanwhile is dropped when they replace their message queue; past the Gloo
+    timeout every rank aborts."""
+
+    commit: int
+    started: float
+    deadline: float
+    new_ranks: list[Rank]
 
 
 class Driver:
@@ -328,6 +374,16 @@ class Driver:
         self._listed: dict[str, int] | None = None
         self._order: list[str] = []
         self._hosts: dict[str, HostEntry] = {}
+        self._departing: set[Rank] = set()
+        # A host update sent to the coordinator and not yet acted on at a commit.
+        self._notice = False
+        self._window: ResetWindow | None = None
+        # Since when a reset waits for --min-np slots (the ranks block in it); its commit.
+        self._blocked_since: float | None = None
+        self._blocked_commit = 0
+        self._probe: asyncio.Task[None] | None = None
+        self._hosts_wait_logged = False
+        self._success_code = EXIT_OK
         self._blacklist: dict[str, float] = {}
         self._blacklist_counts: dict[str, int] = {}
         self._ever_blacklisted: set[str] = set()
@@ -402,6 +458,9 @@ class Driver:
             rsh_agent_env=os.environ.get("OMPI_MCA_plm_rsh_agent"),  # noqa: SIM112
             rank_command=cfg.rank_command,
             commit_interval=cfg.commit_interval,
+            gloo_timeout=cfg.gloo_timeout,
+            start_timeout=cfg.start_timeout,
+            network_interface=cfg.network_interface,
             work_dir=str(self._work_dir),
             command=list(cfg.command),
         )
@@ -455,6 +514,16 @@ class Driver:
                 self._stop_reason = "run_seconds"
         return self._stop_reason
 
+    def _exit_code(self, reason: str) -> int:
+        """horovodrun's exit code for a stop: 0 only when the training ended by itself, or a
+        SUCCESS with no other rank left to stop; 1 on SIGTERM (an evicted launcher) and for
+        every stop the driver decided on an error."""
+        if reason in CLEAN_STOPS:
+            return EXIT_OK
+        if reason == "success":
+            return self._success_code
+        return EXIT_FATAL
+
     async def _loop(self) -> tuple[int, str]:
         cfg = self.config
         first = True
@@ -462,7 +531,7 @@ class Driver:
             reason = self._stop_wanted()
             if reason is not None:
                 self.emit(ev.STOP_REQUESTED, reason=reason)
-                return EXIT_OK, reason
+                return self._exit_code(reason), reason
             try:
                 hosts = await self._discover()
             except DiscoveryError as exc:
@@ -483,7 +552,7 @@ class Driver:
                 self._apply_discovery(hosts)
             if self._check_slots():
                 return EXIT_FATAL, "elastic_timeout"
-            if not self._started:
+            if not self._started and self._probe is None:
                 self._start_job()
             wait = cfg.discovery_interval
             if cfg.run_seconds > 0:
@@ -550,8 +619,6 @@ class Driver:
             # Horovod's discovery thread only notes the change; the ranks learn of it at
             # their next commit, and until then they keep their assignment.
             for host, entry in self._hosts.items():
-                if entry.leaving is not None:
-                    continue
                 if host in hosts:
                     entry.noticed_gone = False  # back before the commit: nothing happened
                     continue
@@ -572,10 +639,54 @@ class Driver:
             self._order = [h for h in self._order if h in hosts]
             self._order += [h for h in hosts if h not in self._order]
             self._listed = dict(hosts)
+            self._notify_host_changes()
         for host, until in list(self._blacklist.items()):
             if until <= now and host in hosts:
                 del self._blacklist[host]
                 self.emit(ev.HOST_UNBLACKLISTED, host=host)
+                self._notify_host_changes()  # Horovod counts a host back as one added
+
+    def _notify_host_changes(self) -> None:
+        """Horovod's ``_notify_workers_host_changes``: one notice per discovery change, sent
+        to the coordinator only when the assignment would change (an empty one below
+        --min-np). A notice that arrives while the ranks re-rendezvous is lost: they replace
+        their message queue once the new world is up, and nothing is sent again. A reset
+        that waits for slots reads the hosts afresh when it resumes, so it needs none."""
+        if not self._started or self._blocked_since is not None:
+            return
+        if self._next_assignment_or_none() == self._assignment():
+            return
+        if self._window is not None:
+            self.emit(
+                ev.HOSTS_UPDATE_LOST,
+                commit=self._window.commit,
+                hosts=list(self._listed or {}),
+                assigned=sorted(self._hosts),
+            )
+            self._say("host update arrived during a reset: dropped with the message queue")
+            return
+        self._notice = True
+
+    def _assignment(self) -> dict[str, int]:
+        return {host: len(entry.ranks) for host, entry in self._hosts.items()}
+
+    def _next_assignment(self) -> dict[str, int]:
+        """The slots a reset now would assign: usable hosts, oldest first, up to
+        --max-np (Horovod's ``get_host_assignments``)."""
+        listed = self._listed or {}
+        capacity = self.config.max_np if self.config.max_np is not None else math.inf
+        assignment: dict[str, int] = {}
+        for host in self._usable_hosts():
+            want = int(min(listed[host], capacity))
+            capacity -= want
+            if want > 0:
+                assignment[host] = want
+        return assignment
+
+    def _next_assignment_or_none(self) -> dict[str, int]:
+        if self._available_slots() < self.config.min_np:
+            return {}
+        return self._next_assignment()
 
     def _usable_hosts(self) -> list[str]:
         if self._listed is None:
@@ -587,17 +698,30 @@ class Driver:
         listed = self._listed or {}
         return sum(listed[h] for h in self._usable_hosts())
 
+    def _min_start_hosts(self) -> int:
+        return 1 if self.config.network_interface else MIN_START_HOSTS_WITHOUT_NIC
+
     def _check_slots(self) -> bool:
         """Tracks the elastic timeout; True when it expired and the job must fail."""
         cfg = self.config
         now = time.time()
         available = self._available_slots()
         if not self._started:
-            if available >= cfg.np:
+            if self._probe is not None:
+                return False  # the start deadline rules from here
+            enough_hosts = len(self._usable_hosts()) >= self._min_start_hosts()
+            if available >= cfg.np and enough_hosts:
                 return False
-            if not self._waiting_logged:
+            if available < cfg.np and not self._waiting_logged:
                 self._waiting_logged = True
                 self.emit(ev.WAITING_FOR_SLOTS, needed=cfg.np, available=available)
+            if available >= cfg.np and not self._hosts_wait_logged:
+                self._hosts_wait_logged = True
+                self.emit(
+                    ev.WAITING_FOR_HOSTS,
+                    needed=self._min_start_hosts(),
+                    available=len(self._usable_hosts()),
+                )
             if now - self._t0 > cfg.elastic_timeout:
                 self.emit(
                     ev.ELASTIC_TIMEOUT,
@@ -626,21 +750,75 @@ class Driver:
             self.emit(ev.MIN_NP_RESTORED, slots=available, min_np=cfg.min_np)
         return False
 
-    # -- ranks ------------------------------------------------------------------------
+    # -- start ------------------------------------------------------------------------
 
     def _start_job(self) -> None:
-        """Starts the first ranks once -np slots exist (no commit to wait for yet)."""
-        cfg = self.config
+        """Once -np slots (and, without --network-interface, two hosts) exist: the
+        interface probe, then the first ranks (no commit to wait for yet)."""
         if self._listed is None:
             return
         usable = self._usable_hosts()
-        available = sum(self._listed[h] for h in usable)
-        if available < cfg.np:
+        if self._available_slots() < self.config.np or len(usable) < self._min_start_hosts():
             return
+        if self.config.network_interface:
+            self._launch()
+            return
+        self._probe = asyncio.create_task(self._probe_hosts(usable))
+
+    async def _probe_hosts(self, hosts: list[str]) -> None:
+        """horovodrun's common-interface detection: a task service on every discovered host,
+        through the remote shell, all registered by the start deadline (launch +
+        --start-timeout), or the job fails before any rank starts."""
+        remaining = self._t0 + self.config.start_timeout - time.time()
+        self.emit(ev.PROBE_STARTED, hosts=hosts, remaining=remaining)
+        results = await asyncio.gather(*(self._probe_host(host, remaining) for host in hosts))
+        failed = [host for host, ok in zip(hosts, results, strict=True) if not ok]
+        if failed:
+            error = (
+                "Timed out waiting for the task services of "
+                f"{', '.join(failed)} to register (start timeout "
+                f"{self.config.start_timeout:g}s from launch)"
+            )
+            self._say(error)
+            self.emit(ev.START_FAILED, hosts=hosts, failed=failed, error=error)
+            self.request_stop("start_failed")
+            return
+        self.emit(ev.PROBE_DONE, hosts=hosts, seconds=time.time() - self._t0)
+        if not self._stop_event.is_set():
+            self._launch()
+
+    async def _probe_host(self, host: str, remaining: float) -> bool:
+        if remaining <= 0:
+            return False
+        shell = remote_shell_command(self.config.rsh_agent, host, PROBE_COMMAND)
+        proc = await asyncio.create_subprocess_exec(
+            "/bin/sh",
+            "-c",
+            shell,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), remaining)
+        except TimeoutError:
+            _signal_group(proc, signal.SIGKILL)
+            await proc.wait()
+            return False
+        return proc.returncode == 0 and PROBE_MARKER in out.decode(errors="replace")
+
+    def _launch(self) -> None:
+        cfg = self.config
         self._started = True
-        self.emit(ev.JOB_STARTED, np=cfg.np, available=available, hosts=usable)
-        starts, _ = self._plan()
-        self._apply_starts(starts)
+        assignment = self._next_assignment()
+        self.emit(
+            ev.JOB_STARTED, np=cfg.np, available=self._available_slots(), hosts=list(assignment)
+        )
+        started = self._apply_starts(assignment)
+        self._open_window(0, started)
+
+    # -- commits and resets -----------------------------------------------------------
 
     async def _commit_clock(self) -> None:
         """The job's commits: every ``--commit-interval`` the ranks reach ``state.commit()``
@@ -656,90 +834,200 @@ class Driver:
                 tick = int((loop.time() - origin) // interval)
             self._commit()
 
+    def _world(self) -> list[Rank]:
+        return [rank for entry in self._hosts.values() for rank in entry.ranks.values()]
+
+    def _fail_job(self, reason: str, line: str, **fields: Any) -> None:
+        """A stop Horovod decides on an error: horovodrun exits 1."""
+        self._say(line)
+        self.emit(ev.JOB_FAILED, reason=reason, line=line, **fields)
+        self.request_stop(reason)
+
+    def _all_failed(self) -> bool:
+        world = self._world()
+        failed = {rid for ids in self._pending_failures.values() for rid in ids}
+        return bool(world) and all(r.rank_id in failed or r.aborted for r in world)
+
     def _commit(self) -> None:
-        """One commit of the job; a reset (re-rendezvous) when anything is pending."""
+        """One tick of the job's commits: a reset when anything is pending; nothing while
+        the ranks are in a reset's rendezvous or wait in a reset for slots."""
         if not self._started or self._stop_event.is_set():
+            return
+        if self._all_failed():
+            size = len(self._world())
+            self._fail_job("all_failed", f"failure count == {size} -> stop running", size=size)
+            return
+        if self._window is not None:
+            if time.time() >= self._window.deadline:
+                self._gloo_abort(self._window)
+            return
+        if self._blocked_since is not None:
+            self._blacklist_pending(self._blocked_commit)
+            self._activate(self._blocked_commit)
             return
         self._commits += 1
         commit = self._commits
-        failures = self._pending_failures
-        successes = self._successes
-        self._pending_failures = {}
-        self._successes = []
-        reasons: list[str] = []
-        if failures:
-            reasons.append("failure")
-        if successes:
-            reasons.append("success")
+        reasons = [
+            name
+            for name, pending in (
+                ("failure", self._pending_failures),
+                ("success", self._successes),
+                ("hosts_updated", self._notice),
+            )
+            if pending
+        ]
         if not reasons:
-            starts, unassign = self._plan()
-            if not starts and not unassign:
-                return
-        reasons = reasons or ["hosts_updated"]
+            return
+        self._notice = False
         self.emit(ev.RESET, commit=commit, reasons=reasons)
+        if self._successes:
+            # Any SUCCESS ends the whole job at this barrier; horovodrun exits 1 when it had
+            # to stop other ranks that were still training.
+            done = set(self._successes)
+            others = [r for r in self._world() if r.alive and r.rank_id not in done]
+            self._success_code = EXIT_FATAL if others else EXIT_OK
+            self._say(f"success count == {len(done)} -> stop running")
+            self.request_stop("success")
+            return
+        world = self._world()
+        self._blacklist_pending(commit)
+        if world and all(self._blacklist.get(r.host, 0.0) > time.time() for r in world):
+            self._fail_job(
+                "all_blacklisted",
+                f"blacklisted slots count == {len(world)} -> stop running",
+                size=len(world),
+            )
+            return
+        self._activate(commit)
+
+    def _blacklist_pending(self, commit: int) -> None:
+        failures, self._pending_failures = self._pending_failures, {}
         for host, rank_ids in failures.items():
             self._say(f"blacklist failing host: {host}")
             self._blacklist_host(host, commit, rank_ids)
-        if successes:
-            # Any SUCCESS ends the whole job at this barrier.
-            self.request_stop("success")
+
+    def _activate(self, commit: int) -> None:
+        """Horovod's ``_activate_workers``: wait for --min-np slots (every rank, removed ones
+        included, blocks meanwhile), then the new assignment, which must keep a host of the
+        previous one, then the new ranks."""
+        available = self._available_slots()
+        if available < self.config.min_np:
+            if self._blocked_since is None:
+                self._blocked_since = time.time()
+                self._blocked_commit = commit
+                self.emit(
+                    ev.RESET_WAITING, commit=commit, slots=available, min_np=self.config.min_np
+                )
             return
-        starts, unassign = self._plan()
-        for rank, reason in unassign:
-            self._unassign(rank, reason, commit)
-        usable = set(self._usable_hosts())
+        self._blocked_since = None
+        assignment = self._next_assignment()
+        previous = set(self._hosts)
+        if previous and not previous & set(assignment):
+            self._say(f"RuntimeError: {NO_PREVIOUS_HOSTS}")
+            self.emit(
+                ev.RESET_FAILED,
+                commit=commit,
+                error=f"RuntimeError: {NO_PREVIOUS_HOSTS}",
+                previous=sorted(previous),
+                hosts=list(assignment),
+            )
+            self._fail_job(
+                "no_previous_hosts", "failed to activate new hosts -> stop running", commit=commit
+            )
+            return
+        listed = self._listed or {}
         for host, entry in list(self._hosts.items()):
-            if entry.leaving is None and host not in usable:
-                gone = host not in (self._listed or {})
-                entry.leaving = "host_removed" if gone else "blacklisted"
-                if gone:
+            keep = assignment.get(host, 0)
+            for local_rank, rank in list(entry.ranks.items()):
+                if not rank.alive:
+                    del entry.ranks[local_rank]  # its failure was dealt with above
+                elif local_rank >= keep:
+                    if self._blacklist.get(host, 0.0) > time.time():
+                        reason = "blacklisted"
+                    elif host not in listed:
+                        reason = "host_removed"
+                    else:
+                        reason = "slots_reduced"
+                    del entry.ranks[local_rank]
+                    self._unassign(rank, reason, commit)
+            if host not in assignment:
+                del self._hosts[host]
+                if host not in listed and self._blacklist.get(host, 0.0) <= time.time():
                     self._hosts_removed += 1
-                self._forget_if_done(host)
-        self._apply_starts(starts)
+        self._open_window(commit, self._apply_starts(assignment))
 
-    def _plan(self) -> tuple[list[tuple[str, int, bool]], list[tuple[Rank, str]]]:
-        """What a reset would change: slots to start ranks on (host, local rank, whether
-        the host is new) up to --max-np, oldest hosts first, and assigned ranks to
-        unassign, with why."""
-        cfg = self.config
-        starts: list[tuple[str, int, bool]] = []
-        unassign: list[tuple[Rank, str]] = []
-        listed = self._listed or {}
-        usable = self._usable_hosts()
-        for host, held in self._hosts.items():
-            if held.leaving is None and host not in usable:
-                reason = "host_removed" if host not in listed else "blacklisted"
-                live = [r for r in held.ranks.values() if r.alive and not r.stopping]
-                unassign += [(r, reason) for r in live]
-        capacity = cfg.max_np if cfg.max_np is not None else math.inf
-        for host in usable:
-            entry = self._hosts.get(host)
-            if entry is not None and entry.leaving is not None:
-                continue  # its old ranks are still on their way out
-            want = int(min(listed[host], capacity))
-            capacity -= want
-            if entry is None:
-                starts += [(host, local_rank, True) for local_rank in range(want)]
+    def _open_window(self, commit: int, started: list[Rank]) -> None:
+        if not started:
+            return
+        now = time.time()
+        self._window = ResetWindow(
+            commit=commit, started=now, deadline=now + self.config.gloo_timeout, new_ranks=started
+        )
+
+    def _check_window(self) -> None:
+        """Closes the reset's rendezvous once every new rank has joined (and no rank of the
+        world failed meanwhile: the others would wait for it in Gloo)."""
+        window = self._window
+        if window is None or self._pending_failures:
+            return
+        if all(r.running for r in window.new_ranks):
+            self._window = None
+            self.emit(
+                ev.RESET_COMPLETED,
+                commit=window.commit,
+                seconds=time.time() - window.started,
+                ranks=[r.rank_id for r in window.new_ranks],
+            )
+
+    def _gloo_abort(self, window: ResetWindow) -> None:
+        """The Gloo timeout passed with a new rank missing: every rank of the world aborts
+        in ``hvd.init`` while assigned, each a FAILURE, and the driver stops the job."""
+        missing = [r.rank_id for r in window.new_ranks if not r.running]
+        self.emit(
+            ev.GLOO_TIMEOUT,
+            commit=window.commit,
+            gloo_timeout=self.config.gloo_timeout,
+            missing=missing,
+        )
+        for rank in self._world():
+            if not rank.alive or rank.aborted:
                 continue
-            starts += [(host, lr, False) for lr in range(want) if lr not in entry.ranks]
-            unassign += [
-                (rank, "slots_reduced")
-                for lr, rank in entry.ranks.items()
-                if lr >= want and rank.alive and not rank.stopping
-            ]
-        return starts, unassign
+            if any(rank.rank_id in ids for ids in self._pending_failures.values()):
+                continue
+            rank.aborted = True
+            self._failures += 1
+            self._say(f"record state: {rank.host}[{rank.local_rank}] = FAILURE")
+            self.emit(
+                ev.RANK_FAILED,
+                host=rank.host,
+                rank_id=rank.rank_id,
+                local_rank=rank.local_rank,
+                exit_code=1,
+                rsh_exit_code=None,
+                signal=None,
+                stderr="Gloo rendezvous timed out waiting for a new rank",
+                exec_refused=False,
+                listed=rank.host in (self._listed or {}),
+                gloo_timeout=True,
+            )
+        size = len(self._world())
+        self._fail_job("all_failed", f"failure count == {size} -> stop running", size=size)
 
-    def _apply_starts(self, starts: list[tuple[str, int, bool]]) -> None:
+    def _apply_starts(self, assignment: dict[str, int]) -> list[Rank]:
+        """Starts a rank on every slot of the assignment that has none."""
         listed = self._listed or {}
-        for host, local_rank, new in starts:
+        started: list[Rank] = []
+        for host, slots in assignment.items():
             entry = self._hosts.get(host)
+            new = entry is None
             if entry is None:
                 entry = HostEntry()
                 self._hosts[host] = entry
-            if new and local_rank == 0:
-                count = sum(1 for h, _, n in starts if h == host and n)
-                self.emit(ev.HOST_ADDED, host=host, slots=listed.get(host), ranks=count)
-            self._start_rank(host, local_rank, entry)
+            free = [lr for lr in range(slots) if lr not in entry.ranks]
+            if new and free:
+                self.emit(ev.HOST_ADDED, host=host, slots=listed.get(host), ranks=len(free))
+            started += [self._start_rank(host, lr, entry) for lr in free]
+        return started
 
     def _rank_args(self, host: str, local_rank: int, rank_id: str, stop_file: Path) -> list[str]:
         cfg = self.config
@@ -769,7 +1057,7 @@ class Driver:
             args += ["--poll-interval", f"{cfg.rank_poll_interval:g}"]
         return args
 
-    def _start_rank(self, host: str, local_rank: int, entry: HostEntry) -> None:
+    def _start_rank(self, host: str, local_rank: int, entry: HostEntry) -> Rank:
         assert self._work_dir is not None
         rank_id = uuid.uuid4().hex
         stop_file = self._work_dir / f"stop-{rank_id}"
@@ -801,6 +1089,7 @@ class Driver:
         rank.task = task
         self._rank_tasks.add(task)
         task.add_done_callback(self._rank_tasks.discard)
+        return rank
 
     async def _run_rank(self, rank: Rank) -> None:
         shell = remote_shell_command(self.config.rsh_agent, rank.host, rank.command)
@@ -857,6 +1146,7 @@ class Driver:
                 )
                 if rank.stopping is not None:
                     self._send_notice(rank)  # unassigned before it was up
+                self._check_window()
             self._say(f"[{rank.host}/{rank.local_rank}] {text}")
 
     async def _read_stderr(self, rank: Rank, stream: asyncio.StreamReader) -> None:
@@ -867,11 +1157,23 @@ class Driver:
 
     def _on_rank_exit(self, rank: Rank, rsh_code: int, sig: int | None) -> None:
         rank.exit_code = rsh_code
+        self._departing.discard(rank)
+        if rank.aborted:
+            return  # its FAILURE is already recorded (the Gloo timeout)
         base = {"host": rank.host, "rank_id": rank.rank_id, "local_rank": rank.local_rank}
         code = rsh_code
         if rsh_code != 0:
             code = remote_exit_code(rank.stderr_text()) or rsh_code
-        if rank.stopping is not None:
+        # Horovod judges an exit by (host, slot) at exit time: a rank without an assignment
+        # whose host name is assigned that slot again counts as that slot's exit.
+        entry = self._hosts.get(rank.host)
+        holder = entry.ranks.get(rank.local_rank) if entry is not None else None
+        reused = (
+            rank.stopping not in (None, "shutdown")
+            and holder is not None
+            and not self._stop_event.is_set()
+        )
+        if rank.stopping is not None and not reused:
             # No assignment any more: Horovod ignores the exit, whatever its code (a removed
             # rank aborts with 134). Not a failure, and never a blacklist.
             if code != 0:
@@ -887,52 +1189,55 @@ class Driver:
                 reason=rank.stopping,
                 ignored=True,
             )
-            entry = self._hosts.get(rank.host)
-            if entry is not None and entry.leaving is None:
-                entry.ranks.pop(rank.local_rank, None)  # the slot may be filled again
         elif code == 0:
-            # An assigned rank that finished: SUCCESS, which ends the job at the next commit.
+            # An assigned slot finished: SUCCESS, which ends the job at the next commit.
             self._say(f"record state: {rank.host}[{rank.local_rank}] = SUCCESS")
             self._successes.append(rank.rank_id)
-            self.emit(ev.RANK_EXITED, **base, exit_code=0, success=True)
+            self.emit(ev.RANK_EXITED, **base, exit_code=0, success=True, reused_slot=reused)
         else:
-            # Its host still has an assignment (listed, or gone from discovery but not yet
-            # reset without it): what Horovod records as FAILURE at once, rolls everyone
-            # back for, and blacklists the host over at the next commit.
-            self._say(f"record state: {rank.host}[{rank.local_rank}] = FAILURE")
-            self._failures += 1
-            refused = not rank.running
-            stderr = rank.stderr_text()
-            listed = self._listed is not None and rank.host in self._listed
-            self.emit(
-                ev.RANK_FAILED,
-                **base,
-                exit_code=code,
-                rsh_exit_code=rsh_code,
-                signal=sig,
-                stderr=stderr,
-                exec_refused=refused,
-                listed=listed,
-            )
-            if refused:
-                self._exec_failures += 1
-                self.emit(
-                    ev.EXEC_FAILED, **base, exit_code=code, rsh_exit_code=rsh_code, stderr=stderr
-                )
-            self._pending_failures.setdefault(rank.host, []).append(rank.rank_id)
-        self._forget_if_done(rank.host)
+            # Its slot still has an assignment (listed, or gone from discovery but not yet
+            # reset without it, or its name assigned again): what Horovod records as
+            # FAILURE at once, rolls everyone back for, and blacklists at the next commit.
+            self._record_failure(rank, base, code, rsh_code, sig, reused)
+        if self._window is not None and self._pending_failures:
+            self._say("a rank of the world is gone: the others wait for it in Gloo")
+
+    def _record_failure(
+        self,
+        rank: Rank,
+        base: dict[str, Any],
+        code: int,
+        rsh_code: int,
+        sig: int | None,
+        reused: bool,
+    ) -> None:
+        self._say(f"record state: {rank.host}[{rank.local_rank}] = FAILURE")
+        self._failures += 1
+        refused = not rank.running
+        stderr = rank.stderr_text()
+        listed = self._listed is not None and rank.host in self._listed
+        self.emit(
+            ev.RANK_FAILED,
+            **base,
+            exit_code=code,
+            rsh_exit_code=rsh_code,
+            signal=sig,
+            stderr=stderr,
+            exec_refused=refused,
+            listed=listed,
+            reused_slot=reused,
+        )
+        if refused:
+            self._exec_failures += 1
+            self.emit(ev.EXEC_FAILED, **base, exit_code=code, rsh_exit_code=rsh_code, stderr=stderr)
+        self._pending_failures.setdefault(rank.host, []).append(rank.rank_id)
 
     def _blacklist_host(self, host: str, commit: int, rank_ids: list[str]) -> None:
+        """Blacklists a failed host; its ranks lose their assignment at the activation
+        that follows, because it is no longer usable."""
         now = time.time()
-        entry = self._hosts.get(host)
         if self._blacklist.get(host, 0.0) > now:
-            # Horovod ignores failures of a host already in its cooldown.
-            if entry is not None and entry.leaving is None:
-                for rank_id in rank_ids:
-                    for local_rank, rank in list(entry.ranks.items()):
-                        if rank.rank_id == rank_id:
-                            del entry.ranks[local_rank]
-            return
+            return  # Horovod ignores failures of a host already in its cooldown
         cooldown: float | None = None
         if self.config.cooldown_range is not None:
             count = self._blacklist_counts.get(host, 0) + 1
@@ -951,23 +1256,6 @@ class Driver:
             failed_ranks=rank_ids,
             line=f"blacklist failing host: {host}",
         )
-        if entry is not None and entry.leaving is None:
-            entry.leaving = "blacklisted"
-            for rank in entry.ranks.values():
-                if rank.alive and rank.stopping is None:
-                    self._unassign(rank, "blacklisted", commit)
-            self._forget_if_done(host)
-
-    def _forget_if_done(self, host: str) -> None:
-        """Drops a leaving host once its ranks are gone, so a later host of the same name
-        (pod names are reused) starts fresh."""
-        entry = self._hosts.get(host)
-        if (
-            entry is not None
-            and entry.leaving is not None
-            and not any(r.alive for r in entry.ranks.values())
-        ):
-            del self._hosts[host]
 
     def _unassign(self, rank: Rank, reason: str, commit: int) -> None:
         """Takes a rank's assignment away at a commit (Horovod's rank -1): it learns at its
@@ -981,6 +1269,7 @@ class Driver:
         if rank.stopping is not None or not rank.alive:
             return
         rank.stopping = reason
+        self._departing.add(rank)
         self.emit(
             ev.RANK_UNASSIGNED,
             host=rank.host,
@@ -1071,9 +1360,12 @@ class Driver:
     async def _stop_all(self, reason: str) -> None:
         for killer in set(self._killers):
             killer.cancel()  # the safety nets of unassigned ranks: all are signalled now
-        for entry in self._hosts.values():
-            for rank in entry.ranks.values():
-                self._stop_rank(rank, reason)
+        if self._probe is not None and not self._probe.done():
+            self._probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe
+        for rank in [*self._world(), *self._departing]:
+            self._stop_rank(rank, reason)
         tasks = set(self._rank_tasks)
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=self.config.stop_grace + 3.0)
@@ -1100,6 +1392,14 @@ def _signal_group(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None
 # -- command line ---------------------------------------------------------------------
 
 
+def _env_seconds(name: str, default: float) -> float:
+    """A timeout from Horovod's environment variable, as horovodrun reads it."""
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="horovodrun",
@@ -1123,7 +1423,25 @@ def build_parser() -> argparse.ArgumentParser:
         metavar=("MIN", "MAX"),
         help="seconds; without it a failed host is blacklisted for the rest of the job",
     )
+    hv.add_argument(
+        "--start-timeout",
+        type=float,
+        default=_env_seconds("HOROVOD_START_TIMEOUT", DEFAULT_START_TIMEOUT),
+        help="seconds from launch by which every host must answer the interface probe",
+    )
+    hv.add_argument(
+        "--network-interface",
+        "--network-interfaces",
+        dest="network_interface",
+        help="given, horovodrun skips the interface probe and may start on one host",
+    )
     mk = parser.add_argument_group("mock options")
+    mk.add_argument(
+        "--gloo-timeout-seconds",
+        type=float,
+        default=_env_seconds("HOROVOD_GLOO_TIMEOUT_SECONDS", DEFAULT_GLOO_TIMEOUT),
+        help="how long a reset's ranks wait for every new rank (HOROVOD_GLOO_TIMEOUT_SECONDS)",
+    )
     mk.add_argument("--rsh-agent", default=DEFAULT_RSH_AGENT)
     mk.add_argument(
         "--rank-command",
@@ -1204,6 +1522,9 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         rank_python=ns.rank_python,
         rank_repo=ns.rank_repo,
         rank_alive_file=ns.rank_alive_file,
+        gloo_timeout=ns.gloo_timeout_seconds,
+        start_timeout=ns.start_timeout,
+        network_interface=ns.network_interface,
         command=tuple(command),
     )
     config.validate()

@@ -33,6 +33,16 @@ MIN_NP_RESTORED: Final = "min_np_restored"
 ELASTIC_TIMEOUT: Final = "elastic_timeout"
 STOP_REQUESTED: Final = "stop_requested"
 DRIVER_EXIT: Final = "driver_exit"
+WAITING_FOR_HOSTS: Final = "waiting_for_hosts"
+PROBE_STARTED: Final = "probe_started"
+PROBE_DONE: Final = "probe_done"
+START_FAILED: Final = "start_failed"
+HOSTS_UPDATE_LOST: Final = "hosts_update_lost"
+RESET_WAITING: Final = "reset_waiting"
+RESET_COMPLETED: Final = "reset_completed"
+RESET_FAILED: Final = "reset_failed"
+GLOO_TIMEOUT: Final = "gloo_timeout"
+JOB_FAILED: Final = "job_failed"
 
 ALL_EVENTS: Final = frozenset(
     {
@@ -58,12 +68,27 @@ ALL_EVENTS: Final = frozenset(
         ELASTIC_TIMEOUT,
         STOP_REQUESTED,
         DRIVER_EXIT,
+        WAITING_FOR_HOSTS,
+        PROBE_STARTED,
+        PROBE_DONE,
+        START_FAILED,
+        HOSTS_UPDATE_LOST,
+        RESET_WAITING,
+        RESET_COMPLETED,
+        RESET_FAILED,
+        GLOO_TIMEOUT,
+        JOB_FAILED,
     }
 )
 
 # Events that mean real Horovod would have rolled the job back to its last commit: a
 # correct graceful scale-down must produce none of them.
 FAILURE_EVENTS: Final = frozenset({RANK_FAILED, EXEC_FAILED, HOST_BLACKLISTED})
+# Events after which real Horovod ends the whole job (horovodrun exits 1), or trains on a
+# host set discover_hosts.sh no longer lists: a controller must cause none of them.
+FATAL_EVENTS: Final = frozenset(
+    {START_FAILED, RESET_FAILED, GLOO_TIMEOUT, JOB_FAILED, ELASTIC_TIMEOUT, HOSTS_UPDATE_LOST}
+)
 
 
 def parse_events(text: str) -> list[dict[str, Any]]:

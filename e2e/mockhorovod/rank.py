@@ -96,14 +96,8 @@ def _timestamp(text: str) -> float | None:
         return None
 
 
-def judge_pod(
-    returncode: int, stdout: str, stderr: str, known_uid: str | None, now: float
-) -> PodVerdict:
-    """Decides from kubectl's result whether the pod the rank runs in still exists.
-
-    A terminating pod's ``deletionTimestamp`` is the end of its grace period, when a
-    kubelet kills what still runs in the container; until then the rank lives on.
-    """
+def _read_pod(returncode: int, stdout: str, stderr: str) -> dict[str, Any] | PodVerdict:
+    """The pod kubectl printed, or the verdict when it printed none."""
     if returncode != 0:
         if "NotFound" in stderr or "not found" in stderr:
             return PodVerdict("gone", "pod not found")
@@ -116,6 +110,20 @@ def judge_pod(
         return PodVerdict("unknown", "kubectl printed no JSON")
     if not isinstance(pod, dict):
         return PodVerdict("unknown", "kubectl printed no pod object")
+    return pod
+
+
+def judge_pod(
+    returncode: int, stdout: str, stderr: str, known_uid: str | None, now: float
+) -> PodVerdict:
+    """Decides from kubectl's result whether the pod the rank runs in still exists.
+
+    A terminating pod's ``deletionTimestamp`` is the end of its grace period, when a
+    kubelet kills what still runs in the container; until then the rank lives on.
+    """
+    pod = _read_pod(returncode, stdout, stderr)
+    if isinstance(pod, PodVerdict):
+        return pod
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
     uid = meta.get("uid") if isinstance(meta.get("uid"), str) else None
@@ -336,11 +344,117 @@ def watch_for_delete(
     )
 
 
+@dataclass
+class _Loop:
+    """What the rank's loop carries from one poll to the next."""
+
+    args: argparse.Namespace
+    # --kubeconfig given: the rank watches the pod it runs in.
+    watch: bool
+    alive: Path | None
+    stop_file: Path | None
+    local: bool
+    crash: Path | None
+    commit_interval: float
+    next_commit: float
+    known_uid: str | None = None
+    last_error_report: float = 0.0
+    told_terminating: bool = False
+    watcher: subprocess.Popen[bytes] | None = None
+
+    def exit_code(self) -> int | None:
+        """Why the rank ends now, as its exit code; None: it trains on."""
+        args = self.args
+        if self.local and self.stop_file is not None:
+            reason = local_stop_reason(self.stop_file, args.driver_pid)
+            if reason is not None:
+                _err(args, f"{reason}: exiting 0")
+                return 0
+        if time.monotonic() >= self.next_commit and self._removed_at_commit():
+            _err(
+                args,
+                f"rank {args.rank_id} on {args.host} {REMOVED_MESSAGE} "
+                f"(no assignment at the commit), exiting {REMOVED_EXIT_CODE}",
+            )
+            return REMOVED_EXIT_CODE
+        if self.crash is not None and self.crash.exists():
+            with contextlib.suppress(OSError):
+                self.crash.unlink()
+            _err(args, f"{self.crash} appeared: crashing on purpose, exiting {CRASH_EXIT_CODE}")
+            return CRASH_EXIT_CODE
+        return self._check_pod() if self.watch else None
+
+    def _removed_at_commit(self) -> bool:
+        """state.commit(): where a hosts-updated notice reaches the rank."""
+        while self.next_commit <= time.monotonic():
+            self.next_commit += self.commit_interval
+        return (self.alive is not None and not self.alive.exists()) or (
+            self.local and self.stop_file is not None and removal_marked(self.stop_file)
+        )
+
+    def _check_pod(self) -> int | None:
+        args = self.args
+        verdict = check_pod(
+            args.kubectl,
+            args.kubeconfig,
+            args.namespace,
+            args.host,
+            self.known_uid,
+            args.kubectl_timeout,
+        )
+        if verdict.state == "gone":
+            _err(args, f"{verdict.reason}: killed, exiting {args.kill_exit_code}")
+            return int(args.kill_exit_code)
+        if verdict.state == "terminating" and not self.told_terminating:
+            self.told_terminating = True
+            _err(args, f"{verdict.reason}: still training until let go or killed")
+        if verdict.state in ("alive", "terminating"):
+            self.known_uid = verdict.uid
+            if self.watcher is None:
+                self.watcher = watch_for_delete(
+                    args.kubectl, args.kubeconfig, args.namespace, args.host
+                )
+        elif time.monotonic() - self.last_error_report > ERROR_REPORT_INTERVAL:
+            self.last_error_report = time.monotonic()
+            _err(args, f"pod check failed, still running: {verdict.reason}")
+        return None
+
+    def wait(self) -> int | None:
+        """Sleep until the next poll, or until the pod's deletion ends the rank."""
+        args = self.args
+        pause = max(0.0, min(args.poll_interval, self.next_commit - time.monotonic()))
+        if self.watcher is None:
+            time.sleep(pause)
+            return None
+        try:
+            code = self.watcher.wait(timeout=pause)
+        except subprocess.TimeoutExpired:
+            return None
+        if code == 0:
+            _err(args, f"pod {args.host} deleted: killed, exiting {args.kill_exit_code}")
+            return int(args.kill_exit_code)
+        _err(args, f"watch for deletion ended with {code}; polling decides")
+        self.watcher = None  # the next poll decides, and restarts it
+        return None
+
+
+def _touch(args: argparse.Namespace, alive: Path | None) -> Path | None:
+    """The alive file, created; None if there is none (then only signals let it go)."""
+    if alive is None:
+        return None
+    try:
+        alive.touch()
+    except OSError as exc:
+        _err(args, f"cannot create {alive}, so only signals let it go: {exc}")
+        return None
+    return alive
+
+
 def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _on_signal)
     watch = args.kubeconfig is not None
-    watcher: subprocess.Popen[bytes] | None = None
+    loop: _Loop | None = None
     unmarker: subprocess.Popen[bytes] | None = None
     alive = Path(args.alive_file) if args.alive_file else None
     try:
@@ -351,12 +465,7 @@ def run(args: argparse.Namespace) -> int:
             if (problem := mark_pod(args)) is not None:
                 _err(args, f"cannot mark the pod, so KWOK will remove it at once: {problem}")
         # Created before it reports running: the driver may let it go at once after.
-        if alive is not None:
-            try:
-                alive.touch()
-            except OSError as exc:
-                _err(args, f"cannot create {alive}, so only signals let it go: {exc}")
-                alive = None
+        alive = _touch(args, alive)
         with contextlib.suppress(OSError, ValueError):
             print(
                 f"{RANK_STARTED_MARKER} host={args.host} rank_id={args.rank_id} pid={os.getpid()}",
@@ -364,78 +473,28 @@ def run(args: argparse.Namespace) -> int:
             )
         stop_file = Path(args.stop_file) if args.stop_file else None
         local = stop_file is not None and stop_file.parent.is_dir()
-        crash = crash_file(args.rank_id)
-        known_uid: str | None = None
-        last_error_report = 0.0
-        told_terminating = False
         commit_interval = max(0.01, float(args.commit_interval))
-        next_commit = time.monotonic() + commit_interval
+        loop = _Loop(
+            args,
+            watch,
+            alive,
+            stop_file,
+            local,
+            crash_file(args.rank_id),
+            commit_interval,
+            time.monotonic() + commit_interval,
+        )
         while True:
-            if local and stop_file is not None:
-                reason = local_stop_reason(stop_file, args.driver_pid)
-                if reason is not None:
-                    _err(args, f"{reason}: exiting 0")
-                    return 0
-            if time.monotonic() >= next_commit:
-                # state.commit(): where a hosts-updated notice reaches the rank.
-                while next_commit <= time.monotonic():
-                    next_commit += commit_interval
-                removed = (alive is not None and not alive.exists()) or (
-                    local and stop_file is not None and removal_marked(stop_file)
-                )
-                if removed:
-                    _err(
-                        args,
-                        f"rank {args.rank_id} on {args.host} {REMOVED_MESSAGE} "
-                        f"(no assignment at the commit), exiting {REMOVED_EXIT_CODE}",
-                    )
-                    return REMOVED_EXIT_CODE
-            if crash is not None and crash.exists():
-                with contextlib.suppress(OSError):
-                    crash.unlink()
-                _err(args, f"{crash} appeared: crashing on purpose, exiting {CRASH_EXIT_CODE}")
-                return CRASH_EXIT_CODE
-            if watch:
-                verdict = check_pod(
-                    args.kubectl,
-                    args.kubeconfig,
-                    args.namespace,
-                    args.host,
-                    known_uid,
-                    args.kubectl_timeout,
-                )
-                if verdict.state == "gone":
-                    _err(args, f"{verdict.reason}: killed, exiting {args.kill_exit_code}")
-                    return int(args.kill_exit_code)
-                if verdict.state == "terminating" and not told_terminating:
-                    told_terminating = True
-                    _err(args, f"{verdict.reason}: still training until let go or killed")
-                if verdict.state in ("alive", "terminating"):
-                    known_uid = verdict.uid
-                    if watcher is None:
-                        watcher = watch_for_delete(
-                            args.kubectl, args.kubeconfig, args.namespace, args.host
-                        )
-                elif time.monotonic() - last_error_report > ERROR_REPORT_INTERVAL:
-                    last_error_report = time.monotonic()
-                    _err(args, f"pod check failed, still running: {verdict.reason}")
-            pause = max(0.0, min(args.poll_interval, next_commit - time.monotonic()))
-            if watcher is None:
-                time.sleep(pause)
-                continue
-            try:
-                code = watcher.wait(timeout=pause)
-            except subprocess.TimeoutExpired:
-                continue
-            if code == 0:
-                _err(args, f"pod {args.host} deleted: killed, exiting {args.kill_exit_code}")
-                return int(args.kill_exit_code)
-            _err(args, f"watch for deletion ended with {code}; polling decides")
-            watcher = None  # the next poll decides, and restarts it
+            code = loop.exit_code()
+            if code is None:
+                code = loop.wait()
+            if code is not None:
+                return code
     except _Terminated:
         return 0  # the graceful path: the driver let go of this rank
     finally:
         _disarm()
+        watcher = loop.watcher if loop is not None else None
         if watcher is not None and watcher.poll() is None:
             watcher.kill()
         if unmarker is not None and unmarker.stdin is not None:

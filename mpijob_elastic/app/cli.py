@@ -17,15 +17,16 @@ import yaml
 from aiohttp import web
 
 from mpijob_elastic.app import health, leader, logs, memory
-from mpijob_elastic.app.reconciler import Controller
+from mpijob_elastic.app.controller import Controller
 from mpijob_elastic.core import names
-from mpijob_elastic.core.actions import Create, Observed, Replace
-from mpijob_elastic.core.plan import plan
+from mpijob_elastic.core.actions import Create, Replace
+from mpijob_elastic.core.observe import Listed, observe
+from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
 from mpijob_elastic.core.spec import InvalidSpec, parse
 from mpijob_elastic.machinery import clients, metrics
 from mpijob_elastic.machinery.kube import Kube
-from mpijob_elastic.machinery.writer import WRITE_CONCURRENCY
+from mpijob_elastic.machinery.writer import WRITE_CONCURRENCY, JobMemory
 
 log = logging.getLogger("mpijob_elastic.app.cli")
 
@@ -329,20 +330,13 @@ def render_children(job: dict[str, Any], settings: Settings) -> list[dict[str, A
     now = datetime.now(UTC)
     for _ in range(3):
         pods = [{**o, "status": _running(o)} for (kind, _), o in objects.items() if kind == "Pod"]
-
-        def get(kind: str, name: str) -> dict[str, Any] | None:
-            return objects.get((kind, name))
-
-        launcher = names.launcher_name(job["metadata"]["name"])
-        observed = Observed(
-            job=job,
-            pods=pods,
-            config_map=get("ConfigMap", names.config_map_name(job["metadata"]["name"])),
-            service_account=get("ServiceAccount", launcher),
-            role=get("Role", launcher),
-            role_binding=get("RoleBinding", launcher),
-        )
-        for action in plan(observed, settings, now).actions:
+        views = {
+            kind: Listed(o for (k, _), o in objects.items() if k == kind) for kind, _ in objects
+        }
+        views["Pod"] = Listed(pods)
+        # Nothing was written, so there is nothing to remember: a fresh memory.
+        observed = observe(job, views.get, lambda _: None, JobMemory(), 0.0)
+        for action in plan_writes(observed, settings, now).actions:
             if isinstance(action, Create | Replace):
                 objects[(action.obj["kind"], action.obj["metadata"]["name"])] = action.obj
     return list(objects.values())

@@ -220,7 +220,7 @@ class Elector:
         now = self._clock()
         try:
             record: Record | None = self._seen(
-                await self.kube.read("Lease", self.namespace, self.name), now
+                await self.kube.get("Lease", self.namespace, self.name), now
             )
         except ApiError as err:
             if not err.not_found:
@@ -298,7 +298,7 @@ class Elector:
     async def _release(self) -> bool:
         # Read afresh: a renewal cancelled on its way (the shutdown cuts the renew loop
         # short) may have landed, leaving the resourceVersion we hold behind.
-        lease = await self.kube.read("Lease", self.namespace, self.name)
+        lease = await self.kube.get("Lease", self.namespace, self.name)
         record = self._seen(lease, self._clock())
         if record.holder != self.identity:
             return False

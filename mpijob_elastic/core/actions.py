@@ -1,12 +1,11 @@
-"""The vocabulary between the pure core and the shell: what is observed, what to write."""
+"""The vocabulary between the pure core and the shell: what to write (what is observed:
+observe.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-from mpijob_elastic.core.ranks import RankSnapshot
 
 Obj = dict[str, Any]
 
@@ -38,6 +37,8 @@ class AnnotatePod:
     name: str
     annotations: Mapping[str, str | None]
     resource_version: str
+    # Labels merged the same way (the rank-holder label).
+    labels: Mapping[str, str | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -91,44 +92,20 @@ class WriteStatus:
 Action = Create | Replace | AnnotatePod | DeletePod | DeleteObject | Claim | Emit | WriteStatus
 
 
-def is_child_write(action: Action) -> bool:
-    return not isinstance(action, Emit | WriteStatus)
-
-
 @dataclass(frozen=True)
-class Observed:
-    """What the caches hold for one job: only children it controls, in its namespace."""
+class Refusal:
+    """The last write of the job the API server refused and only the user can fix (a 4xx
+    other than a stale view, throttling or a name held by someone else), as the writer
+    remembers it until a turn's writes all go through. The core reports it on the job."""
 
-    job: Mapping[str, Any]
-    pods: Sequence[Mapping[str, Any]] = ()
-    config_map: Mapping[str, Any] | None = None
-    service_account: Mapping[str, Any] | None = None
-    role: Mapping[str, Any] | None = None
-    role_binding: Mapping[str, Any] | None = None
-    disruption_budget: Mapping[str, Any] | None = None
-    # UIDs of pods whose delete the server accepted while the cache still shows them
-    # without a deletionTimestamp (a pod removed at once answers with a Status, not the
-    # pod), for at most DELETE_MEMORY_SECONDS.
-    deleting: frozenset[str] = frozenset()
-    # (kind, name) of children whose name an object this job does not control already
-    # holds, with a description of that object for the user.
-    conflicts: Mapping[tuple[str, str], str] = field(default_factory=dict)
-    # (kind, name) of objects the job uses without controlling them: a ServiceAccount of
-    # the launcher's name that someone else made (the user's own, named in the template).
-    in_use: frozenset[tuple[str, str]] = frozenset()
-    # Which workers the launcher's remote shells reach, from its reports (ranks.py); None
-    # while no launcher runs.
-    ranks: RankSnapshot | None = None
-    # The job's ranks ConfigMap, if it exists as the job's; and the last exec read of the
-    # launcher, asked for only where the reports say nothing (ranks.py).
-    ranks_report: Mapping[str, Any] | None = None
-    ranks_read: RankSnapshot | None = None
-    # Nodes that are going away (nodes.py), with why.
-    leaving_nodes: Mapping[str, str] = field(default_factory=dict)
-    # Candidates for a hand-over (handover.py), not among the children above: objects
-    # this job controls that carry only another controller's labels, and objects in its
-    # namespace that no controller owns.
-    strays: Sequence[Mapping[str, Any]] = ()
+    # What was written, e.g. "create Pod job-worker-0".
+    write: str
+    # The server's reason (Forbidden, Invalid, ...), or its status code.
+    reason: str
+    # The server's message, quoted to the user.
+    message: str
+    # A pod create rejected as invalid: the user's pod template needs fixing.
+    pod_template: bool = False
 
 
 @dataclass(frozen=True)
@@ -140,11 +117,33 @@ class Probe:
 
 
 @dataclass(frozen=True)
-class Plan:
-    actions: tuple[Action, ...]
+class Phase:
+    """Writes that may go out together: none relies on another of the same phase. The
+    next phase starts only once the server accepted every write of this one."""
+
+    # Which step of the write order (write_order.STEPS) these writes make.
+    step: str
+    writes: tuple[Action, ...]
+
+
+@dataclass(frozen=True)
+class Writes:
+    """One turn's writes in phases, the order they are made in, and what comes after."""
+
+    # The turn's writes in the order the shell must make them (write_order.py).
+    phases: tuple[Phase, ...]
     # Reconcile again after this many seconds even if nothing changes (a drain deadline).
     requeue_after: float | None = None
     probe: Probe | None = None
+    # What the writer sends when a write of this turn is refused, before the turn ends: the
+    # status and the Events that report refusals, so that a write refused on every turn
+    # never keeps its report from the job.
+    on_refusal: tuple[WriteStatus | Emit, ...] = ()
+
+    @property
+    def actions(self) -> tuple[Action, ...]:
+        """Every write of the plan, in its order."""
+        return tuple(a for phase in self.phases for a in phase.writes)
 
     def of_type(self, kind: type[Any]) -> list[Any]:
         return [a for a in self.actions if isinstance(a, kind)]

@@ -2,7 +2,7 @@
 
 Training-operator 1.9 labels a job's children its own way (names.py) and not with the
 v1 labels our caches select, so a job it started is invisible to the main caches; a
-metadata-only cache per kind finds such objects (reconciler.py). Before anything else of
+metadata-only cache per kind finds such objects (app/controller.py). Before anything else of
 a job is planned:
 
 * each child the job controls that lacks any of our labels gets them merged in (a
@@ -24,7 +24,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from mpijob_elastic.core import names, render
-from mpijob_elastic.core.actions import Claim, Emit, Observed, Plan
+from mpijob_elastic.core.actions import Claim, Emit, Phase, Writes
+from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.workers import worker_index
 
 # Claims one turn may make; the job comes straight back for the rest.
@@ -64,7 +65,7 @@ def controller_of(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
 def _candidates(observed: Observed) -> Iterator[tuple[str, Mapping[str, Any]]]:
     for obj in observed.strays:
         yield str(obj.get("kind", "")), obj
-    # Kept by their own objects' plans otherwise (diff.py); pods have none.
+    # Kept by their own objects' plans otherwise (write_order.py); pods have none.
     for pod in observed.pods:
         yield "Pod", pod
 
@@ -133,10 +134,12 @@ def claims(observed: Observed) -> tuple[list[Claim], list[Emit]]:
     return found, events
 
 
-def plan(observed: Observed) -> Plan | None:
-    """The turn's plan if the job has anything to claim; None: plan it as usual."""
+def claim_writes(observed: Observed) -> Writes | None:
+    """The turn's writes if the job has anything to claim; None: plan it as usual."""
     found, events = claims(observed)
     if not found:
         return None
     # Right back: the claimed children are in the main caches now (the writes' results).
-    return Plan((*found, *events), requeue_after=0.0)
+    # The claims patch distinct objects, so they go out together.
+    phases = (Phase("claims", tuple(found)), Phase("events", tuple(events)))
+    return Writes(tuple(p for p in phases if p.writes), requeue_after=0.0)

@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from mpijob_elastic.core import names
 from mpijob_elastic.core.workers import Worker, worker_index
 
 _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
@@ -110,22 +109,9 @@ class Membership:
     new_indexes: tuple[int, ...]
 
 
-def plan_membership(
-    job_name: str,
-    workers: Sequence[Worker],
-    target: int,
-    *,
-    listed: Collection[str],
-    retired: Collection[int],
-    named: Collection[str],
-    taken: Collection[str],
-    main: str | None,
-    failed_kept: Collection[str] = (),
-    deleting: Collection[str] = (),
-    lost: Collection[str] = (),
-    relocate: Mapping[str, str] | None = None,
-) -> Membership:
-    """Decide the job's members.
+@dataclass(frozen=True)
+class Facts:
+    """What decides a job's members besides its pods.
 
     ``listed``: names in the ``discover_hosts.sh`` the launcher last saw (ours, observed).
     ``retired``: indexes already retired. ``named``: worker names the user asked to remove.
@@ -139,16 +125,32 @@ def plan_membership(
     place, as in v1, until the job ends or they are chosen as victims); every other failed
     worker is replaced.
     """
+
+    listed: Collection[str] = ()
+    retired: Collection[int] = ()
+    named: Collection[str] = ()
+    taken: Collection[str] = ()
+    failed_kept: Collection[str] = ()
+    deleting: Collection[str] = ()
+    lost: Collection[str] = ()
+    relocate: Mapping[str, str] = field(default_factory=dict)
+
+
+def choose_members(
+    job_name: str, workers: Sequence[Worker], target: int, main: str | None, facts: Facts
+) -> Membership:
+    """Decide the job's members: ``target`` workers, ``main`` their main container."""
+    listed, retired, named = facts.listed, facts.retired, facts.named
     # Every pod blocks its name; only those not being deleted can stay or leave.
     held = {w.index for w in workers}
-    workers = [w for w in workers if not w.uid or w.uid not in deleting]
+    workers = [w for w in workers if not w.uid or w.uid not in facts.deleting]
     by_name = {w.name: w for w in workers}
     newly: set[int] = set()
     for name in listed:
         index = worker_index(job_name, name)
         if index is None or index in retired:
             continue
-        if name in lost or ranks_may_have_died(by_name.get(name), main):
+        if name in facts.lost or ranks_may_have_died(by_name.get(name), main):
             newly.add(index)
     all_retired = frozenset(retired) | newly
 
@@ -156,12 +158,12 @@ def plan_membership(
         w
         for w in workers
         if not w.terminating
-        and w.name not in failed_kept
+        and w.name not in facts.failed_kept
         and (w.index in all_retired or w.phase == "Failed")
     )
     gone = {w.name for w in replace}
     candidates = [w for w in workers if not w.terminating and w.name not in gone]
-    relocate = relocate or {}
+    relocate = facts.relocate
     named_set = set(named) | set(relocate)
 
     cohort = _cohorts(candidates)
@@ -189,7 +191,7 @@ def plan_membership(
     blocked = (
         held
         | all_retired
-        | {i for n in (*named, *taken) if (i := worker_index(job_name, n)) is not None}
+        | {i for n in (*named, *facts.taken) if (i := worker_index(job_name, n)) is not None}
     )
     new: list[int] = []
     index = 0
@@ -239,7 +241,3 @@ def _why(w: Worker, named: Collection[str], listed: Collection[str]) -> str:
 def describe(leaving: Sequence[Leaving]) -> str:
     """``"w-3 (named for removal), w-1 (not in discovery)"`` for messages."""
     return ", ".join(f"{item.worker.name} ({item.why})" for item in leaving)
-
-
-def retired_annotation(retired: Collection[int]) -> Mapping[str, str]:
-    return {names.ANN_RETIRED_WORKERS: format_indexes(retired)} if retired else {}

@@ -53,6 +53,8 @@ ANN_BELOW_MIN_TIMEOUT: Final = "mpijob-elastic.io/below-min-timeout-seconds"
 
 # State the controller keeps on the objects it owns, so a restart resumes where it was.
 ANN_DRAINING_SINCE: Final = "mpijob-elastic.io/draining-since"
+# On a worker that holds ranks (host_rules.py): the PodDisruptionBudget counts only these.
+LABEL_HOLDS_RANKS: Final = "mpijob-elastic.io/holds-ranks"
 ANN_CONFIG_HASH: Final = "mpijob-elastic.io/config-hash"
 # On the ConfigMap: worker indexes never to use again (Horovod may have blacklisted them).
 ANN_RETIRED_WORKERS: Final = "mpijob-elastic.io/retired-workers"
@@ -66,6 +68,20 @@ ANN_SUSPENDED: Final = "mpijob-elastic.io/suspended"
 ANN_LAUNCHER_RESTARTS: Final = "mpijob-elastic.io/launcher-restarts"
 # On the ConfigMap: worker failures in a row, "<count> <last at>" (the replacement backoff).
 ANN_WORKER_FAILURES: Final = "mpijob-elastic.io/worker-failures"
+# On the ConfigMap: the Worker count the job keeps, the last one within its bounds (what an
+# out-of-range count leaves in force).
+ANN_WORKERS: Final = "mpijob-elastic.io/workers"
+# Every annotation above that the controller keeps on the ConfigMap: its own to set and to
+# remove (an annotation not listed here would stay once cleared).
+STATE_ANNOTATIONS: Final = (
+    ANN_RETIRED_WORKERS,
+    ANN_SCALE_OUT_BACKOFF,
+    ANN_BELOW_MIN_SINCE,
+    ANN_SUSPENDED,
+    ANN_LAUNCHER_RESTARTS,
+    ANN_WORKER_FAILURES,
+    ANN_WORKERS,
+)
 
 CONFIG_MOUNT: Final = "/etc/mpi"
 HOSTFILE: Final = "hostfile"
@@ -77,8 +93,12 @@ def launcher_name(job: str) -> str:
     return f"{job}-launcher"
 
 
+# Between a worker's job name and its index: the init container counts workers by it.
+WORKER_INFIX: Final = "-worker-"
+
+
 def worker_name(job: str, index: int) -> str:
-    return f"{job}-worker-{index}"
+    return f"{job}{WORKER_INFIX}{index}"
 
 
 def config_map_name(job: str) -> str:

@@ -47,27 +47,16 @@ watch without reports has no fallback: it was the periodic exec this replaces.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 # The command run in the launcher. `exit 0`: a process that ends while cat reads makes
 # cat fail, which says nothing about the others.
 PROBE_COMMAND = ("/bin/sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null; exit 0")
-# A victim must have been out of the host list this long before an empty read counts:
-# the launcher's mounted files refresh (well under a second with the config-hash
-# annotation), then Horovod's next discovery poll (1 s) must see the removal, or it could
-# still be starting a rank there.
-DRAIN_FLOOR_SECONDS = 3.0
-# How often a job with victims in their drain window reads the launcher.
-PROBE_INTERVAL_SECONDS = 1.0
 PROBE_TIMEOUT_SECONDS = 5.0
 # The ranks ConfigMap's keys: see the module docstring.
 REPORT_SEPARATOR = "_"
 EXIT_SUFFIX = "_exit"
-# A victim whose ranks have left is deleted with this grace period rather than the pod's
-# own: nothing of the training runs there any more, and a `sleep` that ignores SIGTERM
-# would hold its GPUs for the pod's full grace period (30 s by default).
-RANK_FREE_GRACE_SECONDS = 1
 
 
 @dataclass(frozen=True)
@@ -84,6 +73,11 @@ class RankSnapshot:
     # Workers an earlier read showed reached and a later one did not, while others stayed
     # reached, since the planner last acted on a read: their ranks ended.
     lost: frozenset[str] = frozenset()
+    # Since when each host in ``hosts`` has been reached without a break (the first read
+    # that showed it); a host missing here: unknown, taken as long ago. The host-list
+    # rules (host_rules.py) wait for a new host's ranks to have run a while.
+    # From the reports, the earliest start of a running shell into the host.
+    since: Mapping[str, datetime] = field(default_factory=dict)
     # From the reports: the workers any remote shell of this launcher was reported into.
     # Only for those do the reports say whether ranks run; None for an exec read.
     known: frozenset[str] | None = None
@@ -95,7 +89,8 @@ def pushed(
     """The snapshot the ranks ConfigMap's ``data`` gives, ``previous`` the last one.
 
     ``lost`` grows as an exec read's did: workers reached before and no longer, while
-    others stay reached, less those whose remote shells all ended with code 0.
+    others stay reached, less those whose remote shells all ended with code 0. ``since``:
+    each reached host's earliest running shell's start, as the key names it.
     """
     started = {key for key in data if not key.endswith(EXIT_SUFFIX)}
     codes = {key[: -len(EXIT_SUFFIX)]: data[key] for key in data if key.endswith(EXIT_SUFFIX)}
@@ -103,12 +98,28 @@ def pushed(
     def host(key: str) -> str:
         return key.split(REPORT_SEPARATOR, 1)[0]
 
-    running = frozenset(host(key) for key in started if key not in codes)
+    since: dict[str, datetime] = {}
+    for key in started - codes.keys():
+        start = key.rsplit(REPORT_SEPARATOR, 1)[-1]
+        when = datetime.fromtimestamp(int(start), at.tzinfo) if start.isdigit() else at
+        since[host(key)] = min(since.get(host(key), when), when)
+    running = frozenset(since)
     failed = {host(key) for key in started if codes.get(key, "0").strip() != "0"}
     lost = previous.lost if previous is not None else frozenset()
     if previous is not None and previous.hosts and running:
         lost |= (previous.hosts - running) & failed
-    return RankSnapshot(at, running, lost=lost, known=frozenset(host(key) for key in started))
+    known = frozenset(host(key) for key in started)
+    return RankSnapshot(at, running, lost=lost, since=since, known=known)
+
+
+def reported(host: str, reports: RankSnapshot | None) -> bool:
+    return reports is not None and reports.known is not None and host in reports.known
+
+
+def signal(reports: RankSnapshot | None, read: RankSnapshot | None) -> RankSnapshot | None:
+    """The rank signal for the whole job: the reports once they name any host, else the
+    last exec read (a launcher that reports nothing reaches its hosts some other way)."""
+    return reports if reports is not None and reports.known else read
 
 
 def seen_by(
@@ -117,35 +128,44 @@ def seen_by(
     """The workers known to run ranks, for deciding about ``host``: from the reports if
     they cover ``host``, else from an exec read begun at ``since`` or later; None when
     neither can say."""
-    if reports is not None and reports.known is not None and host in reports.known:
-        return reports.hosts
+    if reported(host, reports):
+        return reports.hosts if reports is not None else None
     if read is not None and read.at >= since:
         return read.hosts
     return None
 
 
-def reported(host: str, reports: RankSnapshot | None) -> bool:
-    return reports is not None and reports.known is not None and host in reports.known
-
-
 def remote_shell_hosts(output: bytes, job: str) -> frozenset[str] | None:
-    """The job's hosts named right after ``kubexec.sh`` in the launcher's command lines.
+    """The hosts named right after ``kubexec.sh`` in the launcher's command lines.
 
-    ``output`` is every process's NUL-separated argv, concatenated. Tokens are split on
-    NULs and whitespace, so both ``/bin/sh /etc/mpi/kubexec.sh host cmd`` and Horovod's
-    ``/bin/sh -c '/etc/mpi/kubexec.sh host cmd'`` read the same. None when no process runs
-    our remote shell at all: then the launcher reaches its workers some other way (or
-    runs no ranks), and an empty set would wrongly say every rank has left. Only hosts
-    named after ``job`` count (its workers, its launcher): on KWOK an exec runs on the
-    test machine and sees every job's processes.
+    ``output`` is every process's NUL-separated argv, concatenated. Both
+    ``/bin/sh /etc/mpi/kubexec.sh host cmd`` and Horovod's
+    ``/bin/sh -c '/etc/mpi/kubexec.sh host cmd'`` read the same. A remote shell that runs
+    Horovod's start-up interface probe (``horovod.runner.task_fn``) holds no rank and is
+    not counted: its end must not read as ranks lost. None when no process runs our
+    remote shell at all: then the launcher reaches its workers some other way (or runs no
+    ranks), and an empty set would wrongly say every rank has left. Only hosts named
+    after ``job`` count (its workers, its launcher): on KWOK an exec runs on the test
+    machine and sees every job's processes.
     """
-    tokens = output.replace(b"\0", b" ").decode("utf-8", "replace").split()
+    args = [a.split() for a in output.decode("utf-8", "replace").split("\0")]
     found = False
     hosts: set[str] = set()
-    for i, token in enumerate(tokens):
-        if token.strip("'\"").endswith("kubexec.sh"):
-            host = tokens[i + 1].strip("'\"") if i + 1 < len(tokens) else ""
-            if host.startswith(f"{job}-"):
-                found = True
+    for i, tokens in enumerate(args):
+        for j, token in enumerate(tokens):
+            if not token.strip("'\"").endswith("kubexec.sh"):
+                continue
+            # The host and command follow in the same argument (sh -c), else in the next
+            # ones (kubexec.sh's own argv: the host, then the command as one argument).
+            if len(tokens) > j + 1:
+                host, command = tokens[j + 1], tokens[j + 2 :]
+            else:
+                after = [t for a in args[i + 1 : i + 3] for t in a]
+                host, command = (after[0], after[1:]) if after else ("", [])
+            host = host.strip("'\"")
+            if not host.startswith(f"{job}-"):
+                continue
+            found = True
+            if not any("horovod.runner.task_fn" in t for t in command):
                 hosts.add(host)
     return frozenset(hosts) if found else None

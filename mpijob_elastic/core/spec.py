@@ -13,48 +13,30 @@ a reconcile that raised would retry for ever without telling the user anything.
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.settings import Settings
-from mpijob_elastic.core.shapes import (
-    FieldError,
-    as_int,
-    mapping,
-    pod_template,
-    show,
-    string_field,
-    string_map,
+from mpijob_elastic.core.shapes import FieldError, as_int, mapping, pod_template, show
+from mpijob_elastic.core.spec_fields import (
+    _INT32_MAX,
+    _INT32_MIN,
+    _SERVICE_ACCOUNT_FIELD,
+    _annotation_int,
+    _check_name,
+    _choice,
+    _launcher_account,
+    _main_container,
+    _metadata,
+    _remove_workers,
+    _run_policy,
+    _seconds,
+    _slots,
 )
-from mpijob_elastic.core.workers import worker_index
 
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
-CLEAN_POD_POLICIES = ("All", "Running", "None")
-
-# Pod names double as hostnames in Open MPI's view, and hostnames are DNS-1123 labels.
-# Used with fullmatch: "$" would also match before a trailing newline, which would then
-# reach kubexec.sh.
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_MAX_LABEL = 63
-# ServiceAccount names are DNS-1123 subdomains; the API server would refuse the pod and the
-# ServiceAccount otherwise, far from the field that caused it.
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_MAX_SUBDOMAIN = 253
-_SERVICE_ACCOUNT_FIELD = "spec.mpiReplicaSpecs.Launcher.template.spec.serviceAccountName"
-
-# int() and float() also take "1_0", " 4 ", "\u0661" (Arabic-Indic one), "+4", "1e3" and
-# "nan", none of which a user typing a count or a duration means; fullmatch, because "$"
-# would let a trailing newline through.
-_WHOLE_NUMBER = re.compile(r"[0-9]+")
-_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
-
-# The CRD declares replicas and slotsPerWorker int32 but does not enforce it; outside that
-# range a number is a typo, and Python's str() of a huge int raises.
-_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
 class InvalidSpec(Exception):
@@ -118,7 +100,7 @@ class JobSpec:
     scale_out_timeout: float = Settings.default_scale_out_timeout_seconds
     # Worker pod names the user asked to remove (mpijob-elastic.io/remove-workers).
     remove: frozenset[str] = frozenset()
-    # 0: never suspended for lack of capacity (suspend.py).
+    # 0: never suspended for lack of capacity (lifecycle.py).
     below_min_timeout: float = 0.0
     # runPolicy.suspend: the user suspended the job.
     suspend: bool = False
@@ -192,117 +174,6 @@ def _protected_account_errors(
     return errors
 
 
-# -- fields ------------------------------------------------------------------------------
-
-
-def _annotation_int(
-    annotations: Mapping[str, Any],
-    key: str,
-    minimum: int,
-    maximum: int,
-    errors: list[FieldError],
-) -> int | None:
-    raw = annotations.get(key)
-    if not isinstance(raw, str):
-        return None  # unset, or already reported as not a string
-    field = f"metadata.annotations[{key}]"
-    if not _WHOLE_NUMBER.fullmatch(raw):
-        errors.append(FieldError(field, f"must be a whole number in ASCII digits, got {show(raw)}"))
-        return None
-    digits = raw.lstrip("0") or "0"
-    # Compared as text first: int() refuses more than 4300 digits.
-    if len(digits) > len(str(maximum)) or int(digits) > maximum:
-        errors.append(
-            FieldError(
-                field,
-                f"must be at most {maximum} (the controller's --max-workers-per-job), "
-                f"got {show(raw)}",
-            )
-        )
-        return None
-    value = int(digits)
-    if value < minimum:
-        errors.append(FieldError(field, f"must be at least {minimum}, got {value}"))
-        return None
-    return value
-
-
-def _run_policy_count(
-    run_policy: Mapping[str, Any], key: str, minimum: int, errors: list[FieldError]
-) -> int | None:
-    value = run_policy.get(key)
-    if value is None:
-        return None
-    # bool is an int to Python, never to the API.
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        errors.append(
-            FieldError(
-                f"spec.runPolicy.{key}",
-                f"must be a whole number of at least {minimum}, got {show(value)}",
-            )
-        )
-        return None
-    return value
-
-
-def _seconds(
-    annotations: Mapping[str, Any], key: str, default: float, errors: list[FieldError]
-) -> float:
-    raw = annotations.get(key)
-    if not isinstance(raw, str):
-        return default  # unset, or already reported as not a string
-    field = f"metadata.annotations[{key}]"
-    if not _DECIMAL.fullmatch(raw):
-        errors.append(
-            FieldError(
-                field,
-                f"must be a number of seconds in ASCII digits (like 30 or 2.5), got {show(raw)}",
-            )
-        )
-        return default
-    value = float(raw)
-    if not math.isfinite(value):
-        errors.append(FieldError(field, f"must be a finite number of seconds, got {show(raw)}"))
-        return default
-    return value
-
-
-def _remove_workers(
-    annotations: Mapping[str, Any], job_name: str | None, errors: list[FieldError]
-) -> frozenset[str]:
-    raw = annotations.get(names.ANN_REMOVE_WORKERS)
-    if not isinstance(raw, str) or job_name is None:
-        return frozenset()  # unset, or already reported
-    wanted = {part.strip() for part in raw.split(",") if part.strip()}
-    strangers = sorted(n for n in wanted if worker_index(job_name, n) is None)
-    if strangers:
-        errors.append(
-            FieldError(
-                f"metadata.annotations[{names.ANN_REMOVE_WORKERS}]",
-                f"must list worker pod names of this job ({names.worker_name(job_name, 0)}, "
-                f"...) separated by commas, got {', '.join(map(repr, strangers))}",
-            )
-        )
-        return frozenset()
-    return frozenset(wanted)
-
-
-def _choice(
-    value: Any, field: str, allowed: tuple[str, ...], default: str, errors: list[FieldError]
-) -> str:
-    # "" is how Go clients write "unset", and the upstream operator defaults it too.
-    if value is None or value == "":
-        return default
-    if value not in allowed:
-        errors.append(
-            FieldError(
-                field, f"unsupported value {show(value)}: must be one of {', '.join(allowed)}"
-            )
-        )
-        return default
-    return str(value)
-
-
 def _replica_spec(
     specs: Mapping[str, Any], role: str, maximum: int | None, errors: list[FieldError]
 ) -> ReplicaSpec | None:
@@ -362,66 +233,61 @@ def parse(
     meta = mapping(job.get("metadata"), "metadata", errors, required=True)
     raw_spec = mapping(job.get("spec"), "spec", errors, required=True)
     spec = raw_spec or {}
-
-    name = namespace = uid = None
-    annotations: Mapping[str, Any] = {}
-    if meta is not None:
-        name = string_field(meta.get("name"), "metadata.name", errors, required=True)
-        namespace = string_field(meta.get("namespace"), "metadata.namespace", errors)
-        uid = string_field(meta.get("uid"), "metadata.uid", errors)
-        raw_annotations = meta.get("annotations")
-        string_map(raw_annotations, "metadata.annotations", errors)
-        if isinstance(raw_annotations, Mapping):
-            annotations = raw_annotations
-
-    slots_raw = spec.get("slotsPerWorker", 1)
-    slots = as_int(slots_raw)
-    if slots is None or not 1 <= slots <= _INT32_MAX:
-        errors.append(
-            FieldError(
-                "spec.slotsPerWorker",
-                f"must be a 32-bit integer >= 1, got {show(slots_raw)}",
-            )
-        )
-        slots = None
-
-    run_policy = mapping(spec.get("runPolicy"), "spec.runPolicy", errors) or {}
-    if run_policy.get("cleanPodPolicy") not in (None, ""):
-        clean = _choice(
-            run_policy.get("cleanPodPolicy"),
-            "spec.runPolicy.cleanPodPolicy",
-            CLEAN_POD_POLICIES,
-            "None",
-            errors,
-        )
-    else:
-        clean = _choice(
-            spec.get("cleanPodPolicy"), "spec.cleanPodPolicy", CLEAN_POD_POLICIES, "None", errors
-        )
-
-    suspend = run_policy.get("suspend")
-    if suspend is None:
-        suspend = False
-    elif not isinstance(suspend, bool):
-        errors.append(
-            FieldError("spec.runPolicy.suspend", f"must be true or false, got {show(suspend)}")
-        )
-        suspend = False
-
-    deadline = _run_policy_count(run_policy, "activeDeadlineSeconds", 1, errors)
-    ttl = _run_policy_count(run_policy, "ttlSecondsAfterFinished", 0, errors)
-    backoff_limit = _run_policy_count(run_policy, "backoffLimit", 0, errors)
-
-    launcher = worker = None
-    # An unusable spec is reported once, not once more for every field missing from it.
-    specs = (
-        mapping(spec.get("mpiReplicaSpecs"), "spec.mpiReplicaSpecs", errors, required=True)
-        if raw_spec is not None
-        else None
+    name, namespace, uid, annotations = _metadata(meta, errors)
+    slots = _slots(spec, errors)
+    run_policy = _run_policy(spec, errors)
+    launcher, worker = _replica_specs(spec, raw_spec is not None, max_workers, errors)
+    bounds = _bounds(annotations, max_workers, errors)
+    drain = _seconds(annotations, names.ANN_DRAIN_SECONDS, default_drain_seconds, errors)
+    scale_out_timeout = _seconds(
+        annotations, names.ANN_SCALE_OUT_TIMEOUT, default_scale_out_timeout, errors
     )
-    if specs is not None:
-        launcher = _replica_spec(specs, "Launcher", None, errors)
-        worker = _replica_spec(specs, "Worker", max_workers, errors)
+    remove = _remove_workers(annotations, name, errors)
+    below_min_timeout = _below_min_timeout(annotations, bounds, errors)
+    _check_name(name, worker, bounds, errors)
+    main = _main_container(spec, worker, errors)
+    account = _launcher_account(launcher, errors)
+    if protected_service_account is not None and namespace == protected_service_account[0]:
+        errors += _protected_account_errors(
+            name, launcher, worker, account, protected_service_account[1]
+        )
+    if errors or launcher is None or worker is None or slots is None or name is None:
+        raise InvalidSpec(errors)
+    return JobSpec(
+        namespace=namespace or "",
+        name=name,
+        uid=uid or "",
+        slots_per_worker=slots,
+        main_container=main,
+        clean_pod_policy=run_policy.clean,
+        launcher=launcher,
+        worker=worker,
+        bounds=bounds,
+        drain_seconds=drain,
+        scale_out_timeout=scale_out_timeout,
+        remove=remove,
+        below_min_timeout=below_min_timeout,
+        suspend=run_policy.suspend,
+        active_deadline_seconds=run_policy.deadline,
+        ttl_seconds_after_finished=run_policy.ttl,
+        backoff_limit=run_policy.backoff_limit,
+        scheduling_policy=run_policy.scheduling,
+        launcher_service_account=account,
+    )
+
+
+def _replica_specs(
+    spec: Mapping[str, Any], has_spec: bool, max_workers: int, errors: list[FieldError]
+) -> tuple[ReplicaSpec | None, ReplicaSpec | None]:
+    """The Launcher's and the Worker's replica specs."""
+    # An unusable spec is reported once, not once more for every field missing from it.
+    if not has_spec:
+        return None, None
+    specs = mapping(spec.get("mpiReplicaSpecs"), "spec.mpiReplicaSpecs", errors, required=True)
+    if specs is None:
+        return None, None
+    launcher = _replica_spec(specs, "Launcher", None, errors)
+    worker = _replica_spec(specs, "Worker", max_workers, errors)
     if launcher is not None and launcher.replicas != 1:
         errors.append(
             FieldError(
@@ -429,7 +295,10 @@ def parse(
                 f"must be 1, got {show(launcher.replicas)}",
             )
         )
+    return launcher, worker
 
+
+def _bounds(annotations: Mapping[str, Any], max_workers: int, errors: list[FieldError]) -> Bounds:
     bounds = Bounds(
         _annotation_int(annotations, names.ANN_MIN_REPLICAS, 0, max_workers, errors),
         _annotation_int(annotations, names.ANN_MAX_REPLICAS, 1, max_workers, errors),
@@ -438,14 +307,16 @@ def parse(
         errors.append(
             FieldError(
                 f"metadata.annotations[{names.ANN_MIN_REPLICAS}]",
-                f"min-replicas {bounds.min} is greater than max-replicas {bounds.max}",
+                f"({bounds.min}) must not be above "
+                f"metadata.annotations[{names.ANN_MAX_REPLICAS}] ({bounds.max})",
             )
         )
-    drain = _seconds(annotations, names.ANN_DRAIN_SECONDS, default_drain_seconds, errors)
-    scale_out_timeout = _seconds(
-        annotations, names.ANN_SCALE_OUT_TIMEOUT, default_scale_out_timeout, errors
-    )
-    remove = _remove_workers(annotations, name, errors)
+    return bounds
+
+
+def _below_min_timeout(
+    annotations: Mapping[str, Any], bounds: Bounds, errors: list[FieldError]
+) -> float:
     below_min_timeout = _seconds(annotations, names.ANN_BELOW_MIN_TIMEOUT, 0.0, errors)
     if below_min_timeout > 0 and not bounds.min:
         # Silently never suspending would leave the user believing the job is protected.
@@ -456,87 +327,4 @@ def parse(
                 "minimum to fall below",
             )
         )
-
-    if name is not None and not _DNS_LABEL.fullmatch(name):
-        errors.append(
-            FieldError(
-                "metadata.name",
-                "must be a DNS-1123 label (lowercase letters, digits, '-'): "
-                "worker pod names are used as MPI hostnames",
-            )
-        )
-    elif name is not None and worker is not None:
-        largest = max(worker.replicas, bounds.max or 0, 1) - 1
-        longest = names.worker_name(name, largest)
-        if len(longest) > _MAX_LABEL:
-            errors.append(
-                FieldError(
-                    "metadata.name",
-                    f"too long: worker pod name {longest!r} would be {len(longest)} characters, "
-                    f"over the {_MAX_LABEL} a hostname allows; use at most "
-                    f"{_MAX_LABEL - len(longest) + len(name)} characters",
-                )
-            )
-
-    main = spec.get("mainContainer")
-    if main is not None:
-        if not isinstance(main, str) or len(main) > _MAX_LABEL or not _DNS_LABEL.fullmatch(main):
-            errors.append(
-                FieldError(
-                    "spec.mainContainer",
-                    f"must be a container name (DNS-1123 label), got {show(main)}",
-                )
-            )
-        elif worker is not None and main not in {c.get("name") for c in worker.containers}:
-            errors.append(
-                FieldError(
-                    "spec.mainContainer",
-                    f"names no container of spec.mpiReplicaSpecs.Worker.template: {main!r}",
-                )
-            )
-
-    account = None
-    if launcher is not None:
-        account = (launcher.template.get("spec") or {}).get("serviceAccountName")
-        if account == "":
-            account = None  # how Go clients write "unset"
-        elif account is not None and (
-            not isinstance(account, str)
-            or len(account) > _MAX_SUBDOMAIN
-            or not _DNS_SUBDOMAIN.fullmatch(account)
-        ):
-            errors.append(
-                FieldError(
-                    _SERVICE_ACCOUNT_FIELD,
-                    f"must be a ServiceAccount name (DNS-1123 subdomain), got {show(account)}",
-                )
-            )
-
-    if protected_service_account is not None and namespace == protected_service_account[0]:
-        errors += _protected_account_errors(
-            name, launcher, worker, account, protected_service_account[1]
-        )
-
-    if errors or launcher is None or worker is None or slots is None or name is None:
-        raise InvalidSpec(errors)
-    return JobSpec(
-        namespace=namespace or "",
-        name=name,
-        uid=uid or "",
-        slots_per_worker=slots,
-        main_container=main,
-        clean_pod_policy=clean,
-        launcher=launcher,
-        worker=worker,
-        bounds=bounds,
-        drain_seconds=drain,
-        scale_out_timeout=scale_out_timeout,
-        remove=remove,
-        below_min_timeout=below_min_timeout,
-        suspend=suspend,
-        active_deadline_seconds=deadline,
-        ttl_seconds_after_finished=ttl,
-        backoff_limit=backoff_limit,
-        scheduling_policy=bool(run_policy.get("schedulingPolicy")),
-        launcher_service_account=account,
-    )
+    return below_min_timeout

@@ -9,7 +9,7 @@ times a second that way).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from mpijob_elastic.core import names
@@ -81,6 +81,11 @@ class StatusBuilder:
             if isinstance(c, Mapping) and "type" in c
         }
         self.fields: Obj = {}
+        # The spec this status was decided from: a client that changed the spec knows the
+        # controller has seen the change once this reaches its metadata.generation.
+        generation = (job.get("metadata") or {}).get("generation")
+        if isinstance(generation, int):
+            self.fields["observedGeneration"] = generation
 
     def get(self, type_: str) -> Obj | None:
         return self.conditions.get(type_)
@@ -134,23 +139,3 @@ class StatusBuilder:
 
         status["conditions"] = sorted(self.conditions.values(), key=position)
         return status
-
-
-def with_condition(
-    job: Mapping[str, Any],
-    status: Mapping[str, Any] | None,
-    type_: str,
-    reason: str,
-    message: str,
-    now: datetime | None = None,
-) -> Obj | None:
-    """``status`` (or the job's own, if None) with one more condition set True.
-
-    For a write the API server refused: the shell reports it on top of whatever status the
-    plan computed. None when the job's stored status already says exactly this.
-    """
-    base = {**job, "status": status} if status is not None else job
-    builder = StatusBuilder(base, now or datetime.now(UTC))
-    builder.set(type_, True, reason, message)
-    built = builder.build()
-    return None if built == (job.get("status") or {}) else built

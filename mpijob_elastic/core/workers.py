@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from mpijob_elastic.core import names
+from mpijob_elastic.core import formats, names
 from mpijob_elastic.core.times import parse_time
 
 
@@ -126,7 +126,7 @@ def worker_index(job_name: str, pod_name: str) -> int | None:
     Role's resourceName. Upstream trimmed a cutset off the name and deleted wrong pods
     (#352); a pod missing the label made it think the job had no workers.
     """
-    prefix = f"{job_name}-worker-"
+    prefix = f"{job_name}{names.WORKER_INFIX}"
     if not pod_name.startswith(prefix):
         return None
     digits = pod_name[len(prefix) :]
@@ -160,21 +160,18 @@ def split_pods(
 
 def discovered_hosts(config_data: Mapping[str, Any] | None) -> set[str]:
     """The hosts ``discover_hosts.sh`` names: the ones Horovod may have given ranks."""
-    script = str((config_data or {}).get(names.DISCOVER_HOSTS) or "")
-    hosts: set[str] = set()
-    for line in script.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == "echo":
-            hosts.add(parts[1].rsplit(":", 1)[0])
-    return hosts
+    return set(
+        formats.discover_hosts_hosts(str((config_data or {}).get(names.DISCOVER_HOSTS) or ""))
+    )
+
+
+def _hostfile_hosts(config_data: Mapping[str, Any] | None) -> set[str]:
+    return set(formats.hostfile_hosts(str((config_data or {}).get(names.HOSTFILE) or "")))
 
 
 def hostfile_workers(job_name: str, config_data: Mapping[str, Any] | None) -> set[str]:
     """The workers the ``hostfile`` we last wrote names: the job's members then."""
-    text = str((config_data or {}).get(names.HOSTFILE) or "")
-    hosts = {line.split()[0] for line in text.splitlines() if line.strip()}
-    hosts.discard(names.launcher_name(job_name))
-    return hosts
+    return _hostfile_hosts(config_data) - {names.launcher_name(job_name)}
 
 
 def listed_hosts(config_data: Mapping[str, Any] | None) -> set[str]:
@@ -182,7 +179,4 @@ def listed_hosts(config_data: Mapping[str, Any] | None) -> set[str]:
 
     A worker named here has not begun to drain, whatever its pod's mark says.
     """
-    text = str((config_data or {}).get(names.HOSTFILE) or "")
-    return discovered_hosts(config_data) | {
-        line.split()[0] for line in text.splitlines() if line.strip()
-    }
+    return discovered_hosts(config_data) | _hostfile_hosts(config_data)

@@ -3,8 +3,9 @@
 A kubernetes_asyncio ApiClient sends every request through one aiohttp connector, whose
 connection limit is its Configuration's ``connection_pool_maxsize`` (100 unless set),
 read once when the ApiClient is made. A watch holds its connection for as long as it
-runs, minutes at a time, and the controller keeps six watches open per watched namespace.
-On one shared client, 17 namespaces took 102 connections for good: every write then
+runs, minutes at a time, and the controller keeps 12 watches open per watched namespace
+(and one for Nodes). When it kept six, on one shared client, 17 namespaces took 102
+connections for good: every write then
 waited for a connection that never came, until its 30 s timeout, on every reconcile.
 
 So watches and writes get a client each, made from the same loaded configuration (same
@@ -23,12 +24,20 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import importlib.metadata
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from mpijob_elastic.machinery.kubeclient import ApiClient, Configuration, kube_config
+
+# Who the controller is to the API server: every write names it as its fieldManager (so
+# managedFields show which fields it set) and every request as its User-Agent (audit logs,
+# the API server's request metrics). A write without a fieldManager would be recorded
+# under the User-Agent's name, and kubernetes_asyncio's is "OpenAPI-Generator/...".
+FIELD_MANAGER = "mpijob-elastic"
+USER_AGENT = f"{FIELD_MANAGER}/{importlib.metadata.version('mpijob-elastic')}"
 
 # Long enough for a TLS handshake with a loaded API server; a write pool that has had no
 # free connection for this long is stuck, not busy (writes finish or time out in 30 s).
@@ -115,11 +124,13 @@ def connect(configuration: Any, *, write_connections: int) -> Clients:
 
     Each gets a copy, because the connection limit is read from the configuration when
     the client is made; the copies share the token refresh hook, which refreshes the
-    configuration it is handed.
+    configuration it is handed. Both send USER_AGENT.
     """
     watch = copy.deepcopy(configuration)
     # 0 is aiohttp's "no limit".
     watch.connection_pool_maxsize = 0
     write = copy.deepcopy(configuration)
     write.connection_pool_maxsize = write_connections
-    return Clients(write=WriteClient(write), watch=ApiClient(watch))
+    made = Clients(write=WriteClient(write), watch=ApiClient(watch))
+    made.write.user_agent = made.watch.user_agent = USER_AGENT
+    return made

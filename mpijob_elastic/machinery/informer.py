@@ -23,7 +23,7 @@ about ``WATCH_IDLE_SECONDS`` of the last byte, instead of after the server's who
 timeoutSeconds plus a margin (5.5 minutes before). The alternatives do less: TCP
 keepalive only proves that the next hop's kernel is alive, so it misses a proxy or load
 balancer that keeps the connection but stopped relaying, and a hung apiserver; a short
-server timeoutSeconds would reconnect every quiet watch every few tens of seconds (six
+server timeoutSeconds would reconnect every quiet watch every few tens of seconds (12
 per watched namespace) to get the same bound. The price here is one extra watch request
 when a bookmark comes late, resumed from the last resourceVersion, never a relist; a
 server without a watch cache sends no bookmarks, and its quiet watches are reconnected
@@ -189,12 +189,6 @@ class Informer:
     def watching(self) -> bool:
         """Whether a watch stream is open right now (false while listing or backing off)."""
         return self._watching
-
-    @property
-    def last_contact(self) -> float | None:
-        """``time.monotonic()`` when the server last answered: a list, a watch's start, an
-        event or a bookmark. None before the first answer."""
-        return self._last_contact
 
     @property
     def healthy(self) -> bool:

@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 import aiohttp
 
 from mpijob_elastic.machinery import metrics
+from mpijob_elastic.machinery.clients import FIELD_MANAGER
 from mpijob_elastic.machinery.kubeclient import ApiClient
 from mpijob_elastic.machinery.write_health import WriteHealth
 
@@ -38,6 +39,8 @@ RESOURCES: Final[Mapping[str, tuple[str, str]]] = {
 
 # Kubernetes' verbs for the methods we use; a GET of a collection is a list.
 _VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+# The writes that take a fieldManager (a delete changes no field).
+_NAMED_WRITES = frozenset({"POST", "PUT", "PATCH"})
 _KINDS = {plural: kind for kind, (_, plural) in RESOURCES.items()} | {"nodes": "Node"}
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -102,6 +105,8 @@ class Kube:
         body: Any = None,
         content_type: str = "application/json",
     ) -> Obj:
+        if method in _NAMED_WRITES:
+            path += ("&" if "?" in path else "?") + urlencode({"fieldManager": FIELD_MANAGER})
         token = self.writes.started(time.monotonic())
         answered: bool | None = None  # None: cancelled, which says nothing of the server
         try:
@@ -136,7 +141,7 @@ class Kube:
             )
         return dict(data)
 
-    async def get(self, kind: str, namespace: str, name: str) -> Obj:
+    async def list(self, kind: str, namespace: str, name: str) -> Obj:
         """A fresh read of one object, off the hot path: who holds a name we could not
         create, or whether a job is still there before adopting for it.
 
@@ -159,7 +164,7 @@ class Kube:
             **items[0],
         }
 
-    async def read(self, kind: str, namespace: str, name: str) -> Obj:
+    async def get(self, kind: str, namespace: str, name: str) -> Obj:
         """A GET of one object: for what the controller may read by name only, its Lease
         (RBAC ``get`` on that one name, and no ``list``: docs/rbac.md)."""
         return await self.request("GET", f"{collection_path(kind, namespace)}/{name}")

@@ -54,6 +54,7 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 
+from mpijob_elastic.machinery.clients import USER_AGENT
 from mpijob_elastic.machinery.kube import ApiError
 from mpijob_elastic.machinery.kubeclient import (
     ERROR_CHANNEL,
@@ -195,7 +196,7 @@ class PodExec:
         ws: aiohttp.ClientWebSocketResponse[Any] | None = None
         try:
             async with asyncio.timeout(timeout):
-                headers: dict[str, str] = {}
+                headers = {"User-Agent": USER_AGENT}
                 # Runs the configuration's token refresh (in-cluster token file, plugins).
                 await self._api.update_params_for_auth(headers, query, ["BearerToken"])
                 url = self._url(namespace, pod, query)
@@ -227,25 +228,6 @@ class PodExec:
         path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(pod, safe='')}/exec"
         host = str(self._api.configuration.host)
         return str(get_websocket_url(f"{host}{path}?{urlencode(query)}"))
-
-
-async def exec_stdout(
-    configuration: Any,
-    namespace: str,
-    pod: str,
-    container: str | None,
-    command: Sequence[str],
-    timeout: float,  # noqa: ASYNC109 (see PodExec.run)
-) -> bytes:
-    """Run ``command`` in the pod's container and return its stdout bytes (stderr ignored).
-
-    A one-off convenience that makes and closes a ``PodExec``; a caller that execs
-    repeatedly should keep one ``PodExec`` instead. The exit status is dropped: use
-    ``PodExec.run`` to see it.
-    """
-    async with PodExec(configuration) as pod_exec:
-        result = await pod_exec.run(namespace, pod, container, command, timeout)
-    return result.stdout
 
 
 async def _collect(

@@ -5,7 +5,7 @@ The reports (``pushed``) are read from the cached ranks ConfigMap at each reconc
 is kept per job is the last snapshot, so ``lost`` grows across reports as it did across
 reads, until the planner has acted on it (``acted_on``).
 
-A plan that has victims in their drain window asks for a read (``Plan.probe``). The read
+A plan that has victims in their drain window asks for a read (``Writes.probe``). The read
 runs in the background, so a slow or hung exec never holds a reconcile worker; when it
 ends, its answer is kept for the job and the job is queued again, and the next plan sees
 it in ``Observed.ranks``. A read never fails a reconcile: an error is an answer that says
@@ -177,6 +177,15 @@ class RankProbes:
             if previous.hosts and snapshot.hosts:
                 # All gone at once is the launcher ending its run, not ranks failing.
                 lost |= previous.hosts - snapshot.hosts
-            snapshot = dataclasses.replace(snapshot, lost=lost)
+            # A host reached in both reads has been reached since the earlier one said.
+            since = {
+                h: previous.since.get(h, previous.at)
+                if previous.hosts and h in previous.hosts
+                else at
+                for h in snapshot.hosts or ()
+            }
+            snapshot = dataclasses.replace(snapshot, lost=lost, since=since)
+        elif snapshot.hosts:
+            snapshot = dataclasses.replace(snapshot, since=dict.fromkeys(snapshot.hosts, at))
         self._answers[key] = snapshot
         self._on_answer(key)

@@ -128,7 +128,7 @@ def _pick(obj: Mapping[str, Any] | None, keys: Iterable[str]) -> Obj:
 
 def slim_pod(obj: Obj) -> Obj:
     """A pod as the controller reads it: its metadata (``slim``), and of its spec and
-    status only what ``workers.py``, ``scaleout.py``, ``status.py`` and ``desired.py``
+    status only what ``workers.py``, ``capacity.py``, ``status.py`` and ``desired.py``
     look at. Pods are never replaced (PUT) from the cache, only created, patched and
     deleted, so nothing dropped here can be written back as a deletion.
 

@@ -9,7 +9,11 @@ the informer caches, and call ``done``. Three properties make that safe and chea
   marked dirty and queued again only when that worker calls ``done``, so the second
   reconcile sees the first one's writes.
 * Failures are retried with per-key exponential backoff (``add_rate_limited``) that a
-  success resets (``forget``), so one broken object neither spins nor starves the others.
+  success resets (``forget``), so one broken object neither spins nor starves the others;
+  and all retries together are held to a token bucket (10 a second, bursts of 100), so
+  that many objects failing at once (an API server refusing every write) cannot turn into
+  a storm of retries. That is client-go's default controller rate limiter: the longer of
+  the two delays. Plain adds (events, requeues) are not limited, as in client-go.
 
 Unlike client-go's FIFO, keys come out in an order (docs/design.md, "Which job goes
 next"): first the urgent ones, in the order they were added (the reconciler marks a
@@ -31,6 +35,9 @@ from typing import Generic, TypeVar
 K = TypeVar("K", bound=Hashable)
 
 BASE_BACKOFF_SECONDS = 0.005
+# client-go's DefaultControllerRateLimiter's bucket.
+RETRIES_PER_SECOND = 10.0
+RETRY_BURST = 100
 
 
 class ShutDownError(Exception):
@@ -54,11 +61,37 @@ class ItemBackoff(Generic[K]):
         # The exponent is bounded so a key failing for days cannot overflow the float.
         return min(self._max_delay, BASE_BACKOFF_SECONDS * 2.0 ** min(failures, 64))
 
-    def failures(self, key: K) -> int:
-        return self._failures.get(key, 0)
-
     def forget(self, key: K) -> None:
         self._failures.pop(key, None)
+
+
+class TokenBucket:
+    """Retries for all keys together: ``burst`` at once, then ``rate`` a second.
+
+    Each retry takes a token, and waits until the bucket would have refilled to it;
+    tokens are taken ahead (the count goes below zero), so retries asked for in a burst
+    are spread out at ``rate`` rather than all waiting for the same moment: Go's
+    ``rate.Limiter.Reserve``, as client-go's BucketRateLimiter uses it.
+    """
+
+    def __init__(
+        self,
+        rate: float = RETRIES_PER_SECOND,
+        burst: int = RETRY_BURST,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._rate = rate
+        self._burst = burst
+        self._clock = clock
+        self._tokens = float(burst)
+        self._at = clock()
+
+    def reserve(self) -> float:
+        """Take a token; return how long to wait until it is there (0: now)."""
+        now = self._clock()
+        self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate) - 1
+        self._at = now
+        return max(0.0, -self._tokens / self._rate)
 
 
 class WorkQueue(Generic[K]):
@@ -91,6 +124,7 @@ class WorkQueue(Generic[K]):
         self._rank = rank
         self._timers: dict[K, asyncio.TimerHandle] = {}
         self._backoff: ItemBackoff[K] = ItemBackoff(max_backoff_seconds)
+        self._bucket = TokenBucket()
         self._not_empty = asyncio.Event()
         self._shutting_down = False
         self._observe_wait = observe_wait
@@ -184,16 +218,13 @@ class WorkQueue(Generic[K]):
         self.add(key)
 
     def add_rate_limited(self, key: K) -> None:
-        """Retry ``key`` after a failed reconcile, waiting longer after each failure."""
-        self.add_after(key, self._backoff.next_delay(key))
+        """Retry ``key`` after a failed reconcile, waiting longer after each failure, and
+        as long as the retries of all keys together call for."""
+        self.add_after(key, max(self._backoff.next_delay(key), self._bucket.reserve()))
 
     def forget(self, key: K) -> None:
         """Reset ``key``'s backoff; call it after a successful reconcile."""
         self._backoff.forget(key)
-
-    def num_failures(self, key: K) -> int:
-        """How many rate-limited adds ``key`` has had since it was last forgotten."""
-        return self._backoff.failures(key)
 
     def shutdown(self) -> None:
         """Make every current and future ``get`` raise ShutDownError; drop pending adds."""

@@ -1,13 +1,18 @@
-"""Executing one job's plan: writes in the plan's order, refusals reported on the job.
+"""Executing one job's plan: its phases in order, refusals reported on the job.
 
-The plan's order is its safety argument (see diff.py), so the first write that fails ends
-the turn: nothing after it may run on an assumption that did not hold. What happens next
-depends on why it failed:
+The plan's order is its safety argument (see write_order.py): the writes of one phase go out
+together, and the next phase starts only once every one of them was accepted. A phase
+with a failed write ends the turn: nothing after it may run on an assumption that did not
+hold. What happens next depends on why it failed:
 
 * The server refused the write (400, 403, 413, 422, a name held by someone else's object):
-  the user has to act, so the job gets a ``WriteRefused`` condition (``InvalidSpec``
-  for a pod template the server rejects) and one Warning Event, quoting the server. The
-  status is written even though an earlier write of the turn failed.
+  the user has to act. The refusal, with the server's message, is remembered for the job
+  (``JobMemory.refused``, ``conflicts`` for a taken name) until a turn's writes all go
+  through; the core reports it on the job (``core/reports.py``: a ``WriteRefused``
+  condition, ``InvalidSpec`` for a pod template the server rejects, and one Warning Event,
+  quoting the server). A turn that stops at a write refused again still sends what the
+  core planned for that case (``Writes.on_refusal``: the status, the Events that report
+  refusals), so the report is not held up by the write.
 * A conflict (the cache was behind), a 5xx, a timeout or a dropped connection: routine;
   the turn is retried with backoff.
 
@@ -37,11 +42,11 @@ from mpijob_elastic.core.actions import (
     DeleteObject,
     DeletePod,
     Emit,
-    Plan,
+    Refusal,
     Replace,
+    Writes,
     WriteStatus,
 )
-from mpijob_elastic.core.status import INVALID, POD_REJECTED, REFUSED, with_condition
 from mpijob_elastic.core.times import format_time
 from mpijob_elastic.core.workers import discovered_hosts
 from mpijob_elastic.machinery import metrics
@@ -52,11 +57,9 @@ log = logging.getLogger("mpijob_elastic.machinery.writer")
 Obj = dict[str, Any]
 Key = tuple[str, str]
 
-# Pod writes of one kind that the plan puts side by side are independent of each other
-# (the Role they depend on was written before them), so they go out together: a scale-up
-# of 50 workers must not wait for 50 round trips before the next host list is written.
-# One turn has at most TURN_CONCURRENCY of them in flight, so a 1000-worker job's creates
-# leave room for other jobs' writes.
+# The writes of one phase go out together: a scale-up of 50 workers must not wait for 50
+# round trips before the next host list is written. One turn has at most TURN_CONCURRENCY
+# of them in flight, so a 1000-worker job's creates leave room for other jobs' writes.
 TURN_CONCURRENCY = 16
 # Writes go through two lanes with slots of their own (docs/design.md, "Write lanes"):
 # the host lists and drain marks, which say where ranks may run, never wait behind other
@@ -67,19 +70,12 @@ BULK_WRITES = 32
 EVENT_WRITES = 4
 # What the write client's connection pool must hold so that no write waits for one.
 WRITE_CONCURRENCY = HOST_LIST_WRITES + BULK_WRITES + EVENT_WRITES
-_BATCHABLE = (AnnotatePod, DeletePod, Claim)
 # How long a name held by someone else's object is left alone before we try it again.
 CONFLICT_RETRY_SECONDS = 30.0
 # How long a ServiceAccount someone else made is taken as still there. Its create is tried
 # again after that (one 409 per job every ten minutes in a steady state), so one removed
 # meanwhile is made anew before a launcher restart needs it.
 IN_USE_RECHECK_SECONDS = 600.0
-
-
-def _batchable(action: Action) -> str | None:
-    if isinstance(action, Create) and action.obj["kind"] == "Pod":
-        return "create-pod"
-    return type(action).__name__ if isinstance(action, _BATCHABLE) else None
 
 
 def host_list_write(action: Action) -> bool:
@@ -89,18 +85,6 @@ def host_list_write(action: Action) -> bool:
     if isinstance(action, Create | Replace):
         return bool(action.obj["kind"] == "ConfigMap")
     return isinstance(action, AnnotatePod)
-
-
-def batches(actions: Sequence[Action]) -> list[list[Action]]:
-    """Split the plan into runs that keep its order; a run of one batchable kind is one."""
-    out: list[list[Action]] = []
-    for action in actions:
-        kind = _batchable(action)
-        if out and kind is not None and _batchable(out[-1][0]) == kind:
-            out[-1].append(action)
-        else:
-            out.append([action])
-    return out
 
 
 def describe(action: Action) -> tuple[str, str, str]:
@@ -173,6 +157,8 @@ class JobMemory:
     conflicts: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)
     # (kind, name) of objects used as someone else made them -> when to look again.
     in_use: dict[tuple[str, str], float] = field(default_factory=dict)
+    # The last write the server refused, until a turn's writes all go through.
+    refused: Refusal | None = None
 
     def deleting(self, pods: Sequence[Mapping[str, Any]], now: float) -> frozenset[str]:
         """Accepted deletes whose pods the cache still shows alive."""
@@ -229,15 +215,14 @@ class Writer:
     def forget(self, key: Key) -> None:
         self.memory.pop(key, None)
 
-    async def run(self, job: Obj, plan: Plan) -> None:
+    async def run(self, job: Obj, plan: Writes) -> None:
         """Execute the plan; raise the first failure, after reporting it if it needs the user."""
         meta = job["metadata"]
         key = (meta["namespace"], meta["name"])
-        children = [a for a in plan.actions if not isinstance(a, WriteStatus | Emit)]
         turn = asyncio.Semaphore(TURN_CONCURRENCY)
-        for batch in batches(children):
+        for phase in plan.phases:
             results = await asyncio.gather(
-                *(self._bounded(turn, a, self._write(key, job, a)) for a in batch),
+                *(self._one(turn, key, job, a) for a in phase.writes),
                 return_exceptions=True,
             )
             # The first failure in the plan's order, so that a retry meets the same one and
@@ -245,22 +230,26 @@ class Writer:
             failed = next(
                 (
                     (a, r)
-                    for a, r in zip(batch, results, strict=True)
+                    for a, r in zip(phase.writes, results, strict=True)
                     if isinstance(r, BaseException)
                 ),
                 None,
             )
             if failed is not None:
                 action, err = failed
-                statuses = plan.of_type(WriteStatus)
-                await self._report(job, action, err, statuses[0].status if statuses else None)
+                await self._report(key, job, action, err, plan)
                 raise err
-        for action in plan.actions:
-            if isinstance(action, WriteStatus):
-                async with self._bulk:
-                    await self._write_status(job, action.status, action.resource_version)
-            elif isinstance(action, Emit):
-                self.emit_soon(job, action)
+        # Every write of the turn went through: no refusal is left to report.
+        self.of(key).refused = None
+
+    async def _one(self, turn: asyncio.Semaphore, key: Key, job: Obj, action: Action) -> None:
+        if isinstance(action, WriteStatus):
+            async with self._bulk:
+                await self._write_status(job, action.status, action.resource_version)
+        elif isinstance(action, Emit):
+            self.emit_soon(job, action)
+        else:
+            await self._bounded(turn, action, self._write(key, job, action))
 
     async def _bounded(
         self, turn: asyncio.Semaphore, action: Action, write: Awaitable[None]
@@ -298,92 +287,109 @@ class Writer:
     async def _write(self, key: Key, job: Obj, action: Action) -> None:
         ns = job["metadata"]["namespace"]
         if isinstance(action, Create):
-            kind, name = action.obj["kind"], action.obj["metadata"]["name"]
-            try:
-                created = await self.kube.create(action.obj)
-            except ApiError as err:
-                if err.reason == "AlreadyExists" and kind == "ServiceAccount":
-                    # A ServiceAccount grants nothing by itself, and the user may have made
-                    # it on purpose (named in the launcher template, or pre-made for its
-                    # imagePullSecrets): the launcher uses it as it is, as training-operator
-                    # does. Whether it is still there is checked again after a while, so
-                    # one removed meanwhile is made anew.
-                    self.of(key).in_use[(kind, name)] = time.monotonic() + IN_USE_RECHECK_SECONDS
-                    log.info(
-                        "using an existing ServiceAccount",
-                        extra={"job": "/".join(key), "object": name},
-                    )
-                    return
-                if err.reason == "AlreadyExists":
-                    await self._conflict(key, job, action, err)
-                raise
-            self._cache(created)
-            log.info(
-                "created",
-                extra={
-                    "job": "/".join(key),
-                    "kind": action.obj["kind"],
-                    "object": action.obj["metadata"]["name"],
-                },
-            )
+            await self._create(key, job, action)
         elif isinstance(action, Replace):
-            kind, name = action.obj["kind"], action.obj["metadata"]["name"]
-            before = self._cached(kind, ns, name)
-            self._cache(await self.kube.replace(action.obj))
-            log.info("updated", extra={"job": "/".join(key), "kind": kind, "object": name})
-            if kind == "ConfigMap":
-                old = discovered_hosts((before or {}).get("data"))
-                new = discovered_hosts(action.obj.get("data"))
-                if old != new:
-                    log.info(
-                        "host list rewritten",
-                        extra={
-                            "job": "/".join(key),
-                            "added": ",".join(sorted(new - old)),
-                            "removed": ",".join(sorted(old - new)),
-                            "hosts": len(new),
-                        },
-                    )
+            await self._replace(key, ns, action)
         elif isinstance(action, AnnotatePod):
-            patch: Obj = {"metadata": {"annotations": dict(action.annotations)}}
-            if action.resource_version:
-                patch["metadata"]["resourceVersion"] = action.resource_version
-            try:
-                self._cache(await self.kube.patch("Pod", ns, action.name, patch))
-            except ApiError as err:
-                if not err.not_found:
-                    raise
-                return
-            _log_annotations(key, action)
+            await self._annotate(key, ns, action)
         elif isinstance(action, DeletePod):
-            try:
-                result = await self.kube.delete(
-                    "Pod", ns, action.name, action.uid, action.grace_seconds
-                )
-            except ApiError as err:
-                # Gone already, or a successor with another UID: nothing of ours to delete.
-                if not (err.not_found or err.conflict):
-                    raise
-                log.info("pod to delete was gone", extra={"job": "/".join(key), "pod": action.name})
-            else:
-                if result.get("kind") == "Pod":
-                    self._cache(result)
-                self.of(key).deletes[action.uid] = time.monotonic()
-                log.info("deleted pod", extra={"job": "/".join(key), "pod": action.name})
+            await self._delete_pod(key, ns, action)
         elif isinstance(action, Claim):
             await self._claim(job, action)
             # A name once held by someone else and now adopted is the job's own.
             self.of(key).conflicts.pop((action.kind, action.name), None)
         elif isinstance(action, DeleteObject):
-            try:
-                await self.kube.delete(action.kind, ns, action.name, action.uid)
-            except ApiError as err:
-                if not (err.not_found or err.conflict):
-                    raise
-            log.info(
-                "deleted",
-                extra={"job": "/".join(key), "kind": action.kind, "object": action.name},
+            await self._delete_object(key, ns, action)
+
+    async def _create(self, key: Key, job: Obj, action: Create) -> None:
+        kind, name = action.obj["kind"], action.obj["metadata"]["name"]
+        try:
+            created = await self.kube.create(action.obj)
+        except ApiError as err:
+            if err.reason == "AlreadyExists" and kind == "ServiceAccount":
+                # A ServiceAccount grants nothing by itself, and the user may have made
+                # it on purpose (named in the launcher template, or pre-made for its
+                # imagePullSecrets): the launcher uses it as it is, as training-operator
+                # does. Whether it is still there is checked again after a while, so
+                # one removed meanwhile is made anew.
+                self.of(key).in_use[(kind, name)] = time.monotonic() + IN_USE_RECHECK_SECONDS
+                log.info(
+                    "using an existing ServiceAccount",
+                    extra={"job": "/".join(key), "object": name},
+                )
+                return
+            if err.reason == "AlreadyExists":
+                await self._conflict(key, job, action, err)
+            raise
+        self._cache(created)
+        log.info(
+            "created",
+            extra={
+                "job": "/".join(key),
+                "kind": action.obj["kind"],
+                "object": action.obj["metadata"]["name"],
+            },
+        )
+
+    async def _replace(self, key: Key, ns: str, action: Replace) -> None:
+        kind, name = action.obj["kind"], action.obj["metadata"]["name"]
+        before = self._cached(kind, ns, name)
+        self._cache(await self.kube.replace(action.obj))
+        log.info("updated", extra={"job": "/".join(key), "kind": kind, "object": name})
+        if kind == "ConfigMap":
+            old = discovered_hosts((before or {}).get("data"))
+            new = discovered_hosts(action.obj.get("data"))
+            if old != new:
+                log.info(
+                    "host list rewritten",
+                    extra={
+                        "job": "/".join(key),
+                        "added": ",".join(sorted(new - old)),
+                        "removed": ",".join(sorted(old - new)),
+                        "hosts": len(new),
+                    },
+                )
+
+    async def _annotate(self, key: Key, ns: str, action: AnnotatePod) -> None:
+        patch: Obj = {"metadata": {"annotations": dict(action.annotations)}}
+        if action.labels:
+            patch["metadata"]["labels"] = dict(action.labels)
+        if action.resource_version:
+            patch["metadata"]["resourceVersion"] = action.resource_version
+        try:
+            self._cache(await self.kube.patch("Pod", ns, action.name, patch))
+        except ApiError as err:
+            if not err.not_found:
+                raise
+            return
+        _log_annotations(key, action)
+
+    async def _delete_pod(self, key: Key, ns: str, action: DeletePod) -> None:
+        try:
+            result = await self.kube.delete(
+                "Pod", ns, action.name, action.uid, action.grace_seconds
             )
+        except ApiError as err:
+            # Gone already, or a successor with another UID: nothing of ours to delete.
+            if not (err.not_found or err.conflict):
+                raise
+            log.info("pod to delete was gone", extra={"job": "/".join(key), "pod": action.name})
+        else:
+            if result.get("kind") == "Pod":
+                self._cache(result)
+            self.of(key).deletes[action.uid] = time.monotonic()
+            log.info("deleted pod", extra={"job": "/".join(key), "pod": action.name})
+
+    async def _delete_object(self, key: Key, ns: str, action: DeleteObject) -> None:
+        try:
+            await self.kube.delete(action.kind, ns, action.name, action.uid)
+        except ApiError as err:
+            if not (err.not_found or err.conflict):
+                raise
+        log.info(
+            "deleted",
+            extra={"job": "/".join(key), "kind": action.kind, "object": action.name},
+        )
 
     async def _claim(self, job: Obj, action: Claim) -> None:
         meta = job["metadata"]
@@ -391,7 +397,7 @@ class Writer:
             # As Kubernetes' controllers do before adopting: the cached job may have been
             # deleted (and replaced) since, and an orphan adopted by a job that is gone is
             # garbage-collected. A fresh read says whether it is still this job.
-            fresh = await self.kube.get(names.KIND, meta["namespace"], meta["name"])
+            fresh = await self.kube.list(names.KIND, meta["namespace"], meta["name"])
             if fresh["metadata"].get("uid") != meta["uid"] or fresh["metadata"].get(
                 "deletionTimestamp"
             ):
@@ -418,7 +424,7 @@ class Writer:
         meta = action.obj["metadata"]
         kind = action.obj["kind"]
         try:
-            holder = await self.kube.get(kind, meta["namespace"], meta["name"])
+            holder = await self.kube.list(kind, meta["namespace"], meta["name"])
         except ApiError as read_err:
             if read_err.not_found:
                 return  # gone meanwhile: the retry will simply create it
@@ -434,7 +440,7 @@ class Writer:
         self.of(key).conflicts[(action.obj["kind"], meta["name"])] = (what, until)
 
     async def _report(
-        self, job: Obj, action: Action, err: BaseException, planned: Obj | None
+        self, key: Key, job: Obj, action: Action, err: BaseException, plan: Writes
     ) -> None:
         refused = refusal(err)
         verb, kind, name = describe(action)
@@ -451,28 +457,31 @@ class Writer:
             return
         if refused.reason == "AlreadyExists":
             return  # the next plan knows the name is taken and reports it
-        if refused.invalid and kind == "Pod" and verb == "create":
-            # The server's message names the template field the user must fix.
-            type_, reason, message = INVALID, POD_REJECTED, refused.message
-        else:
-            type_, reason = REFUSED, refused.reason or str(refused.status)
-            message = f"{verb} {kind} {name}: {refused.message}"
-        status = with_condition(job, planned, type_, reason, message)
+        # The core reports it on the job (core/reports.py), from the next turn on.
+        self.of(key).refused = Refusal(
+            f"{verb} {kind} {name}",
+            refused.reason or str(refused.status),
+            refused.message,
+            pod_template=refused.invalid and kind == "Pod" and verb == "create",
+        )
         log.warning(
             "write refused",
-            extra={"job": _job(job), "reason": reason, "error": message},
+            extra={"job": _job(job), "reason": refused.reason, "error": refused.message},
         )
-        if status is None:
-            return  # already reported
-        try:
-            await self._write_status(job, status, str(job["metadata"].get("resourceVersion", "")))
-        except Exception as write_err:
-            log.info(
-                "could not report a refused write",
-                extra={"job": _job(job), "error": str(write_err)},
-            )
-            return
-        self.emit_soon(job, Emit("Warning", reason if type_ == INVALID else REFUSED, message))
+        # The report the core planned for this (the condition of a refusal it knew of): a
+        # write refused on every turn must not keep it from the job.
+        for report in plan.on_refusal:
+            if isinstance(report, Emit):
+                self.emit_soon(job, report)
+                continue
+            try:
+                await self._write_status(job, report.status, report.resource_version)
+            except Exception as write_err:
+                log.info(
+                    "could not report a refused write",
+                    extra={"job": _job(job), "error": str(write_err)},
+                )
+                return
 
     async def _write_status(self, job: Obj, status: Obj, resource_version: str) -> None:
         meta = job["metadata"]

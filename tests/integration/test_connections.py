@@ -1,8 +1,9 @@
 """The controller's connections to the API server when it watches many namespaces.
 
-Six watches per namespace stay open for good. On one client with a pool of 100
-connections, 17 namespaces were enough to leave the writes without a connection: the
-controller kept running and logging, and no job got its children.
+Twelve watches per namespace stay open for good (six when the defect was found). On one
+client with a pool of 100 connections, 17 namespaces were enough to leave the writes
+without a connection: the controller kept running and logging, and no job got its
+children.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tests.manifests import mpijob
 
 pytestmark = pytest.mark.usefixtures("crd")
 
-# Past the 17 at which one shared pool ran dry (24 x 6 = 144 watches).
+# Past the 17 at which one shared pool ran dry (24 x 12 + 1 = 289 watches now).
 NAMESPACES = 24
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from mpijob_elastic.core import names, render
+from mpijob_elastic.machinery import clients
 from tests.cluster import Cluster
 from tests.controller import StartController, wait_for
 from tests.manifests import mpijob
@@ -385,6 +386,30 @@ def test_out_of_range_replicas_are_refused_without_deleting(
     job.wait_hosts(2)
 
 
+def test_out_of_range_replicas_keep_the_size_when_workers_fail(
+    cluster: Cluster, job: Job, start_controller: StartController
+) -> None:
+    start_controller(job.ns)
+    manifest = elastic_job(job.name, 3)
+    manifest["spec"]["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = "ExitCode"
+    job.create(manifest)
+    job.wait_hosts(3)
+    job.set_workers(0)
+    wait_for(
+        lambda: "keeping 3 workers" in (job.condition("InvalidSpec") or {}).get("message", ""),
+        10,
+        "refused",
+    )
+    # Two failures at once: the second waits out the replacement pause, during which
+    # neither is listed; the job still wants the 3 it was last given, not the 1 it has.
+    for name in ("elastic-worker-0", "elastic-worker-1"):
+        cluster.kubectl(
+            "annotate", "pod", name, "-n", job.ns, "kwok.mpijob-elastic.io/exit-code=137"
+        )
+    want = ["elastic-worker-2:1", "elastic-worker-3:1", "elastic-worker-4:1"]
+    wait_for(lambda: job.hosts() == want, 40, f"hosts {want}")
+
+
 @pytest.mark.parametrize(
     ("patch", "field"),
     [
@@ -589,3 +614,83 @@ def test_a_settled_job_is_not_rewritten(job: Job, start_controller: StartControl
     before = versions()
     time.sleep(3)
     assert versions() == before
+
+
+def test_every_write_names_the_controller_as_its_field_manager(
+    job: Job, start_controller: StartController
+) -> None:
+    """managedFields (and so `kubectl apply`'s conflicts) say which fields the controller
+    set: every object it wrote lists it as the manager of its writes."""
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 2))
+    job.wait_hosts(2)
+    wait_for(lambda: job.pods(names.ROLE_LAUNCHER), 10, "the launcher")
+    ns, launcher = job.ns, names.launcher_name(job.name)
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}"
+    written = {
+        "ConfigMap": f"/api/v1/namespaces/{ns}/configmaps/{names.config_map_name(job.name)}",
+        "ServiceAccount": f"/api/v1/namespaces/{ns}/serviceaccounts/{launcher}",
+        "Role": f"{rbac}/roles/{launcher}",
+        "RoleBinding": f"{rbac}/rolebindings/{launcher}",
+        "PodDisruptionBudget": f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/"
+        f"{names.disruption_budget_name(job.name)}",
+        "launcher": f"/api/v1/namespaces/{ns}/pods/{launcher}",
+        "worker": f"/api/v1/namespaces/{ns}/pods/{names.worker_name(job.name, 0)}",
+    }
+    for what, path in written.items():
+        fields = (job.cluster.raw("GET", path) or {})["metadata"]["managedFields"]
+        # The kubelet (KWOK's) and the disruption controller write status beside us.
+        assert clients.FIELD_MANAGER in {f["manager"] for f in fields}, (what, fields)
+    # The status, written through its subresource by the controller alone.
+    status = [
+        f["manager"]
+        for f in job.get()["metadata"]["managedFields"]
+        if f.get("subresource") == "status"
+    ]
+    assert status == [clients.FIELD_MANAGER]
+    listed = job.cluster.raw("GET", f"/api/v1/namespaces/{ns}/events") or {}
+    ours = [e for e in listed["items"] if e["involvedObject"].get("kind") == names.KIND]
+    assert ours
+    managers = {f["manager"] for e in ours for f in e["metadata"]["managedFields"]}
+    assert managers == {clients.FIELD_MANAGER}
+
+
+def test_a_worker_template_edit_reaches_new_workers_only(
+    job: Job, start_controller: StartController
+) -> None:
+    """docs/configuration.md: running workers and the launcher are left as they are;
+    workers created after the edit get the new template. status.observedGeneration says
+    when the controller has seen the edit."""
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 1))
+    job.wait_hosts(1)
+    wait_for(lambda: job.pods(names.ROLE_LAUNCHER), 10, "the launcher")
+
+    def observed() -> bool:
+        got = job.get()
+        return bool(
+            got.get("status", {}).get("observedGeneration") == got["metadata"]["generation"]
+        )
+
+    wait_for(observed, 10, "status.observedGeneration to reach the generation")
+    before = {
+        **job.uids(),
+        **{n: p["metadata"]["uid"] for n, p in job.pods(names.ROLE_LAUNCHER).items()},
+    }
+    template = job.get()["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
+    template["spec"]["containers"][0]["env"] = [{"name": "EDITED", "value": "1"}]
+    job.patch({"spec": {"mpiReplicaSpecs": {"Worker": {"template": template}}}})
+    generation = job.get()["metadata"]["generation"]
+    wait_for(observed, 10, "status.observedGeneration to reach the edit")
+    assert job.get()["status"]["observedGeneration"] == generation
+    job.set_workers(2)
+    job.wait_hosts(2)
+    pods = {**job.pods(), **job.pods(names.ROLE_LAUNCHER)}
+    assert {n: pods[n]["metadata"]["uid"] for n in before} == before, "a pod was replaced"
+
+    def env(name: str) -> list[dict[str, str]]:
+        return list(pods[name]["spec"]["containers"][0].get("env") or [])
+
+    assert {"name": "EDITED", "value": "1"} in env(names.worker_name(job.name, 1))
+    assert {"name": "EDITED", "value": "1"} not in env(names.worker_name(job.name, 0))
+    assert {"name": "EDITED", "value": "1"} not in env(names.launcher_name(job.name))

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic.core import names, render
+from mpijob_elastic.core import names, render, render_pods
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
 from mpijob_elastic.core.spec import parse
 from tests.cluster import Cluster
@@ -56,7 +56,7 @@ def training_operator_children(job: Obj, orphans: set[str]) -> list[Obj]:
             names.DISCOVER_HOSTS: "#!/bin/sh\n" + "\n".join(f"echo {h}" for h in hosts),
         },
     )
-    launcher = render.launcher_pod(spec, TO_SETTINGS, "", 2)
+    launcher = render_pods.launcher_pod(spec, TO_SETTINGS, "", 2)
     launcher["spec"]["containers"][0]["command"] = ["sleep", "365d"]
     made = [
         (render.service_account(spec), app),
@@ -65,7 +65,7 @@ def training_operator_children(job: Obj, orphans: set[str]) -> list[Obj]:
         (config, app),
         *[
             (
-                render.worker_pod(spec, i),
+                render_pods.worker_pod(spec, i),
                 {**TO_POD, names.LABEL_TO_REPLICA_TYPE: "worker", names.LABEL_INDEX: str(i)},
             )
             for i in range(2)

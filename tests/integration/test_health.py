@@ -13,8 +13,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from mpijob_elastic.app.controller import Controller
 from mpijob_elastic.app.health import HealthServer
-from mpijob_elastic.app.reconciler import Controller
 from mpijob_elastic.core import names
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.machinery import clients

@@ -18,7 +18,7 @@ import pytest
 
 from mpijob_elastic.app.leader import Timings
 from mpijob_elastic.core import names
-from mpijob_elastic.core.actions import AnnotatePod, Plan
+from mpijob_elastic.core.actions import AnnotatePod, Phase, Writes
 from mpijob_elastic.machinery import clients
 from mpijob_elastic.machinery.kube import ApiError, Kube
 from mpijob_elastic.machinery.writer import Writer
@@ -295,7 +295,10 @@ async def test_a_drain_mark_planned_on_a_stale_pod_is_refused_and_not_reported(
         )
         writer = Writer(kube, lambda _obj: None)
         with pytest.raises(ApiError) as refused:
-            await writer.run(await kube.get(names.KIND, job.ns, job.name), Plan((mark,)))
+            await writer.run(
+                await kube.list(names.KIND, job.ns, job.name),
+                Writes((Phase("pod marks", (mark,)),)),
+            )
         assert refused.value.conflict
     finally:
         await apis.close()

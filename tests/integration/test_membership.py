@@ -139,9 +139,15 @@ def test_a_named_scale_in_removes_exactly_the_named_workers(
         }
     )
     wait_for(lambda: job.hosts() == hosts(job, 1, 3), 10, "named workers out of discovery")
-    cond = job.condition("Scaling")
-    assert cond is not None
-    assert f"{named[0]} (named for removal, until" in cond["message"]
+    # The status is written after the host list, in the same turn.
+    wait_for(
+        lambda: (
+            f"{named[0]} (named for removal, until"
+            in (job.condition("Scaling") or {}).get("message", "")
+        ),
+        10,
+        "the Scaling condition naming the workers",
+    )
     # No remote shell of the launcher reaches them (none runs at all here: signal
     # unreadable), so they wait out their drain; the others are never touched.
     wait_for(lambda: sorted(job.uids()) == sorted(set(uids) - set(named)), 45, "named deleted")

@@ -10,26 +10,22 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mpijob_elastic.core import names
+from mpijob_elastic.machinery import metrics
 from tests.cluster import Cluster
 from tests.controller import StartController, free_port, wait_for
 from tests.integration.test_controller import Job, elastic_job
+from tests.metric_names import every_family, family, total
 
 pytestmark = pytest.mark.usefixtures("crd")
 
-# The series docs/operations.md lists, by family name (a counter's samples end in _total).
-SERIES = (
-    "mpijob_elastic_reconciles",
-    "mpijob_elastic_reconcile_duration_seconds",
-    "mpijob_elastic_queue_depth",
-    "mpijob_elastic_queue_wait_seconds",
-    "mpijob_elastic_watch_restarts",
-    "mpijob_elastic_relists",
-    "mpijob_elastic_api_errors",
-    "mpijob_elastic_jobs",
-    "mpijob_elastic_scale_operations",
-    "mpijob_elastic_drain_duration_seconds",
-    "mpijob_elastic_running_to_listed_seconds",
-)
+# Every series the controller registers (docs/operations.md lists them).
+SERIES = every_family()
+RECONCILES = total(metrics.RECONCILES)
+RELISTS = total(metrics.RELISTS)
+API_ERRORS = total(metrics.API_ERRORS)
+SCALE_OPERATIONS = total(metrics.SCALE_OPERATIONS)
+DRAINS = family(metrics.DRAIN_SECONDS)
+LISTED = family(metrics.RUNNING_TO_LISTED_SECONDS)
 
 
 class Scrape:
@@ -39,8 +35,8 @@ class Scrape:
         self.families = {f.name: f for f in text_string_to_metric_families(self.text)}
 
     def value(self, sample: str, **labels: str) -> float:
-        for family in self.families.values():
-            for s in family.samples:
+        for found in self.families.values():
+            for s in found.samples:
                 if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
                     return float(s.value)
         return 0.0
@@ -101,30 +97,28 @@ def test_scale_out_and_in_seen_in_metrics_logs_and_kubectl(
     wait_for(lambda: (c := bad.condition("InvalidSpec")) and c["status"] == "True", 15, "refusal")
 
     scrape = Scrape(port)
-    for family in SERIES:
-        assert family in scrape.families, f"{family} missing from /metrics"
-    assert scrape.value("mpijob_elastic_reconciles_total", result="success") > 0
-    assert scrape.value("mpijob_elastic_reconciles_total", result="error") > 0  # the refusal
-    assert scrape.count("mpijob_elastic_reconcile_duration_seconds") > 0
-    assert scrape.count("mpijob_elastic_queue_wait_seconds") > 0
-    assert scrape.value("mpijob_elastic_queue_depth") >= 0
+    for series in SERIES:
+        assert series in scrape.families, f"{series} missing from /metrics"
+    assert scrape.value(RECONCILES, result="success") > 0
+    assert scrape.value(RECONCILES, result="error") > 0  # the refusal
+    assert scrape.count(family(metrics.RECONCILE_SECONDS)) > 0
+    assert scrape.count(family(metrics.QUEUE_WAIT_SECONDS)) > 0
+    assert scrape.value(family(metrics.QUEUE_DEPTH)) >= 0
     for kind in (names.KIND, "Pod", "ConfigMap", "Node"):
-        assert scrape.value("mpijob_elastic_relists_total", kind=kind) >= 1, kind
-    assert (
-        scrape.value("mpijob_elastic_api_errors_total", code="422", verb="create", kind="Pod") >= 1
-    )
+        assert scrape.value(RELISTS, kind=kind) >= 1, kind
+    assert scrape.value(API_ERRORS, code="422", verb="create", kind="Pod") >= 1
     # 0 -> 2 and 2 -> 4 are scale-outs; 4 -> 1 the scale-in.
-    assert scrape.value("mpijob_elastic_scale_operations_total", direction="out") >= 2
-    assert scrape.value("mpijob_elastic_scale_operations_total", direction="in") == 1
+    assert scrape.value(SCALE_OPERATIONS, direction="out") >= 2
+    assert scrape.value(SCALE_OPERATIONS, direction="in") == 1
     # Each of the three victims: marked, then deleted.
-    assert scrape.count("mpijob_elastic_drain_duration_seconds") == 3
-    assert scrape.value("mpijob_elastic_drain_duration_seconds_sum") > 0
+    assert scrape.count(DRAINS) == 3
+    assert scrape.value(f"{DRAINS}_sum") > 0
     # Every worker turned Running while the controller watched, and was listed.
-    assert scrape.count("mpijob_elastic_running_to_listed_seconds") >= 4
-    assert scrape.value("mpijob_elastic_jobs", namespace=namespace, state="Running") == 1
-    listed = scrape.count("mpijob_elastic_running_to_listed_seconds")
-    mean = scrape.value("mpijob_elastic_running_to_listed_seconds_sum") / listed
-    drained = scrape.value("mpijob_elastic_drain_duration_seconds_sum") / 3
+    assert scrape.count(LISTED) >= 4
+    assert scrape.value(family(metrics.JOBS), namespace=namespace, state="Running") == 1
+    listed = scrape.count(LISTED)
+    mean = scrape.value(f"{LISTED}_sum") / listed
+    drained = scrape.value(f"{DRAINS}_sum") / 3
     print(f"FIGURE running->listed mean {mean:.3f}s over {listed:.0f}; drain mean {drained:.1f}s")
 
     # The scale-in, step by step in the log, every line naming the job.

@@ -21,7 +21,7 @@ import pytest
 
 from mpijob_elastic.machinery.clients import load_configuration
 from mpijob_elastic.machinery.kube import ApiError
-from mpijob_elastic.machinery.podexec import ExecConnectionError, PodExec, exec_stdout
+from mpijob_elastic.machinery.podexec import ExecConnectionError, PodExec
 from tests.cluster import Cluster
 from tests.controller import free_port, wait_for
 from tests.manifests import CONFIG, load_documents
@@ -95,12 +95,6 @@ async def test_a_failing_command_still_returns_its_stdout(admin: PodExec, target
     assert result.exit_code is None
     assert result.failure is not None
     assert "exit status 3" in result.failure
-
-
-async def test_exec_stdout_is_the_one_off_form(cluster: Cluster, target: str) -> None:
-    configuration = await load_configuration(cluster.kubeconfig)
-    out = await exec_stdout(configuration, target, POD, CONTAINER, ["printf", r"1\0002"], 10)
-    assert out == b"1\x002"
 
 
 async def test_refusals_are_api_errors_with_the_servers_message(

@@ -90,19 +90,22 @@ def test_workers_move_off_a_node_that_is_going_away(
             listed = job.hosts()
             return len(listed) == 3 and not {f"{n}:1" for n in moving} & set(listed)
 
+        # The replacements are listed (beside the workers they replace when those were the
+        # job's only rank-holders); Horovod starts ranks on them, as it would
+        # (host_rules.py: a rank-holder leaves only once a new host holds ranks).
+        def replacements() -> list[str]:
+            listed = [h.rsplit(":", 1)[0] for h in job.hosts()]
+            return [n for n in listed if n not in staying + moving]
+
+        wait_for(lambda: len(replacements()) == len(moving), 20, "replacements listed")
+        for name in replacements():
+            shells.start(name)
         wait_for(moved_out, 20, f"{moving} replaced in discover_hosts.sh")
         unlisted = time.monotonic() - started
         assert set(moving) <= set(job.workers()), "deleted before its rank left"
         for name in job.workers():
             if name not in moving:
                 assert job.pods()[name]["spec"]["nodeName"] != node
-        # Horovod starts ranks on the replacements, as it would: when every worker was on
-        # the node, the launcher would otherwise run no remote shell at all once the old
-        # ones end, which reads as "the signal cannot be read" and the drain would run to
-        # its 30 s deadline (ranks.remote_shell_hosts).
-        for host in job.hosts():
-            if (name := host.rsplit(":", 1)[0]) not in staying:
-                shells.start(name)
         left = max(shells.end(n) for n in moving)
         wait_for(lambda: not set(moving) & set(job.workers()), 15, f"{moving} deleted")
         gone = time.monotonic()

@@ -13,7 +13,7 @@ import pytest
 
 from mpijob_elastic.core import names
 from tests.cluster import Cluster
-from tests.controller import StartController, wait_for
+from tests.controller import RemoteShells, StartController, wait_for
 from tests.integration.test_controller import Job, elastic_job
 from tests.integration.test_membership import fill, running_launcher, unfill
 
@@ -57,12 +57,28 @@ def allowed(job: Job, n: int) -> bool:
     return status.get("disruptionsAllowed") == n and status.get("observedGeneration") is not None
 
 
+def holding(job: Job) -> list[str]:
+    """The workers the controller labels as holding ranks (the budget counts only these)."""
+    return sorted(
+        n
+        for n, p in job.pods().items()
+        if (p["metadata"].get("labels") or {}).get(names.LABEL_HOLDS_RANKS) == "true"
+        and not p["metadata"].get("deletionTimestamp")
+    )
+
+
 def test_evictions_stop_at_min_replicas(
-    cluster: Cluster, job: Job, start_controller: StartController
+    cluster: Cluster, job: Job, start_controller: StartController, shells: RemoteShells
 ) -> None:
     start_controller(job.ns)
     job.create(elastic_job(job.name, 2, min_replicas="2"))
     job.wait_hosts(2)
+    running_launcher(job)
+    for i in range(3):
+        shells.start(names.worker_name(job.name, i))
+    both = [names.worker_name(job.name, i) for i in range(2)]
+    # Before the label, a worker is not covered at all (it holds no rank).
+    wait_for(lambda: holding(job) == both, 20, "both workers labelled as holding ranks")
     wait_for(lambda: allowed(job, 0), 20, "the budget allows no disruption at the minimum")
     spec = (budget(job) or {})["spec"]
     assert spec["minAvailable"] == 2
@@ -73,6 +89,7 @@ def test_evictions_stop_at_min_replicas(
 
     job.set_workers(3)
     job.wait_hosts(3)
+    wait_for(lambda: len(holding(job)) == 3, 20, "the third worker holds ranks")
     wait_for(lambda: allowed(job, 1), 20, "one disruption allowed above the minimum")
     assert evict(job, victim) == ""
     # The evicted worker is replaced under a fresh name and the job is back at its size.
@@ -139,11 +156,60 @@ def test_run_policy_suspend_stops_and_resumes_the_job(
     running_launcher(job)
     job.patch({"spec": {"runPolicy": {"suspend": True}}})
     wait_for(lambda: not job.pods() and not job.pods(names.ROLE_LAUNCHER), 20, "every pod deleted")
-    cond = job.condition("Suspended") or {}
-    assert (cond.get("status"), cond.get("reason")) == ("True", "MPIJobSuspended")
+    # The status is the turn's last write (and a 409 against the user's edit retries it).
+    wait_for(
+        lambda: (
+            (
+                (job.condition("Suspended") or {}).get("status"),
+                (job.condition("Suspended") or {}).get("reason"),
+            )
+            == ("True", "MPIJobSuspended")
+        ),
+        10,
+        "Suspended True",
+    )
     assert job.config()[names.HOSTFILE] == "", "the ConfigMap stays, listing no one"
     job.patch({"spec": {"runPolicy": {"suspend": False}}})
     running_launcher(job)
     job.wait_hosts(2)
     cond = job.condition("Suspended") or {}
     assert (cond.get("status"), cond.get("reason")) == ("False", "MPIJobResumed")
+
+
+def test_a_drain_cannot_evict_the_last_rank_holder(
+    cluster: Cluster, job: Job, start_controller: StartController, shells: RemoteShells
+) -> None:
+    """Issue 20 §1: the budget counts only workers that hold ranks, so once the others are
+    evicted, the last rank-holder cannot be until a replacement holds ranks: Horovod can
+    only reset onto a host set that keeps a host of its current assignment."""
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 3, min_replicas="1"))
+    job.wait_hosts(3)
+    running_launcher(job)
+    old = [names.worker_name(job.name, i) for i in range(3)]
+    for name in old:
+        shells.start(name)
+    wait_for(lambda: holding(job) == old, 20, "every worker labelled as holding ranks")
+    wait_for(lambda: allowed(job, 2), 20, "two disruptions allowed")
+    # kubectl drain of a node that holds the three: two evictions pass...
+    for name in old[:2]:
+        assert evict(job, name) == ""
+        shells.end(name)
+    last = old[2]
+    new = [names.worker_name(job.name, i) for i in range(3, 5)]
+    wait_for(lambda: set(new) <= set(job.workers()), 20, f"replacements {new} created")
+    wait_for(lambda: {f"{n}:1" for n in new} <= set(job.hosts()), 30, "replacements listed")
+    assert f"{last}:1" in job.hosts(), "the last rank-holder stays listed"
+    wait_for(lambda: allowed(job, 0), 20, "no disruption allowed")
+    # ...and the third is refused while the replacements, Running, hold no rank.
+    refused = evict(job, last)
+    assert "disruption budget" in refused, refused
+    time.sleep(2)
+    assert evict(job, last) != ""
+    assert holding(job) == [last]
+    # Horovod starts ranks on the replacements: they count, the last one may go.
+    for name in new:
+        shells.start(name)
+    wait_for(lambda: holding(job) == [last, *new], 20, "the replacements hold ranks")
+    wait_for(lambda: allowed(job, 2), 20, "disruptions allowed again")
+    assert evict(job, last) == ""

@@ -26,6 +26,7 @@ import copy
 import heapq
 import itertools
 import random
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -34,29 +35,45 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from unittest import mock
 
-from mpijob_elastic.app.reconciler import _job_signature
-from mpijob_elastic.core import names
-from mpijob_elastic.core.actions import Emit, Observed, Plan
-from mpijob_elastic.core.desired import WORKER_BACKOFF_MAX_SECONDS
-from mpijob_elastic.core.plan import plan
-from mpijob_elastic.core.ranks import DRAIN_FLOOR_SECONDS, RankSnapshot
-from mpijob_elastic.core.render import exec_names, requests_gpu
+from mpijob_elastic.app.predicates import job_signature
+from mpijob_elastic.core import formats, names, nodes
+from mpijob_elastic.core.actions import (
+    Action,
+    AnnotatePod,
+    Claim,
+    Create,
+    DeleteObject,
+    DeletePod,
+    Emit,
+    Replace,
+    Writes,
+    WriteStatus,
+)
+from mpijob_elastic.core.capacity import WORKER_BACKOFF_MAX_SECONDS
+from mpijob_elastic.core.drain import DRAIN_FLOOR_SECONDS
+from mpijob_elastic.core.observe import HANDOVER_KINDS, Listed, Observed
+from mpijob_elastic.core.observe import observe as observe_caches
+from mpijob_elastic.core.plan import plan_writes
+from mpijob_elastic.core.ranks import RankSnapshot
+from mpijob_elastic.core.render import requests_gpu
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
-from mpijob_elastic.core.spec import launcher_service_account
-from mpijob_elastic.core.workers import Worker, worker_index
+from mpijob_elastic.core.workers import worker_index
 from mpijob_elastic.machinery import writer as writer_module
 from mpijob_elastic.machinery.kube import ApiError, Kube
-from mpijob_elastic.machinery.store import compact, slim_pod
+from mpijob_elastic.machinery.store import compact, metadata_only, slim_pod
 from mpijob_elastic.machinery.workqueue import ItemBackoff
 from mpijob_elastic.machinery.writer import JobMemory, Writer
 
 Obj = dict[str, Any]
 Key = tuple[str, str]
-Planner = Callable[[Observed, Settings, datetime], Plan]
+Planner = Callable[[Observed, Settings, datetime], Writes]
 # Every request passes one: (what it is, the request as it would reach the server) -> its answer.
 Gate = Callable[["Request", Callable[[], Obj]], Obj]
 # How long a removed host's ranks take to reach their next commit and leave.
 RANK_LEAVE_SECONDS = 1.0
+# How long a newly listed host takes to hold ranks: the other ranks reach a commit, reset,
+# and its own rank starts.
+RANK_JOIN_SECONDS = 1.0
 SETTINGS = Settings(kubectl_delivery=KubectlDelivery.NONE, default_drain_seconds=30)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 NAMESPACE = "ns"
@@ -106,8 +123,9 @@ def running_status(pod: Obj) -> Obj:
 
 
 def discovered(config_map: Obj | None) -> list[str]:
-    text = ((config_map or {}).get("data") or {}).get(names.DISCOVER_HOSTS, "")
-    return [line.split()[1].split(":")[0] for line in text.splitlines() if line.startswith("echo")]
+    return formats.discover_hosts_hosts(
+        ((config_map or {}).get("data") or {}).get(names.DISCOVER_HOSTS, "")
+    )
 
 
 def _controller_uid(obj: Mapping[str, Any]) -> str | None:
@@ -121,6 +139,22 @@ def _rv(obj: Mapping[str, Any]) -> int:
     return int(obj["metadata"].get("resourceVersion") or 0)
 
 
+def _ours(obj: Mapping[str, Any]) -> bool:
+    """What the main caches' selector (watches.CHILD_SELECTOR) lets through."""
+    labels = obj["metadata"].get("labels") or {}
+    return labels.get(names.LABEL_GROUP) == names.GROUP and names.LABEL_JOB in labels
+
+
+def _handed_over(obj: Mapping[str, Any]) -> bool:
+    """What the hand-over caches' selectors (watches.HANDOVER_SELECTORS) let through."""
+    labels = obj["metadata"].get("labels") or {}
+    if names.LABEL_JOB in labels:
+        return False
+    if obj["kind"] == "Pod":
+        return labels.get(names.LABEL_TO_OPERATOR) == names.TO_OPERATOR
+    return obj["kind"] in HANDOVER_KINDS and names.LABEL_APP in labels
+
+
 def observe(
     objects: Mapping[tuple[str, str], Obj],
     job: Obj,
@@ -129,37 +163,40 @@ def observe(
     ranks: RankSnapshot | None = None,
     reports: RankSnapshot | None = None,
 ) -> Observed:
-    """What the controller's caches hold for one job, as ``Controller.observe`` reads them.
+    """What the controller's caches hold for one job, read by the controller's own
+    ``observe``: ``objects`` stand for the caches, each object through its cache's
+    transform, so a field the planner reads but a cache drops fails the planner's tests.
 
     ``ranks``: the last exec read of the launcher; ``reports``: what its reports say
     (ranks.py). The simulated worlds send no reports, so their drains end through exec
     reads, the fallback path; a test may set ``Cluster.reports``."""
-    uid, job_name = job["metadata"]["uid"], job["metadata"]["name"]
-    # Through the caches' transforms, so a field the planner reads but a cache drops fails
-    # the planner's tests.
-    owned = {
-        key: (slim_pod if key[0] == "Pod" else compact)(copy.deepcopy(obj))
-        for key, obj in sorted(objects.items())
-        if key[0] != names.KIND and _controller_uid(obj) == uid
+    main: dict[str, list[Obj]] = {}
+    handover: dict[str, list[Obj]] = {}
+    for (kind, _), obj in sorted(objects.items()):
+        if kind in (names.KIND, "Node"):
+            continue
+        # The API server names the namespace of everything it holds; a test's hand-made
+        # object may leave it out.
+        obj = {**obj, "metadata": {"namespace": NAMESPACE, **obj["metadata"]}}
+        if _ours(obj):
+            transform = slim_pod if kind == "Pod" else compact
+            main.setdefault(kind, []).append(transform(copy.deepcopy(obj)))
+        elif _handed_over(obj):
+            handover.setdefault(kind, []).append(metadata_only(copy.deepcopy(obj)))
+    leaving = {
+        name: why
+        for (kind, name), node in objects.items()
+        if kind == "Node" and (why := nodes.leaving(node, SETTINGS.leaving_node_taints))
     }
-    pods = [obj for (kind, _), obj in owned.items() if kind == "Pod"]
-    launcher = names.launcher_name(job_name)
-    return Observed(
-        job=copy.deepcopy(job),
-        pods=pods,
-        config_map=owned.get(("ConfigMap", names.config_map_name(job_name))),
-        service_account=owned.get(("ServiceAccount", launcher_service_account(job))),
-        role=owned.get(("Role", launcher)),
-        role_binding=owned.get(("RoleBinding", launcher)),
-        disruption_budget=owned.get(
-            ("PodDisruptionBudget", names.disruption_budget_name(job_name))
-        ),
-        deleting=memory.deleting(pods, seconds),
-        conflicts=memory.taken(seconds),
-        in_use=memory.used(seconds),
+    return observe_caches(
+        copy.deepcopy(job),
+        lambda kind: Listed(main.get(kind, ())),
+        lambda kind: Listed(handover.get(kind, ())),
+        memory,
+        seconds,
         ranks=reports,
-        ranks_report=owned.get(("ConfigMap", names.ranks_name(job_name))),
         ranks_read=ranks,
+        leaving_nodes=leaving,
     )
 
 
@@ -204,6 +241,15 @@ class World:
     (f) A turn for one job writes only that job's objects.
     (g) No pod is created under a name Horovod has blacklisted: one whose pod failed, or
         went, while discover_hosts.sh named it.
+    (h) A turn's writes follow its plan's phases: none goes out before every write of
+        the phases above it was accepted, nor after a write of an earlier phase failed
+        (checked by ``Sim``, which sees the requests go out).
+    (i) No host-list write drops every rank-holder while one exists (Horovod's driver
+        cannot reset onto a set with no host of its current assignment). A rank-holder is
+        a listed worker whose pod lives and has been listed for ``RANK_JOIN_SECONDS``; a
+        terminating one may stay listed when it is the last (c's one exception).
+    (j) Once the job listed min-replicas workers, no host-list write lists fewer while a
+        worker it drops could have stayed (exists, runs, is not terminating).
 
     (e), convergence, is ``Sim.settle``'s.
     """
@@ -229,6 +275,9 @@ class World:
         self._listed: dict[str, set[str]] = {}
         self._ever_listed: set[str] = set()
         self._left_at: dict[str, float] = {}
+        self._listed_at: dict[str, float] = {}
+        # Per job: whether discover_hosts.sh has listed min-replicas workers (j).
+        self._reached_min: set[str] = set()
         # Per job: worker names Horovod would have blacklisted.
         self.blacklisted: dict[str, set[str]] = {}
         for job in jobs:
@@ -302,12 +351,13 @@ class World:
             new["status"] = copy.deepcopy(body["status"])
         else:
             self._check_for(_controller_uid(current), kind, name)
-            annotations = new["metadata"].setdefault("annotations", {})
-            for k, v in body["metadata"]["annotations"].items():
-                if v is None:
-                    annotations.pop(k, None)
-                else:
-                    annotations[k] = v
+            for part in ("annotations", "labels"):
+                values = new["metadata"].setdefault(part, {})
+                for k, v in (body["metadata"].get(part) or {}).items():
+                    if v is None:
+                        values.pop(k, None)
+                    else:
+                        values[k] = v
         self._put(new)
         return copy.deepcopy(new)
 
@@ -386,7 +436,12 @@ class World:
     def rank_hosts(self, job: str) -> frozenset[str]:
         """The workers the launcher's remote shells reach now: listed ones, and unlisted
         ones whose ranks have not reached their next commit yet."""
-        hosts = set(self._listed.get(job, set()))
+        hosts = {
+            n
+            for n in self._listed.get(job, set())
+            if (pod := self.objects.get(("Pod", n))) is None
+            or self.clock - self._listed_at.get(pod["metadata"]["uid"], 0.0) >= RANK_JOIN_SECONDS
+        }
         for pod in self.workers(job):
             left = self._left_at.get(pod["metadata"]["uid"])
             if left is not None and self.clock - left < RANK_LEAVE_SECONDS:
@@ -454,10 +509,25 @@ class World:
         if name in self._listed.get(job, set()):
             self._ever_listed.add(pod["metadata"]["uid"])
 
+    def rank_holders(self, job: str) -> set[str]:
+        """The listed hosts that hold ranks now: their pod lives (not failed) and has been
+        listed for RANK_JOIN_SECONDS."""
+        return {
+            n
+            for n in self._listed.get(job, set())
+            if (pod := self.objects.get(("Pod", n))) is not None
+            and pod["status"]["phase"] != "Failed"
+            and self.clock - self._listed_at.get(pod["metadata"]["uid"], self.clock)
+            >= RANK_JOIN_SECONDS
+        }
+
     def _config_written(self, config_map: Obj) -> None:
         job = config_map["metadata"]["labels"][names.LABEL_JOB]
         hosts = set(discovered(config_map))
         before = self._listed.get(job, set())
+        holders = self.rank_holders(job)
+        if before != hosts:
+            self._check_host_change(job, before, hosts, holders)
         self._listed[job] = hosts
         for name in hosts ^ before:
             pod = self.objects.get(("Pod", name))
@@ -467,6 +537,7 @@ class World:
             if name in hosts:
                 self._ever_listed.add(uid)
                 self._left_at.pop(uid, None)
+                self._listed_at[uid] = self.clock
             else:
                 self._left_at[uid] = self.clock
         acting = self.acting
@@ -475,12 +546,41 @@ class World:
         for name in sorted(hosts):
             pod = self.objects.get(("Pod", name))
             # (c) a listed host exists, is not being deleted, runs and is wanted.
-            if pod is None or pod["metadata"].get("deletionTimestamp"):
+            last_holder = name in before and holders & hosts == {name}
+            if pod is None or (pod["metadata"].get("deletionTimestamp") and not last_holder):
                 self._violate(f"(c) discover_hosts.sh names {name}, which is gone or terminating")
             elif name not in acting.listable:
                 self._violate(
                     f"(c) discover_hosts.sh names {name}, which the controller's view did not "
                     "show running and wanted"
+                )
+
+    def _check_host_change(
+        self, job: str, before: set[str], hosts: set[str], holders: set[str]
+    ) -> None:
+        """(i) a rank-holder stays; (j) never below the minimum once reached."""
+        if holders and not holders & hosts:
+            self._violate(
+                f"(i) discover_hosts.sh of {job} dropped every rank-holder {sorted(holders)}"
+            )
+        annotations = self.job(job)["metadata"].get("annotations") or {}
+        minimum = int(annotations.get(names.ANN_MIN_REPLICAS) or 0)
+        count = sum(1 for n in hosts if worker_index(job, n) is not None)
+        if minimum and count >= minimum:
+            self._reached_min.add(job)
+        elif minimum and job in self._reached_min:
+            could_stay = [
+                n
+                for n in before - hosts
+                if worker_index(job, n) is not None
+                and (pod := self.objects.get(("Pod", n))) is not None
+                and pod["status"]["phase"] == "Running"
+                and not pod["metadata"].get("deletionTimestamp")
+            ]
+            if could_stay:
+                self._violate(
+                    f"(j) discover_hosts.sh of {job} lists {count} workers, below "
+                    f"min-replicas {minimum}, and dropped {sorted(could_stay)}"
                 )
 
     def _pod_deleted(self, pod: Obj) -> None:
@@ -525,8 +625,8 @@ class FakeKube(Kube):
         self.world = world
         self.gate: Gate = gate or (lambda _request, apply: apply())
 
-    async def get(self, kind: str, namespace: str, name: str) -> Obj:
-        return self.gate(Request("get", kind, name), lambda: self.world.get(kind, name))
+    async def list(self, kind: str, namespace: str, name: str) -> Obj:
+        return self.gate(Request("list", kind, name), lambda: self.world.get(kind, name))
 
     async def create(self, obj: Mapping[str, Any]) -> Obj:
         request = Request("create", obj["kind"], obj["metadata"]["name"])
@@ -621,10 +721,10 @@ class Cluster:
             self.world.objects, self.job, memory, self.world.clock, self.ranks, self.reports
         )
 
-    def plan(self, settings: Settings = SETTINGS) -> Plan:
-        return plan(self.observed(), settings, self.now)
+    def plan(self, settings: Settings = SETTINGS) -> Writes:
+        return plan_writes(self.observed(), settings, self.now)
 
-    def apply(self, p: Plan) -> None:
+    def apply(self, p: Writes) -> None:
         with world_time(self.world):
             asyncio.run(self.writer.run(self.job, p))
 
@@ -726,11 +826,12 @@ class _Timer:
 class Sim:
     """The controller's reconcile loop against a ``World`` that lags, fails and kills it.
 
-    Mirrors ``reconciler.Controller``: a watch cache (here ``view``) fed by the world's
+    The loop of ``controller.Controller``: a watch cache (here ``view``) fed by the world's
     change stream after a random delay, the controller's own confirmed writes upserted into
-    it, one job reconciled at a time from a queue of due times, a failed turn retried with
-    the work queue's backoff, ``requeue_after`` honoured. The real ``Writer`` executes each
-    plan; ``writer`` and ``planner`` can be swapped for variants under test.
+    it, read by the controller's own ``observe`` (core/observe.py), one job reconciled at a
+    time from a queue of due times, a failed turn retried with the work queue's backoff,
+    ``requeue_after`` honoured. The real ``Writer`` executes each plan, phase by phase;
+    ``writer`` and ``planner`` can be swapped for variants under test.
     """
 
     def __init__(
@@ -739,7 +840,7 @@ class Sim:
         *,
         seed: int = 0,
         faults: Faults = CALM,
-        planner: Planner = plan,
+        planner: Planner = plan_writes,
         writer: type[Writer] = Writer,
         settings: Settings = SETTINGS,
     ) -> None:
@@ -760,6 +861,13 @@ class Sim:
         self._seq = itertools.count()
         self._scanned = 0
         self._process = 0
+        # The turn in progress: which phase each of its plan's requests belongs to, which
+        # were accepted, the phase of the first that failed, and whether the server itself
+        # answered one with an error.
+        self._phase_of: dict[Request, int] = {}
+        self._accepted: set[Request] = set()
+        self._failed: int | None = None
+        self._unsure = False
         self.restart(delay=0.0)
 
     def close(self) -> None:
@@ -782,7 +890,7 @@ class Sim:
         self.writer = self.writer_type(FakeKube(self.world, self._gate), self._upsert)
         self.view = copy.deepcopy(self.world.objects)
         self._seen_deleted: set[str] = set()
-        self._signatures = {name: _job_signature(self.world.job(name)) for name in self.jobs}
+        self._signatures = {name: job_signature(self.world.job(name)) for name in self.jobs}
         self._backoff: ItemBackoff[str] = ItemBackoff(60.0)
         self._ranks: dict[str, RankSnapshot] = {}
         self.due = {name: self.world.clock + delay for name in self.jobs}
@@ -811,7 +919,7 @@ class Sim:
         elif current is None or _rv(obj) > _rv(current):
             self.view[key] = obj
         if obj["kind"] == names.KIND:
-            signature = _job_signature(obj)
+            signature = job_signature(obj)
             if self._signatures.get(key[1]) != signature:
                 self._signatures[key[1]] = signature
                 self._queue(key[1], self.world.clock)
@@ -832,15 +940,45 @@ class Sim:
         if self.dead or fault == KILL:
             self.dead = True
             raise Killed(request)
+        self._check_phase(request)
         self._progress(self.world.clock + self.faults.latency)
+        if fault is not None:
+            self._failed = self._phase_of.get(request, -1)
         if isinstance(fault, ApiError):
             raise fault
         if fault == TIMEOUT_BEFORE:
             raise TimeoutError(fault)
-        result = apply()
+        try:
+            result = apply()
+        except ApiError:
+            # The server's own answer (a name taken, a pod gone): whether the writer takes
+            # it for a failure depends on the write, so later phases may or may not follow.
+            self._unsure = True
+            raise
         if fault == TIMEOUT_AFTER:
             raise TimeoutError(fault)
+        self._accepted.add(request)
         return result
+
+    def _check_phase(self, request: Request) -> None:
+        """(h) The write goes out only after every write of the phases above it was
+        accepted, and not after one failed. The status write that reports a refused
+        write is the writer's own, outside the plan."""
+        phase = self._phase_of.get(request)
+        if phase is None or (
+            request.kind == names.KIND and (self._failed is not None or self._unsure)
+        ):
+            return
+        if self._failed is not None and phase > self._failed:
+            self.world._violate(f"(h) {request} went out after a write of an earlier phase failed")
+            return
+        waiting = sorted(
+            r.name for r, p in self._phase_of.items() if p < phase and r not in self._accepted
+        )
+        if waiting and not self._unsure:
+            self.world._violate(
+                f"(h) {request} went out before {waiting} of an earlier phase were accepted"
+            )
 
     def _fault(self, request: Request) -> Fault | None:
         for i, (match, fault) in enumerate(self._scripted):
@@ -869,6 +1007,10 @@ class Sim:
         observed = observe(self.view, job, memory, self.world.clock, self._ranks.get(name))
         self.world.acting = Acting(name, job["metadata"]["uid"], listable(observed))
         the_plan = self.planner(observed, self.settings, self.world.now)
+        self._phase_of = phase_requests(the_plan, name)
+        self._accepted = set()
+        self._failed = None
+        self._unsure = False
         try:
             with world_time(self.world):
                 self._loop.run_until_complete(self.writer.run(copy.deepcopy(job), the_plan))
@@ -887,6 +1029,7 @@ class Sim:
                 self._queue(name, self.world.clock + min(requeue) + 0.05)
         finally:
             self.world.acting = None
+            self._phase_of = {}
         if self.dead:
             self.kills += 1
             self.restart()
@@ -1029,7 +1172,35 @@ class Sim:
         return problems
 
 
-def resting(p: Plan, pods: list[Obj]) -> bool:
+def _request(action: Action, job: str) -> Request | None:
+    """The request a write of the plan makes, as ``FakeKube`` names it."""
+    if isinstance(action, Create | Replace):
+        verb = "create" if isinstance(action, Create) else "replace"
+        return Request(verb, action.obj["kind"], action.obj["metadata"]["name"])
+    if isinstance(action, AnnotatePod):
+        return Request("patch", "Pod", action.name)
+    if isinstance(action, DeletePod):
+        return Request("delete", "Pod", action.name)
+    if isinstance(action, DeleteObject):
+        return Request("delete", action.kind, action.name)
+    if isinstance(action, Claim):
+        return Request("patch", action.kind, action.name)
+    if isinstance(action, WriteStatus):
+        return Request("patch", names.KIND, job)
+    return None  # an Event: sent in the background, in no order
+
+
+def phase_requests(p: Writes, job: str) -> dict[Request, int]:
+    """Which phase of the plan each of its requests belongs to."""
+    return {
+        request: index
+        for index, phase in enumerate(p.phases)
+        for action in phase.writes
+        if (request := _request(action, job)) is not None
+    }
+
+
+def resting(p: Writes, pods: list[Obj]) -> bool:
     """Nothing left to do: no drain or deletion under way, and no turn due."""
     leaving = any(
         names.ANN_DRAINING_SINCE in (pod["metadata"].get("annotations") or {})
@@ -1045,20 +1216,39 @@ def replicas(job: Mapping[str, Any]) -> int:
 
 def listable(observed: Observed) -> set[str]:
     """The hosts the observed pods and spec allow in discover_hosts.sh: workers that can
-    take ranks, and a launcher that requests a GPU while its pod exists."""
+    take ranks, and a launcher that requests a GPU while its pod exists.
+
+    Written from the rule (docs/membership.md), not with the planner's helpers, so that a
+    bug in those shows here: a worker is ``<job>-worker-<index>``, not being deleted, and
+    its main container (the first) runs, and is Ready if it has a readiness probe."""
     job = str(observed.job["metadata"]["name"])
-    found = []
-    hosts: set[str] = set()
     gpu = requests_gpu(observed.job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"])
+    hosts: set[str] = set()
     for pod in observed.pods:
         name = pod["metadata"]["name"]
-        index = worker_index(job, name)
-        if index is not None:
-            found.append(Worker(index, pod))
-        elif (
-            gpu
-            and name == names.launcher_name(job)
-            and not pod["metadata"].get("deletionTimestamp")
+        if pod["metadata"].get("deletionTimestamp"):
+            continue
+        if (gpu and name == names.launcher_name(job)) or (
+            re.fullmatch(rf"{re.escape(job)}-worker-(0|[1-9][0-9]*)", name) and _main_up(pod)
         ):
             hosts.add(name)
-    return hosts | {w.name for w in found if w.can_take_ranks(None)}
+    return hosts
+
+
+def _main_up(pod: Mapping[str, Any]) -> bool:
+    main = pod["spec"]["containers"][0]
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status["name"] == main["name"]:
+            running = "running" in (status.get("state") or {})
+            return running and (status.get("ready") is True or "readinessProbe" not in main)
+    return False
+
+
+def exec_names(role: Mapping[str, Any] | None) -> set[str]:
+    """The pods a launcher Role lets it exec into, read from the rules as RBAC reads them:
+    a rule grants ``create`` on ``pods/exec`` for the names it lists."""
+    granted: set[str] = set()
+    for rule in (role or {}).get("rules") or []:
+        if "pods/exec" in rule.get("resources", ()) and "create" in rule.get("verbs", ()):
+            granted |= set(rule.get("resourceNames", ()))
+    return granted

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpijob_elastic.core import handover, names, render
-from mpijob_elastic.core.actions import Claim, Create, Observed
-from mpijob_elastic.core.plan import plan
+from mpijob_elastic.core import handover, names, render_pods
+from mpijob_elastic.core.actions import Claim, Create
+from mpijob_elastic.core.observe import Observed
+from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec import parse
 from tests.unit.simulation import make_job
@@ -63,7 +64,7 @@ def training_operators() -> list[Obj]:
 
 
 def test_training_operators_children_are_relabelled_before_anything_else() -> None:
-    p = plan(Observed(job=JOB, strays=training_operators()), SETTINGS)
+    p = plan_writes(Observed(job=JOB, strays=training_operators()), SETTINGS)
     claims = p.of_type(Claim)
     # Nothing but the claims: the job sees none of these children in its own caches yet,
     # so a normal plan would create them (409) and list no hosts.
@@ -128,7 +129,7 @@ def test_a_job_being_deleted_claims_nothing() -> None:
 
 def test_our_pod_that_lost_a_label_gets_it_back_without_an_event() -> None:
     spec = parse(JOB, 30)
-    pod = render.worker_pod(spec, 0)
+    pod = render_pods.worker_pod(spec, 0)
     pod["metadata"] |= {"uid": "u0", "resourceVersion": "3"}
     pod["metadata"]["labels"] = {
         k: v for k, v in pod["metadata"]["labels"].items() if k != names.LABEL_TO_JOB
@@ -137,9 +138,9 @@ def test_our_pod_that_lost_a_label_gets_it_back_without_an_event() -> None:
     assert claims == [Claim("Pod", "job-worker-0", "u0", "3", names.pod_labels("job", "worker", 0))]
     assert events == []
     # Whole again: nothing to claim, the job is planned as usual.
-    pod["metadata"]["labels"] = render.worker_pod(spec, 0)["metadata"]["labels"]
+    pod["metadata"]["labels"] = render_pods.worker_pod(spec, 0)["metadata"]["labels"]
     assert handover.claims(Observed(job=JOB, pods=[pod])) == ([], [])
-    assert handover.plan(Observed(job=JOB, pods=[pod])) is None
+    assert handover.claim_writes(Observed(job=JOB, pods=[pod])) is None
 
 
 def test_a_turn_claims_at_most_its_share_and_comes_back() -> None:
@@ -147,7 +148,7 @@ def test_a_turn_claims_at_most_its_share_and_comes_back() -> None:
         child("Pod", f"job-worker-{i}", {**TO_POD, names.LABEL_INDEX: str(i)}, [ref()])
         for i in range(handover.CLAIMS_PER_TURN + 5)
     ]
-    p = handover.plan(Observed(job=JOB, strays=many))
+    p = handover.claim_writes(Observed(job=JOB, strays=many))
     assert p is not None
     assert len(p.of_type(Claim)) == handover.CLAIMS_PER_TURN
     assert p.requeue_after == 0

@@ -7,6 +7,7 @@ import aiohttp
 from mpijob_elastic.app.health import HealthServer
 from mpijob_elastic.machinery import metrics
 from tests.controller import free_port
+from tests.metric_names import total
 
 
 async def test_readyz_lists_the_problems_and_healthz_still_answers() -> None:
@@ -43,4 +44,4 @@ async def test_metrics_can_share_the_health_port() -> None:
                 assert answer.status == 200
     finally:
         await server.stop()
-    assert 'mpijob_elastic_reconciles_total{result="error"}' in text
+    assert f'{total(metrics.RECONCILES)}{{result="error"}}' in text

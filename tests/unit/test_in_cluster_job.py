@@ -5,7 +5,7 @@ from pathlib import Path
 import yaml
 
 from e2e.harness import STOP_FILE_IN_POD, in_cluster_job
-from mpijob_elastic.core import render
+from mpijob_elastic.core import render_pods
 from mpijob_elastic.core.spec import parse
 
 SAMPLE = Path(__file__).resolve().parents[2] / "config" / "samples" / "elastic-mpijob.yaml"
@@ -27,5 +27,14 @@ def test_sample_runs_the_mock_images_without_gpus() -> None:
     assert spec.worker.replicas == 2
     # Command-less, so the real workers run the default command, which keeps exec'd ranks
     # alive through a deletion's grace period: what the e2e walk's graceful delete needs.
-    (worker,) = render.worker_pod(spec, 0)["spec"]["containers"]
-    assert worker["command"] == render.WORKER_COMMAND
+    (worker,) = render_pods.worker_pod(spec, 0)["spec"]["containers"]
+    assert worker["command"] == render_pods.WORKER_COMMAND
+
+
+def test_the_driver_gets_the_size_flags_a_test_asks_for() -> None:
+    """e2e/test_relocation.py runs 3 workers with --min-np 1 or 2 on kind."""
+    flags = ("-np", "3", "--min-np", "2", "--max-np", "5")
+    job = in_cluster_job(yaml.safe_load(SAMPLE.read_text()), "launcher:e2e", "worker:e2e", flags)
+    launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    assert launcher["command"][: len(flags) + 1] == ["horovodrun", *flags]
+    assert launcher["command"][-2:] == ["--stop-file", STOP_FILE_IN_POD]

@@ -10,18 +10,18 @@ import pytest
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import AnnotatePod, Create, DeletePod
+from mpijob_elastic.core.drain import DRAIN_FLOOR_SECONDS, RANK_FREE_GRACE_SECONDS
 from mpijob_elastic.core.membership import (
     DISRUPTED,
     NAMED,
     NEWEST,
     NOT_LISTED,
+    Facts,
+    choose_members,
     format_indexes,
     parse_indexes,
-    plan_membership,
 )
 from mpijob_elastic.core.ranks import (
-    DRAIN_FLOOR_SECONDS,
-    RANK_FREE_GRACE_SECONDS,
     RankSnapshot,
     pushed,
     remote_shell_hosts,
@@ -47,10 +47,8 @@ def pod(index: int, *, phase: str = "Running", created: int = 0, **meta: Any) ->
     return Worker(index, body)
 
 
-def members(workers: list[Worker], target: int, **kw: Any) -> Any:
-    args: dict[str, Any] = {"listed": (), "retired": (), "named": (), "taken": (), "main": None}
-    args.update(kw)
-    return plan_membership("job", workers, target, **args)
+def members(workers: list[Worker], target: int, main: str | None = None, **kw: Any) -> Any:
+    return choose_members("job", workers, target, main, Facts(**kw))
 
 
 # -- pure ------------------------------------------------------------------------------
@@ -144,6 +142,18 @@ def test_remote_shell_hosts_reads_every_form_horovod_and_mpirun_use() -> None:
     assert remote_shell_hosts(output, "other") is None
 
 
+def test_the_start_up_interface_probe_is_no_rank() -> None:
+    probe = (
+        b"/bin/sh\0-c\0/etc/mpi/kubexec.sh job-worker-1 "
+        b"/usr/bin/python -m horovod.runner.task_fn 0 2 abc def\0"
+        b"/bin/sh\0/etc/mpi/kubexec.sh\0job-worker-2\0python -m horovod.runner.task_fn 1 2\0"
+    )
+    # Our remote shell runs, but reaches no rank: its end is no loss.
+    assert remote_shell_hosts(probe, "job") == frozenset()
+    rank = b"/bin/sh\0-c\0/etc/mpi/kubexec.sh job-worker-3 'cd /x ; python train.py'\0"
+    assert remote_shell_hosts(probe + rank, "job") == frozenset({"job-worker-3"})
+
+
 def test_remove_workers_must_name_workers_of_the_job() -> None:
     job = make_job(2, annotations={names.ANN_REMOVE_WORKERS: "job-worker-1, job-worker-3,"})
     assert parse(job, 30).remove == {"job-worker-1", "job-worker-3"}
@@ -189,7 +199,8 @@ def test_a_drain_ends_once_the_launcher_no_longer_reaches_the_victim() -> None:
     c.apply(p)
     # Deleted under a running rank: Horovod counts a failure, so the name is retired.
     assert c.get("ConfigMap", "job-config")["metadata"]["annotations"] == {  # type: ignore[index]
-        names.ANN_RETIRED_WORKERS: "2"
+        names.ANN_RETIRED_WORKERS: "2",
+        names.ANN_WORKERS: "1",
     }
 
 

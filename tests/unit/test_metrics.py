@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
@@ -16,6 +17,7 @@ from mpijob_elastic.machinery import metrics
 from mpijob_elastic.machinery.kube import request_labels
 from mpijob_elastic.machinery.workqueue import WorkQueue
 from mpijob_elastic.machinery.write_health import WRITE_STALL_SECONDS, WriteHealth
+from tests.metric_names import every_family, family, total
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -157,13 +159,13 @@ def sample(name: str, **labels: str) -> float:
 
 def test_accepted_writes_count_scale_operations_and_drains() -> None:
     latency = metrics.HostListLatency()
-    before = sample("mpijob_elastic_scale_operations_total", direction="in")
+    before = sample(total(metrics.SCALE_OPERATIONS), direction="in")
     metrics.status_written(scaling(None), scaling("ScalingDown"))
     metrics.status_written(scaling("ScalingDown"), scaling("ScalingDown"))
-    assert sample("mpijob_elastic_scale_operations_total", direction="in") == before + 1
+    assert sample(total(metrics.SCALE_OPERATIONS), direction="in") == before + 1
 
-    bucket = "mpijob_elastic_drain_duration_seconds_bucket"
-    drains = sample("mpijob_elastic_drain_duration_seconds_count")
+    bucket = f"{family(metrics.DRAIN_SECONDS)}_bucket"
+    drains = sample(f"{family(metrics.DRAIN_SECONDS)}_count")
     below, above = sample(bucket, le="2.5"), sample(bucket, le="5.0")
     since = format_precise_time(datetime.now(UTC) - timedelta(seconds=3))
     deleted = {
@@ -176,7 +178,7 @@ def test_accepted_writes_count_scale_operations_and_drains() -> None:
         },
     }
     metrics.observe_write(deleted, latency)
-    assert sample("mpijob_elastic_drain_duration_seconds_count") == drains + 1
+    assert sample(f"{family(metrics.DRAIN_SECONDS)}_count") == drains + 1
     # Three seconds of drain: above the 2.5 s bucket, within the 5 s one.
     assert (sample(bucket, le="2.5"), sample(bucket, le="5.0")) == (below, above + 1)
 
@@ -222,3 +224,13 @@ async def test_queue_reports_each_keys_wait() -> None:
     assert len(waits) == 2
     assert waits[0] >= 0.02
     assert waits[1] < 0.02
+
+
+def test_docs_list_every_series_the_registry_holds() -> None:
+    """docs/operations.md's table has one row per series, named as scraped."""
+    table = Path(__file__).parents[2].joinpath("docs", "operations.md").read_text()
+    rows = {line.split("`")[1] for line in table.splitlines() if line.startswith("| `")}
+    ours = {row for row in rows if row.startswith(f"{metrics.PREFIX}_")}
+    counters = {m.name for m in REGISTRY.collect() if m.type == "counter"}
+    scraped = {f"{f}_total" if f in counters else f for f in every_family()}
+    assert ours == scraped

@@ -158,6 +158,8 @@ class Rig:
             stop_grace=1.0,
             commit_interval=0.3,
             work_dir=str(self.tmp / "work"),
+            # The interface probe and its two-host minimum have tests of their own.
+            network_interface="eth0",
         )
         return replace(base, **overrides)
 
@@ -171,7 +173,7 @@ class Running:
     task: asyncio.Task[int]
 
     async def finish(self) -> int:
-        self.driver.request_stop("test")
+        self.driver.request_stop("stop_file")  # the training finished by itself
         return await asyncio.wait_for(self.task, 10)
 
 
@@ -567,7 +569,7 @@ async def test_failure_is_recorded_at_once_and_blacklisted_at_the_next_commit(ri
     await wait_for(rig, lambda: bool(rig.of(ev.HOST_BLACKLISTED)), "blacklist", within=4)
     (black,) = rig.of(ev.HOST_BLACKLISTED)
     (reset,) = rig.of(ev.RESET)
-    assert reset["reasons"] == ["failure"]
+    assert reset["reasons"] == ["failure", "hosts_updated"]  # b's unlisting was notified too
     assert black["commit"] == reset["commit"]
     assert (black["host"], black["failed_ranks"]) == ("b", [failed["rank_id"]])
     assert black["line"] == "blacklist failing host: b"
@@ -622,7 +624,8 @@ async def test_assigned_rank_exiting_0_ends_the_job_at_the_next_commit(rig: Rig)
     await asyncio.sleep(0.3)
     assert not run.task.done()  # the job ends at the commit, not at once
 
-    assert await asyncio.wait_for(run.task, 5) == 0
+    # horovodrun exits 1: it had to stop b's rank, which was still training.
+    assert await asyncio.wait_for(run.task, 5) == 1
     (reset,) = rig.of(ev.RESET)
     assert reset["reasons"] == ["success"]
     assert reset["ts"] > success["ts"]
@@ -630,32 +633,51 @@ async def test_assigned_rank_exiting_0_ends_the_job_at_the_next_commit(rig: Rig)
     (stopped,) = rig.of(ev.RANK_STOPPED)
     assert (stopped["host"], stopped["reason"]) == ("b", "shutdown")
     (exit_event,) = rig.of(ev.DRIVER_EXIT)
-    assert (exit_event["exit_code"], exit_event["reason"]) == (0, "success")
+    assert (exit_event["exit_code"], exit_event["reason"]) == (1, "success")
     assert_no_failures(rig)
 
 
-async def test_refused_exec_is_an_exec_failure(rig: Rig) -> None:
+async def test_every_rank_exiting_0_ends_the_job_with_0(rig: Rig) -> None:
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=1, commit_interval=1.0)
+    await wait_for(rig, lambda: running_on(rig, "b") == 1, "rank on b")
+    await after_commit(rig, run)
+    rig.done("a")
+    rig.done("b")
+    assert await asyncio.wait_for(run.task, 5) == 0
+    assert len(rig.of(ev.RANK_EXITED)) == 2
+    assert rig.of(ev.DRIVER_EXIT)[0]["reason"] == "success"
+
+
+async def test_refused_exec_at_the_start_ends_the_job_at_the_gloo_timeout(rig: Rig) -> None:
+    # The first world waits in hvd.init for every rank: one whose exec was refused never
+    # joins, so the others abort at the Gloo timeout and every rank is a FAILURE.
     rig.forbid.write_text("b\n")
     rig.set_hosts("a:1", "b:1")
-    run = await start(rig, np=2, min_np=1)
+    run = await start(rig, np=2, min_np=1, gloo_timeout=1.5)
     await wait_for(rig, lambda: bool(rig.of(ev.EXEC_FAILED)), "exec_failed")
     (refused,) = rig.of(ev.EXEC_FAILED)
     assert refused["host"] == "b"
     assert refused["exit_code"] == 1
     assert "Forbidden" in refused["stderr"]
     assert rig.of(ev.RANK_FAILED, host="b")[0]["exec_refused"] is True
-    await wait_for(rig, lambda: bool(rig.of(ev.HOST_BLACKLISTED, host="b")), "blacklist b")
-    await wait_for(rig, lambda: running_on(rig, "a") == 1, "a running")
-
-    assert await run.finish() == 0
+    assert await asyncio.wait_for(run.task, 6) == 1
+    (timeout,) = rig.of(ev.GLOO_TIMEOUT)
+    assert timeout["ts"] - rig.of(ev.JOB_STARTED)[0]["ts"] >= 1.5
+    (aborted,) = rig.of(ev.RANK_FAILED, host="a")
+    assert aborted["gloo_timeout"] is True
+    (failed,) = rig.of(ev.JOB_FAILED)
+    assert failed["line"] == "failure count == 2 -> stop running"
     (exit_event,) = rig.of(ev.DRIVER_EXIT)
-    assert (exit_event["exec_failures"], exit_event["failures"]) == (1, 1)
+    assert (exit_event["exec_failures"], exit_event["failures"]) == (1, 2)
+    assert exit_event["reason"] == "all_failed"
 
 
 async def test_cooldown_lets_a_blacklisted_host_back(rig: Rig) -> None:
-    rig.set_hosts("a:1")
-    run = await start(rig, cooldown_range=(1, 1))
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, cooldown_range=(1, 1))
     await wait_for(rig, lambda: running_on(rig, "a") == 1, "rank on a")
+    await wait_for(rig, lambda: bool(rig.of(ev.RESET_COMPLETED)), "the first world up")
     rig.kill("a")
     await wait_for(rig, lambda: bool(rig.of(ev.HOST_BLACKLISTED)), "blacklist")
     assert rig.of(ev.HOST_BLACKLISTED)[0]["cooldown_seconds"] == 1.0
@@ -861,7 +883,7 @@ def test_driver_process_with_real_ranks_and_kill_emulation(tmp_path: Path) -> No
 def test_driver_process_stops_ranks_on_sigterm(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
     rig.set_hosts("w-0:2")
-    proc = driver_process(rig)
+    proc = driver_process(rig, "--network-interface", "eth0")
     log = tmp_path / "events.jsonl"
     try:
         records = wait_file_events(
@@ -870,7 +892,7 @@ def test_driver_process_stops_ranks_on_sigterm(tmp_path: Path) -> None:
         work_dir = Path(ev.of_kind(records, ev.DRIVER_STARTED)[0]["work_dir"])
         assert work_dir.is_dir()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
+        assert proc.wait(timeout=10) == 1  # horovodrun exits 1 on SIGTERM
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -878,7 +900,7 @@ def test_driver_process_stops_ranks_on_sigterm(tmp_path: Path) -> None:
     records = ev.read_events(log)
     assert ev.of_kind(records, ev.STOP_REQUESTED)[0]["reason"] == "sigterm"
     assert len(ev.of_kind(records, ev.RANK_STOPPED)) == 2
-    assert ev.of_kind(records, ev.DRIVER_EXIT)[0]["exit_code"] == 0
+    assert ev.of_kind(records, ev.DRIVER_EXIT)[0]["exit_code"] == 1
     assert not work_dir.exists()  # its own temp dir is cleaned up
     pids = [int(line.rsplit("pid=", 1)[1]) for line in err.splitlines() if "pid=" in line]
     assert len(pids) == 2
@@ -1189,3 +1211,254 @@ def test_rank_on_another_machine_ignores_local_checks(tmp_path: Path) -> None:
         "0.05",
     )
     still_running_then_terminated(proc, settle=0.3)
+
+
+# -- the real driver's rules (issue 20 §1b): what the mock refuses because Horovod does ---
+
+
+def slow_start_template(rig: Rig, host: str, seconds: float) -> str:
+    """The fake rank, which on ``host`` takes ``seconds`` before it is up (hvd.init)."""
+    fake = rig.tmp / "fake_rank.sh"
+    return (
+        f"if [ {{host}} = {host} ]; then sleep {seconds}; fi; "
+        f"exec /bin/sh {shlex.quote(str(fake))} {{host}} {{stop_file}} "
+        f"{shlex.quote(str(rig.tmp))} {{local_rank}}"
+    )
+
+
+async def world_up(rig: Rig, count: int = 1) -> None:
+    await wait_for(rig, lambda: len(rig.of(ev.RESET_COMPLETED)) >= count, f"world {count} up")
+
+
+async def test_rule1_a_reset_onto_no_previous_host_ends_the_job(rig: Rig) -> None:
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=1)
+    await world_up(rig)
+    rig.set_hosts("c:1", "d:1")  # every worker relocated in one rewrite
+    assert await asyncio.wait_for(run.task, 5) == 1
+    (refused,) = rig.of(ev.RESET_FAILED)
+    assert refused["error"] == (
+        "RuntimeError: No hosts from previous set remaining, unable to broadcast state."
+    )
+    assert (refused["previous"], refused["hosts"]) == (["a", "b"], ["c", "d"])
+    (failed,) = rig.of(ev.JOB_FAILED)
+    assert failed["line"] == "failed to activate new hosts -> stop running"
+    assert rig.of(ev.RANK_STARTED, host="c") == []  # no rank ever started on the new hosts
+    assert rig.of(ev.DRIVER_EXIT)[0]["reason"] == "no_previous_hosts"
+
+
+async def test_rule1_a_reset_keeping_one_previous_host_goes_on(rig: Rig) -> None:
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=1)
+    await world_up(rig)
+    rig.set_hosts("b:1", "c:1", "d:1")
+    await wait_for(rig, lambda: running_on(rig, "d") == 1, "rank on d")
+    assert rig.of(ev.RESET_FAILED) == []
+    assert await run.finish() == 0
+    assert_no_failures(rig)
+
+
+async def test_rule2_a_change_during_a_reset_is_lost_until_the_next_change(rig: Rig) -> None:
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=1, rank_command=slow_start_template(rig, "c", 1.5))
+    await world_up(rig)
+    rig.set_hosts("a:1", "b:1", "c:1")
+    await wait_for(rig, lambda: bool(rig.of(ev.RANK_STARTED, host="c")), "c's rank spawned")
+    rig.set_hosts("a:1", "c:1")  # b unlisted while the ranks wait for c in the rendezvous
+    await wait_for(rig, lambda: bool(rig.of(ev.HOSTS_UPDATE_LOST)), "the lost notice")
+    await world_up(rig, 2)
+    commits = run.driver.commits
+    await asyncio.sleep(1.5)
+    assert run.driver.commits >= commits + 3  # training went on...
+    assert rig.of(ev.RANK_UNASSIGNED, host="b") == []  # ...with b, no longer listed
+    assert len(rig.of(ev.RESET)) == 1  # nothing re-sent
+
+    rig.set_hosts("a:1", "c:1", "d:1")  # an unrelated change: now the reset drops b
+    await wait_for(rig, lambda: bool(rig.of(ev.RANK_STOPPED, host="b")), "b let go")
+    assert rig.of(ev.RANK_UNASSIGNED, host="b")[0]["reason"] == "host_removed"
+    assert await run.finish() == 0
+
+
+async def test_rule3_a_new_rank_slower_than_the_gloo_timeout_ends_the_job(rig: Rig) -> None:
+    rig.set_hosts("a:1", "b:1")
+    template = slow_start_template(rig, "c", 3.0)
+    run = await start(rig, np=2, min_np=1, rank_command=template, gloo_timeout=1.0)
+    await world_up(rig)
+    rig.set_hosts("a:1", "b:1", "c:1")
+    assert await asyncio.wait_for(run.task, 8) == 1
+    (timeout,) = rig.of(ev.GLOO_TIMEOUT)
+    (c_rank,) = rig.of(ev.RANK_STARTED, host="c")
+    assert timeout["missing"] == [c_rank["rank_id"]]
+    aborted = {e["host"] for e in rig.of(ev.RANK_FAILED) if e.get("gloo_timeout")}
+    assert aborted == {"a", "b", "c"}  # every rank of the new world aborts while assigned
+    (failed,) = rig.of(ev.JOB_FAILED)
+    assert failed["line"] == "failure count == 3 -> stop running"
+
+
+async def test_rule3_a_new_rank_refused_ends_the_job_at_the_gloo_timeout(rig: Rig) -> None:
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=1, gloo_timeout=1.0)
+    await world_up(rig)
+    rig.forbid.write_text("c\n")  # listed, but its exec is refused (or its pod is gone)
+    rig.set_hosts("a:1", "b:1", "c:1")
+    assert await asyncio.wait_for(run.task, 8) == 1
+    assert rig.of(ev.EXEC_FAILED, host="c")
+    assert {e["host"] for e in rig.of(ev.RANK_FAILED)} == {"a", "b", "c"}
+    assert rig.of(ev.DRIVER_EXIT)[0]["reason"] == "all_failed"
+
+
+async def test_rule3_a_new_rank_within_the_gloo_timeout_joins(rig: Rig) -> None:
+    rig.set_hosts("a:1", "b:1")
+    template = slow_start_template(rig, "c", 0.8)
+    run = await start(rig, np=2, min_np=1, rank_command=template, gloo_timeout=3.0)
+    await world_up(rig)
+    rig.set_hosts("a:1", "b:1", "c:1")
+    await world_up(rig, 2)
+    (completed,) = rig.of(ev.RESET_COMPLETED)[1:]
+    assert completed["seconds"] >= 0.8
+    assert await run.finish() == 0
+    assert_no_failures(rig)
+
+
+async def test_rule4_below_min_np_every_rank_waits_in_the_reset(rig: Rig) -> None:
+    rig.set_hosts("a:1", "b:1", "c:1")
+    run = await start(rig, np=3, min_np=2, elastic_timeout=10.0)
+    await world_up(rig)
+    rig.set_hosts("a:1")  # below --min-np
+    await wait_for(rig, lambda: bool(rig.of(ev.RESET_WAITING)), "the reset waiting")
+    commits = run.driver.commits
+    await asyncio.sleep(1.5)
+    assert run.driver.commits == commits  # no training
+    assert rig.of(ev.RANK_UNASSIGNED) == []  # the removed ranks wait too
+    assert rig.of(ev.RANK_STOPPED) == []
+
+    rig.set_hosts("a:1", "d:1")  # slots back: the reset goes on from the hosts of now
+    await wait_for(rig, lambda: running_on(rig, "d") == 1, "rank on d")
+    gone = {e["host"] for e in rig.of(ev.RANK_UNASSIGNED)}
+    assert gone == {"b", "c"}
+    assert await run.finish() == 0
+    assert_no_failures(rig)
+
+
+async def test_rule4_below_min_np_a_removed_rank_killed_meanwhile_is_a_failure(
+    rig: Rig,
+) -> None:
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=2, elastic_timeout=0.8)
+    await world_up(rig)
+    rig.set_hosts("a:1")
+    await wait_for(rig, lambda: bool(rig.of(ev.RESET_WAITING)), "the reset waiting")
+    rig.kill("b")  # a drain's deadline: b's rank never left, so this kills an assigned rank
+    await wait_for(rig, lambda: bool(rig.of(ev.RANK_FAILED, host="b")), "b failed")
+    assert await asyncio.wait_for(run.task, 5) == 1
+    assert rig.of(ev.DRIVER_EXIT)[0]["reason"] == "elastic_timeout"
+
+
+async def test_rule5_every_rank_failing_at_once_ends_the_job(rig: Rig) -> None:
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=1, commit_interval=1.0)
+    await world_up(rig)
+    await after_commit(rig, run)
+    rig.kill("a")
+    rig.kill("b")
+    assert await asyncio.wait_for(run.task, 5) == 1
+    (failed,) = rig.of(ev.JOB_FAILED)
+    assert failed["line"] == "failure count == 2 -> stop running"
+    assert rig.of(ev.HOST_BLACKLISTED) == []  # it stopped before blacklisting
+
+
+async def test_rule5_every_recorded_slot_blacklisted_ends_the_job(rig: Rig) -> None:
+    rig.set_hosts("a:2")
+    run = await start(rig, np=2, min_np=1)
+    await world_up(rig)
+    rig.kill("a", 0)  # one slot of the only host
+    assert await asyncio.wait_for(run.task, 5) == 1
+    (black,) = rig.of(ev.HOST_BLACKLISTED)
+    assert black["host"] == "a"
+    (failed,) = rig.of(ev.JOB_FAILED)
+    assert failed["line"] == "blacklisted slots count == 2 -> stop running"
+
+
+async def test_rule6_sigterm_exits_1(rig: Rig) -> None:
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2)
+    await world_up(rig)
+    run.driver.request_stop("sigterm")
+    assert await asyncio.wait_for(run.task, 10) == 1
+    assert rig.of(ev.DRIVER_EXIT)[0]["reason"] == "sigterm"
+
+
+async def test_rule7_without_a_network_interface_one_host_never_starts(rig: Rig) -> None:
+    rig.set_hosts("a:2")
+    run = await start(rig, np=2, min_np=1, network_interface=None, elastic_timeout=1.0)
+    assert await asyncio.wait_for(run.task, 5) == 1
+    (waiting,) = rig.of(ev.WAITING_FOR_HOSTS)
+    assert (waiting["needed"], waiting["available"]) == (2, 1)
+    assert rig.of(ev.RANK_STARTED) == []
+    assert rig.of(ev.ELASTIC_TIMEOUT)[0]["phase"] == "start"
+
+
+async def test_rule7_every_host_is_probed_through_the_remote_shell_first(rig: Rig) -> None:
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=1, network_interface=None)
+    await world_up(rig)
+    (probe,) = rig.of(ev.PROBE_STARTED)
+    (probed,) = rig.of(ev.PROBE_DONE)
+    assert probe["hosts"] == ["a", "b"]
+    first_rank = rig.of(ev.RANK_STARTED)[0]
+    assert index_of(rig, probe) < index_of(rig, probed) < index_of(rig, first_rank)
+    assert len(rig.of(ev.RANK_STARTED)) == 2  # the probe's shells are not ranks
+    assert await run.finish() == 0
+    assert_no_failures(rig)
+
+
+async def test_rule7_a_host_arriving_after_the_start_deadline_fails_the_start(rig: Rig) -> None:
+    rig.set_hosts("a:1")
+    run = await start(rig, np=2, min_np=1, network_interface=None, start_timeout=1.0)
+    await asyncio.sleep(1.3)
+    rig.set_hosts("a:1", "b:1")
+    assert await asyncio.wait_for(run.task, 5) == 1
+    assert rig.of(ev.START_FAILED)[0]["failed"] == ["a", "b"]
+    assert rig.of(ev.RANK_STARTED) == []
+
+
+async def test_rule7_a_refused_probe_fails_the_start(rig: Rig) -> None:
+    rig.forbid.write_text("b\n")
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=1, network_interface=None, start_timeout=1.5)
+    assert await asyncio.wait_for(run.task, 5) == 1
+    assert rig.of(ev.START_FAILED)[0]["failed"] == ["b"]
+    assert rig.of(ev.RANK_STARTED) == []
+
+
+async def test_rule8_a_removed_rank_exiting_after_its_name_is_reassigned_fails_it(
+    rig: Rig,
+) -> None:
+    # A rank that outlives its removal (here until the safety-net signal) exits after its
+    # host name was listed and assigned again: Horovod judges the exit by (host, slot).
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=1, rank_command=stubborn_template(rig), stop_grace=2.0)
+    await world_up(rig)
+    rig.set_hosts("a:1")
+    await wait_for(rig, lambda: bool(rig.of(ev.RANK_UNASSIGNED, host="b")), "b unassigned")
+    rig.set_hosts("a:1", "b:1")  # the name is reused by a new pod
+    await wait_for(rig, lambda: len(rig.of(ev.RANK_STARTED, host="b")) == 2, "b assigned again")
+    await wait_for(rig, lambda: bool(rig.of(ev.HOST_BLACKLISTED, host="b")), "b blacklisted", 8)
+    (failed,) = rig.of(ev.RANK_FAILED, host="b")
+    assert failed["reused_slot"] is True
+    assert failed["rank_id"] == rig.of(ev.RANK_UNASSIGNED, host="b")[0]["rank_id"]
+    assert await run.finish() == 0
+
+
+async def test_rule8_host_updates_act_only_at_a_commit(rig: Rig) -> None:
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=1, commit_interval=2.0)
+    await world_up(rig)
+    await after_commit(rig, run)
+    rig.set_hosts("a:1")
+    await wait_for(rig, lambda: bool(rig.of(ev.HOST_REMOVED, host="b")), "b unlisted")
+    await asyncio.sleep(0.8)
+    assert rig.of(ev.RANK_UNASSIGNED) == []
+    await wait_for(rig, lambda: bool(rig.of(ev.RANK_UNASSIGNED, host="b")), "the commit", 3)
+    assert await run.finish() == 0
+    assert_no_failures(rig)

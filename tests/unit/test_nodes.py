@@ -4,11 +4,13 @@ workers off such nodes gracefully while keeping their size."""
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 
-from mpijob_elastic.core import names
+from mpijob_elastic.core import host_rules, names
 from mpijob_elastic.core.actions import AnnotatePod, Create, DeletePod
 from mpijob_elastic.core.nodes import DEFAULT_LEAVING_TAINTS, leaving, slim
-from mpijob_elastic.core.plan import plan
+from mpijob_elastic.core.plan import plan_writes
+from mpijob_elastic.core.ranks import RankSnapshot
 from tests.unit.simulation import SETTINGS, Cluster, discovered, make_job
 
 NODE = {
@@ -42,7 +44,7 @@ def test_workers_on_a_going_node_leave_gracefully_and_are_replaced() -> None:
     c.converge()
     on_nodes(c)
     observed = dataclasses.replace(c.observed(), leaving_nodes={"n1": "cordoned"})
-    p = plan(observed, SETTINGS, c.now)
+    p = plan_writes(observed, SETTINGS, c.now)
     # Make before break: the replacement starts first, the worker on n1 stays listed.
     assert [a.obj["metadata"]["name"] for a in p.of_type(Create)] == ["job-worker-3"]
     assert not [a for a in p.of_type(AnnotatePod) if names.ANN_DRAINING_SINCE in a.annotations]
@@ -53,7 +55,9 @@ def test_workers_on_a_going_node_leave_gracefully_and_are_replaced() -> None:
     assert "job-worker-1 (node n1 cordoned)" in scaling["message"]
     # Once the replacement takes ranks, the worker on n1 leaves gracefully.
     c.run_pods()
-    p = plan(dataclasses.replace(c.observed(), leaving_nodes={"n1": "cordoned"}), SETTINGS, c.now)
+    p = plan_writes(
+        dataclasses.replace(c.observed(), leaving_nodes={"n1": "cordoned"}), SETTINGS, c.now
+    )
     marks = [a.name for a in p.of_type(AnnotatePod) if names.ANN_DRAINING_SINCE in a.annotations]
     assert marks == ["job-worker-1"]
     assert not p.of_type(DeletePod)
@@ -71,4 +75,58 @@ def test_a_job_without_elastic_bounds_is_left_alone() -> None:
     c.converge()
     on_nodes(c)
     observed = dataclasses.replace(c.observed(), leaving_nodes={"n1": "cordoned"})
-    assert plan(observed, SETTINGS, c.now).actions == ()
+    assert plan_writes(observed, SETTINGS, c.now).actions == ()
+
+
+def test_a_job_whose_workers_all_sit_on_a_going_node_keeps_a_rank_holder_listed() -> None:
+    """Issue 20 §1: Horovod cannot reset onto hosts none of which holds ranks."""
+    c = Cluster(make_job(3, annotations={names.ANN_MIN_REPLICAS: "1"}))
+    c.converge()
+    for pod in c.pods:
+        pod["spec"]["nodeName"] = "n1"
+    old = [f"job-worker-{i}" for i in range(3)]
+    new = [f"job-worker-{i}" for i in range(3, 6)]
+    c.ranks = RankSnapshot(c.now, frozenset(old))
+
+    def step() -> list[str]:
+        p = plan_writes(
+            dataclasses.replace(c.observed(), leaving_nodes={"n1": "cordoned"}), SETTINGS, c.now
+        )
+        c.apply(p)
+        return sorted(
+            a.name for a in p.of_type(AnnotatePod) if a.annotations.get(names.ANN_DRAINING_SINCE)
+        )
+
+    def holding() -> list[str]:
+        return sorted(
+            p["metadata"]["name"]
+            for p in c.pods
+            if (p["metadata"].get("labels") or {}).get(names.LABEL_HOLDS_RANKS) == "true"
+        )
+
+    assert step() == []
+    assert holding() == old
+    c.run_pods()
+    # The replacements run but hold no rank: one old worker stays listed, the others leave.
+    assert step() == ["job-worker-1", "job-worker-2"]
+    assert discovered(c.get("ConfigMap", "job-config")) == ["job-worker-0", *new]
+    c.tick(1)
+    # The first read that shows the replacements' ranks (rankprobe.py: since then).
+    c.ranks = RankSnapshot(
+        c.now, frozenset(["job-worker-0", *new]), since=dict.fromkeys(new, c.now)
+    )
+    # Their ranks run, but have not yet had the time to commit: nothing changes.
+    assert step() == []
+    assert discovered(c.get("ConfigMap", "job-config")) == ["job-worker-0", *new]
+    assert holding() == ["job-worker-0", *new]
+    scaling = next(x for x in c.job["status"]["conditions"] if x["type"] == "Scaling")
+    assert scaling["reason"] == "WaitingForRanks"
+    assert "waiting for the ranks of job-worker-3, job-worker-4, job-worker-5" in scaling["message"]
+    c.tick(host_rules.COMMIT_SECONDS)
+    c.ranks = dataclasses.replace(
+        c.ranks,
+        at=c.now,
+        since=dict.fromkeys(new, c.now - timedelta(seconds=host_rules.COMMIT_SECONDS)),
+    )
+    assert step() == ["job-worker-0"]
+    assert discovered(c.get("ConfigMap", "job-config")) == new

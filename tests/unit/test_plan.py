@@ -20,11 +20,8 @@ from mpijob_elastic.core.actions import (
     Replace,
     WriteStatus,
 )
-from mpijob_elastic.core.plan import plan
-from mpijob_elastic.core.ranks import (
-    DRAIN_FLOOR_SECONDS,
-    PROBE_INTERVAL_SECONDS,
-)
+from mpijob_elastic.core.drain import DRAIN_FLOOR_SECONDS, PROBE_INTERVAL_SECONDS
+from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.render import exec_names
 from mpijob_elastic.core.workers import worker_index
 from mpijob_elastic.machinery.kube import ApiError
@@ -458,6 +455,20 @@ step = st.one_of(
     ],
     drain="0",
 )
+# Out-of-range counts while workers fail: the job keeps the count it was last given (it
+# used to count the workers it had left, and ended with 1 of 2, or 3 of 5).
+@example(
+    steps=[
+        ("reconcile", 0),
+        ("run", 0),
+        ("replicas", 0),
+        ("reconcile", 0),
+        ("fail", 0),
+        ("fail", 1),
+    ],
+    drain="0",
+)
+@example(steps=[("replicas", 6), ("reconcile", 0), ("fail", 0), ("fail", 1)], drain="0")
 # Found by CI's run of perf-latency: every worker failing right after a scale-up.
 @example(
     steps=[
@@ -476,6 +487,10 @@ def test_invariants_under_any_event_order(steps: list[tuple[str, int]], drain: s
     c = Cluster(make_job(2, annotations={**ELASTIC, names.ANN_DRAIN_SECONDS: drain}))
     c.job["spec"]["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = "OnFailure"
     blacklisted: set[str] = set()
+    # The size the job was last given within its bounds: what it keeps while refusing an
+    # out-of-range count (docs/configuration.md), like the admission policy refusing the edit.
+    # A job first reconciled with an out-of-range count starts at the nearest bound.
+    accepted: int | None = None
     for kind, arg in steps:
         if kind == "replicas":
             c.set_replicas(arg)
@@ -490,6 +505,8 @@ def test_invariants_under_any_event_order(steps: list[tuple[str, int]], drain: s
                 blacklisted.add(f"job-worker-{arg}")
             _fail(c, f"job-worker-{arg}", 137)
         else:
+            want = c.job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]
+            accepted = want if 1 <= want <= 5 else accepted or min(max(want, 1), 5)
             c.apply(c.plan())
         # Exec before create, hosts within exec rights, deletes only after a full drain
         # out of discovery, no second delete: the world checks each at the write.
@@ -505,9 +522,9 @@ def test_invariants_under_any_event_order(steps: list[tuple[str, int]], drain: s
     # Whatever happened, the job converges to its bounded replicas with nothing extra.
     c.converge(rounds=30)
     want = c.job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]
-    if not 1 <= want <= 5:
-        want = len(workers_of(c))
-    assert len(workers_of(c)) == want
+    # An out-of-range count is never followed: the job keeps the size it was last given.
+    kept = accepted or min(max(want, 1), 5)
+    assert len(workers_of(c)) == (want if 1 <= want <= 5 else kept), want
     assert not blacklisted & set(workers_of(c)), "a name Horovod blacklisted is back"
     assert discovered(cm(c)) == workers_of(c)
     assert exec_names(c.get("Role", "job-launcher")) == set(workers_of(c))
@@ -592,7 +609,7 @@ def test_an_accepted_delete_whose_pod_stays_is_looked_at_again() -> None:
     victim = c.get("Pod", "job-worker-1")
     assert victim is not None
     accepted = dataclasses.replace(c.observed(), deleting=frozenset({victim["metadata"]["uid"]}))
-    p = plan(accepted, SETTINGS, c.now)
+    p = plan_writes(accepted, SETTINGS, c.now)
     assert not p.of_type(DeletePod)
     # Not left to another event: once the acceptance is forgotten, the delete is planned again.
     assert p.requeue_after == DELETE_MEMORY_SECONDS
@@ -684,3 +701,61 @@ def test_a_foreign_ranks_configmap_is_never_granted_to_the_launcher() -> None:
     theirs = c.get("ConfigMap", "job-ranks")
     assert theirs is not None
     assert theirs["data"] == {"theirs": "x"}
+
+
+@pytest.mark.parametrize(
+    ("error", "type_", "reason", "event"),
+    [
+        (
+            ApiError(403, "Forbidden", 'pods "job-worker-1" is forbidden: exceeded quota'),
+            "WriteRefused",
+            "Forbidden",
+            "WriteRefused",
+        ),
+        (
+            ApiError(422, "Invalid", "spec.containers[0].image: Required value"),
+            "InvalidSpec",
+            "PodTemplateRejected",
+            "PodTemplateRejected",
+        ),
+    ],
+)
+def test_a_refused_write_is_reported_by_the_core_once(
+    monkeypatch: pytest.MonkeyPatch, error: ApiError, type_: str, reason: str, event: str
+) -> None:
+    """The writer only remembers the server's refusal; the next turn's desired() sets the
+    condition quoting the server, and its Event goes out once though the write is refused
+    on every turn."""
+    c = started(1)
+    create = c.world.create
+
+    def refuse(obj: dict[str, Any]) -> dict[str, Any]:
+        if obj["kind"] == "Pod" and obj["metadata"]["name"] == "job-worker-1":
+            raise error
+        return create(obj)
+
+    monkeypatch.setattr(c.world, "create", refuse)
+    c.set_replicas(2)
+    for _ in range(3):
+        with pytest.raises(ApiError):
+            c.apply(c.plan())
+    assert c.observed().refused is not None
+    cond = condition(c, type_)
+    assert cond is not None
+    assert cond["status"] == "True"
+    assert cond["reason"] == reason
+    assert error.message in cond["message"]
+    if type_ == "WriteRefused":
+        assert cond["message"].startswith("create Pod job-worker-1: ")
+    said = [e for e in c.events if e.reason == event]
+    assert len(said) == 1
+    assert said[0].type == "Warning"
+    assert said[0].message == cond["message"]
+    # The cause removed: the writes go through, the memory forgets, the condition clears.
+    monkeypatch.setattr(c.world, "create", create)
+    c.converge()
+    assert c.observed().refused is None
+    cleared = condition(c, type_)
+    assert cleared is not None
+    assert cleared["status"] == "False"
+    assert len([e for e in c.events if e.reason == event]) == 1

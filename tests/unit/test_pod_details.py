@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic.core import names, render
+from mpijob_elastic.core import names, render, render_pods
 from mpijob_elastic.core.actions import Create, DeletePod
 from mpijob_elastic.core.ranks import RankSnapshot
 from mpijob_elastic.core.render import exec_names
@@ -100,7 +100,7 @@ def run_delivery(tmp_path: Path, script: str, min_workers: int) -> bool:
     (etc / names.DISCOVER_HOSTS).write_text(script)
     (bin_ / "kubectl").write_text("#!/bin/sh\n")
     (bin_ / "kubectl").chmod(0o755)
-    command = render.KUBECTL_DELIVERY_SCRIPT.replace("/etc/mpi", str(etc)).replace(
+    command = render_pods.KUBECTL_DELIVERY_SCRIPT.replace("/etc/mpi", str(etc)).replace(
         "/opt/kube", str(opt)
     )
     env = {**os.environ, "MIN_WORKERS": str(min_workers), "PATH": f"{bin_}:/usr/bin:/bin"}
@@ -122,13 +122,13 @@ def test_kubectl_is_handed_over_once_min_workers_are_listed_not_counting_the_lau
 
 
 def test_a_gpu_launcher_keeps_the_nodes_gpus_and_a_cpu_launcher_never_gets_them() -> None:
-    gpu = render.launcher_pod(parse(gpu_job(), 30), NONE, "h", 1)["spec"]["containers"][0]
+    gpu = render_pods.launcher_pod(parse(gpu_job(), 30), NONE, "h", 1)["spec"]["containers"][0]
     assert "NVIDIA_VISIBLE_DEVICES" not in dict(env_of(gpu))
     job = make_job(1)
     launcher_template(job)["spec"]["containers"][0]["env"] = [
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}
     ]
-    cpu = render.launcher_pod(parse(job, 30), NONE, "h", 1)["spec"]["containers"][0]
+    cpu = render_pods.launcher_pod(parse(job, 30), NONE, "h", 1)["spec"]["containers"][0]
     assert [v for k, v in env_of(cpu) if k == "NVIDIA_VISIBLE_DEVICES"] == [""]
 
 
@@ -147,7 +147,7 @@ def test_a_service_account_in_the_template_is_the_launchers_and_is_bound() -> No
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainer", "namespace": "ns"}]
     assert binding["roleRef"]["name"] == "job-launcher"
     assert render.role(spec, [])["metadata"]["name"] == "job-launcher"
-    assert render.launcher_pod(spec, NONE, "h", 1)["spec"]["serviceAccountName"] == "trainer"
+    assert render_pods.launcher_pod(spec, NONE, "h", 1)["spec"]["serviceAccountName"] == "trainer"
 
 
 def test_without_one_the_launcher_runs_as_its_own() -> None:
@@ -158,7 +158,7 @@ def test_without_one_the_launcher_runs_as_its_own() -> None:
         spec = parse(job, 30)
         assert spec.service_account == "job-launcher"
         assert launcher_service_account(job) == "job-launcher"
-        assert render.launcher_pod(spec, NONE, "h", 1)["spec"]["serviceAccountName"] == (
+        assert render_pods.launcher_pod(spec, NONE, "h", 1)["spec"]["serviceAccountName"] == (
             "job-launcher"
         )
 
@@ -197,7 +197,7 @@ def test_the_users_mpi_variables_are_kept_and_ours_fill_the_gaps() -> None:
         },
         {"name": "MINE", "value": "1"},
     ]
-    main = render.launcher_pod(parse(job, 30), NONE, "h", 1)["spec"]["containers"][0]
+    main = render_pods.launcher_pod(parse(job, 30), NONE, "h", 1)["spec"]["containers"][0]
     assert env_of(main) == [
         ("I_MPI_HYDRA_BOOTSTRAP", "ssh"),
         ("OMPI_MCA_orte_default_hostfile", "/data/hosts"),
@@ -216,12 +216,12 @@ def test_mounts_and_env_go_to_the_main_container_not_the_first() -> None:
             0, {"name": "sidecar", "image": "s"}
         )
     spec = parse(job, 30)
-    for pod in (render.launcher_pod(spec, NONE, "h", 1), render.worker_pod(spec, 0)):
+    for pod in (render_pods.launcher_pod(spec, NONE, "h", 1), render_pods.worker_pod(spec, 0)):
         sidecar, main = pod["spec"]["containers"]
         assert "volumeMounts" not in sidecar
         assert "env" not in sidecar
         assert names.CONFIG_MOUNT in {m["mountPath"] for m in main["volumeMounts"]}
-    launcher = render.launcher_pod(spec, NONE, "h", 1)["spec"]["containers"][1]
+    launcher = render_pods.launcher_pod(spec, NONE, "h", 1)["spec"]["containers"][1]
     assert ("OMPI_MCA_plm_rsh_agent", "/etc/mpi/kubexec.sh") in env_of(launcher)
 
 

@@ -228,6 +228,8 @@ def test_reports_lose_a_worker_whose_shell_failed_while_others_go_on() -> None:
     first = probes.pushed(KEY, report("1", started), True, at)
     assert first is not None
     assert first.hosts == first.known == frozenset({"job-worker-0", "job-worker-1", "job-worker-2"})
+    # Since the shell's start second, which its key names.
+    assert first.since["job-worker-0"] == datetime.fromtimestamp(5, UTC)
     # worker-1's rank died (exit 1), worker-2's finished (exit 0): only worker-1 is lost.
     ended = {**started, "job-worker-1_101_5_exit": "1", "job-worker-2_102_5_exit": "0"}
     second = probes.pushed(KEY, report("2", ended), True, at)
@@ -262,3 +264,34 @@ def test_all_shells_ending_at_once_is_the_run_ending_not_ranks_lost() -> None:
     assert last is not None
     assert last.lost == frozenset()
     assert last.hosts == frozenset()
+
+
+def test_each_host_is_known_since_the_first_read_that_showed_it() -> None:
+    outputs = [
+        shells("job-worker-0"),
+        shells("job-worker-0", "job-worker-1"),
+        shells("job-worker-0", "job-worker-1"),
+        shells("job-worker-0"),
+    ]
+
+    async def main() -> None:
+        answered = asyncio.Event()
+
+        async def execute(ns: str, pod: str, container: str | None) -> bytes:
+            return outputs.pop(0)
+
+        probes = RankProbes(execute, lambda _key: answered.set())
+        reads = []
+        for _ in range(4):
+            await read(probes, answered)
+            snapshot = probes.answer(KEY)
+            assert snapshot is not None
+            reads.append(snapshot)
+        assert reads[0].since == {"job-worker-0": reads[0].at}
+        assert reads[1].since == {"job-worker-0": reads[0].at, "job-worker-1": reads[1].at}
+        # Still there: since the read that first showed it, not since this one.
+        assert reads[2].since == {"job-worker-0": reads[0].at, "job-worker-1": reads[1].at}
+        assert reads[3].since == {"job-worker-0": reads[0].at}
+        await probes.stop()
+
+    asyncio.run(main())

@@ -1,55 +1,99 @@
-"""The shell's own logic: batching keeps the plan's order; memory is per job and confirmed."""
+"""The shell's own logic: phases run in the plan's order; memory is per job and confirmed."""
 
+import asyncio
 import time
+from collections.abc import Mapping
+from typing import Any
 
-from mpijob_elastic.app.reconciler import _job_signature, _may_move_hosts
+import pytest
+
+from mpijob_elastic.app.predicates import job_signature, may_move_hosts
 from mpijob_elastic.core.actions import (
     DELETE_MEMORY_SECONDS,
-    Action,
     AnnotatePod,
     Create,
     DeletePod,
-    Emit,
+    Phase,
     Replace,
+    Writes,
+    WriteStatus,
 )
-from mpijob_elastic.machinery.kube import ApiError
-from mpijob_elastic.machinery.writer import JobMemory, batches, host_list_write, refusal
+from mpijob_elastic.machinery.kube import ApiError, Kube
+from mpijob_elastic.machinery.writer import JobMemory, Writer, host_list_write, refusal
 
 
 def pod(name: str) -> Create:
-    return Create({"kind": "Pod", "metadata": {"name": name}})
+    return Create({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": name}})
 
 
-def test_runs_of_one_pod_write_kind_are_batched_in_order() -> None:
-    role = Replace({"kind": "Role", "metadata": {"name": "r"}})
-    cm = Create({"kind": "ConfigMap", "metadata": {"name": "c"}})
-    actions: list[Action] = [
-        role,
-        cm,
-        AnnotatePod("l", {}, "1"),
-        DeletePod("a", "1"),
-        DeletePod("b", "2"),
-        pod("w0"),
-        pod("w1"),
-        pod("w2"),
-        Emit("Normal", "ScaledUp", "x"),
+class _Recording(Kube):
+    """Answers every write after a few loop turns, recording when each started and ended,
+    and refuses the writes named in ``refuse``."""
+
+    def __init__(self, refuse: tuple[str, ...] = ()) -> None:
+        self.log: list[tuple[str, str]] = []
+        self.refuse = refuse
+
+    async def _answer(self, name: str, obj: dict[str, Any]) -> dict[str, Any]:
+        self.log.append(("start", name))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        self.log.append(("end", name))
+        if name in self.refuse:
+            raise ApiError(403, "Forbidden", f"{name} refused")
+        return obj
+
+    async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        return await self._answer(
+            obj["metadata"]["name"], {**obj, "metadata": {**obj["metadata"], "namespace": "ns"}}
+        )
+
+    async def patch(
+        self, kind: str, namespace: str, name: str, patch: Mapping[str, Any], subresource: str = ""
+    ) -> dict[str, Any]:
+        return await self._answer(
+            name, {"kind": kind, "metadata": {"name": name, "namespace": namespace}}
+        )
+
+
+JOB = {"kind": "MPIJob", "metadata": {"name": "job", "namespace": "ns", "uid": "u"}}
+
+
+def test_each_phase_starts_once_the_one_before_was_accepted() -> None:
+    kube = _Recording()
+    phases = (
+        Phase("config hash", (AnnotatePod("launcher", {}, "1"),)),
+        Phase("pod marks", (AnnotatePod("w0", {}, "1"), AnnotatePod("w1", {}, "1"))),
+        Phase("creates", (pod("w2"), pod("w3"))),
+    )
+    asyncio.run(Writer(kube, lambda _: None).run(JOB, Writes(phases)))
+    assert kube.log == [
+        ("start", "launcher"),
+        ("end", "launcher"),
+        # The writes of one phase go out together.
+        ("start", "w0"),
+        ("start", "w1"),
+        ("end", "w0"),
+        ("end", "w1"),
+        ("start", "w2"),
+        ("start", "w3"),
+        ("end", "w2"),
+        ("end", "w3"),
     ]
-    out = batches(actions)
-    assert out == [
-        [role],
-        [cm],
-        [AnnotatePod("l", {}, "1")],
-        [DeletePod("a", "1"), DeletePod("b", "2")],
-        [pod("w0"), pod("w1"), pod("w2")],
-        [Emit("Normal", "ScaledUp", "x")],
-    ]
-    assert [a for b in out for a in b] == actions
 
 
-def test_non_pod_creates_are_never_batched() -> None:
-    sa = Create({"kind": "ServiceAccount", "metadata": {"name": "s"}})
-    role = Create({"kind": "Role", "metadata": {"name": "r"}})
-    assert batches([sa, role]) == [[sa], [role]]
+def test_the_writer_stops_at_the_first_phase_with_a_refused_write() -> None:
+    kube = _Recording(refuse=("w1",))
+    phases = (
+        Phase("pod marks", (AnnotatePod("w0", {}, "1"), AnnotatePod("w1", {}, "1"))),
+        Phase("creates", (pod("w2"),)),
+        Phase("status", (WriteStatus({"phase": "x"}, "1"),)),
+    )
+    with pytest.raises(ApiError):
+        asyncio.run(Writer(kube, lambda _: None).run(JOB, Writes(phases)))
+    # The refusal is reported on the job (a condition and an Event), but no write of a
+    # later phase is made.
+    assert [name for what, name in kube.log if what == "start" and name[0] == "w"] == ["w0", "w1"]
 
 
 def _pod(uid: str, terminating: bool = False) -> dict[str, object]:
@@ -96,10 +140,10 @@ def test_which_failures_need_the_user() -> None:
 def test_a_status_write_does_not_trigger_a_reconcile_but_an_edit_does() -> None:
     job = {"metadata": {"uid": "u", "generation": 1, "annotations": {"a": "1"}}}
     with_status = {**job, "status": {"conditions": []}}
-    assert _job_signature(job) == _job_signature(with_status)
-    assert _job_signature(job) != _job_signature({"metadata": {**job["metadata"], "generation": 2}})
+    assert job_signature(job) == job_signature(with_status)
+    assert job_signature(job) != job_signature({"metadata": {**job["metadata"], "generation": 2}})
     edited = {"metadata": {**job["metadata"], "annotations": {"a": "2"}}}
-    assert _job_signature(job) != _job_signature(edited)
+    assert job_signature(job) != job_signature(edited)
 
 
 def test_host_lists_and_drain_marks_take_the_host_list_lane() -> None:
@@ -115,9 +159,9 @@ def test_only_pod_changes_that_can_move_a_host_are_urgent() -> None:
     def worker(phase: str, **meta: str) -> dict[str, object]:
         return {"kind": "Pod", "metadata": {"name": "w", **meta}, "status": {"phase": phase}}
 
-    assert _may_move_hosts("MODIFIED", worker("Running"))
-    assert _may_move_hosts("MODIFIED", worker("Failed"))
-    assert _may_move_hosts("MODIFIED", worker("Pending", deletionTimestamp="t"))
-    assert _may_move_hosts("DELETED", worker("Pending"))
-    assert not _may_move_hosts("ADDED", worker("Pending"))
-    assert not _may_move_hosts("MODIFIED", {"kind": "ConfigMap", "metadata": {"name": "c"}})
+    assert may_move_hosts("MODIFIED", worker("Running"))
+    assert may_move_hosts("MODIFIED", worker("Failed"))
+    assert may_move_hosts("MODIFIED", worker("Pending", deletionTimestamp="t"))
+    assert may_move_hosts("DELETED", worker("Pending"))
+    assert not may_move_hosts("ADDED", worker("Pending"))
+    assert not may_move_hosts("MODIFIED", {"kind": "ConfigMap", "metadata": {"name": "c"}})

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mpijob_elastic.core import names, render
+from mpijob_elastic.core import names, render, render_pods
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
 from mpijob_elastic.core.spec import JobSpec, parse
 from tests.controller import wait_for
@@ -51,12 +51,12 @@ def test_kubelet_expand_follows_the_kubelet() -> None:
 
 
 def test_rendered_scripts_reach_the_shell_as_written() -> None:
-    worker = render.worker_pod(spec_of(), 0)["spec"]["containers"][0]["command"]
+    worker = render_pods.worker_pod(spec_of(), 0)["spec"]["containers"][0]["command"]
     assert worker[:2] == ["/bin/sh", "-c"]
-    assert kubelet_expand(worker[2]) == render.WORKER_IDLE_SCRIPT
-    (init,) = render.launcher_pod(spec_of(), INIT, "abc", 2)["spec"]["initContainers"]
+    assert kubelet_expand(worker[2]) == render_pods.WORKER_IDLE_SCRIPT
+    (init,) = render_pods.launcher_pod(spec_of(), INIT, "abc", 2)["spec"]["initContainers"]
     env = {e["name"]: e["value"] for e in init["env"]}
-    assert kubelet_expand(init["command"][2], env) == render.KUBECTL_DELIVERY_SCRIPT
+    assert kubelet_expand(init["command"][2], env) == render_pods.KUBECTL_DELIVERY_SCRIPT
 
 
 def spec_of(**changes: object) -> JobSpec:
@@ -172,7 +172,7 @@ def test_gpu_launcher_gets_a_hostfile_line_and_keeps_its_gpus() -> None:
     launcher["resources"] = {"limits": {"nvidia.com/gpu": 1}}
     spec = parse(job, 30)
     assert render.hostfile(spec, ["job-worker-0"]) == "job-launcher slots=1\njob-worker-0 slots=1\n"
-    env = render.launcher_pod(spec, NONE, "h", 1)["spec"]["containers"][0]["env"]
+    env = render_pods.launcher_pod(spec, NONE, "h", 1)["spec"]["containers"][0]["env"]
     assert "NVIDIA_VISIBLE_DEVICES" not in {e["name"] for e in env}
 
 
@@ -195,15 +195,15 @@ def test_children_are_owned_and_labelled() -> None:
         render.role(spec, []),
         render.role_binding(spec),
         render.config_map(spec, {}),
-        render.worker_pod(spec, 1),
-        render.launcher_pod(spec, NONE, "h", 1),
+        render_pods.worker_pod(spec, 1),
+        render_pods.launcher_pod(spec, NONE, "h", 1),
     ):
         meta = obj["metadata"]
         assert meta["namespace"] == "ns"
         assert meta["ownerReferences"] == [render.owner_reference(spec)]
         assert meta["labels"][names.LABEL_GROUP] == "kubeflow.org"
         assert meta["labels"][names.LABEL_JOB] == "job"
-    assert render.worker_pod(spec, 1)["metadata"]["labels"][names.LABEL_INDEX] == "1"
+    assert render_pods.worker_pod(spec, 1)["metadata"]["labels"][names.LABEL_INDEX] == "1"
     assert names.LABEL_ROLE not in render.config_map(spec, {})["metadata"]["labels"]
 
 
@@ -214,14 +214,14 @@ def test_labels_are_mpi_operator_v1s_and_training_operator_19s_byte_for_byte() -
         "training.kubeflow.org/job-name": "job",
         "training.kubeflow.org/operator-name": "mpijob-controller",
     }
-    assert render.launcher_pod(spec, NONE, "h", 1)["metadata"]["labels"] == {
+    assert render_pods.launcher_pod(spec, NONE, "h", 1)["metadata"]["labels"] == {
         **v1,
         "mpi-job-role": "launcher",
         **to_pod,
         "training.kubeflow.org/replica-type": "launcher",
         "training.kubeflow.org/job-role": "master",
     }
-    assert render.worker_pod(spec, 3)["metadata"]["labels"] == {
+    assert render_pods.worker_pod(spec, 3)["metadata"]["labels"] == {
         **v1,
         "mpi-job-role": "worker",
         **to_pod,
@@ -233,23 +233,29 @@ def test_labels_are_mpi_operator_v1s_and_training_operator_19s_byte_for_byte() -
     assert render.config_map(spec, {})["metadata"]["labels"] == {**v1, "app": "job"}
     budget = render.disruption_budget(spec, 1)
     assert budget["metadata"]["labels"] == {**v1, "mpi-job-role": "worker", "app": "job"}
-    # The budget still selects by the v1 labels, which every worker carries.
-    assert budget["spec"]["selector"] == {"matchLabels": {**v1, "mpi-job-role": "worker"}}
+    # The budget selects by the v1 labels, and only the workers labelled as holding ranks.
+    assert budget["spec"]["selector"] == {
+        "matchLabels": {
+            **v1,
+            "mpi-job-role": "worker",
+            "mpijob-elastic.io/holds-ranks": "true",
+        }
+    }
 
 
 def test_a_template_label_cannot_take_the_place_of_ours() -> None:
     job = make_job(2, slots=2)
     template = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
     template["metadata"] = {"labels": {"training.kubeflow.org/job-name": "x", "team": "a"}}
-    labels = render.worker_pod(parse(job, 30), 0)["metadata"]["labels"]
+    labels = render_pods.worker_pod(parse(job, 30), 0)["metadata"]["labels"]
     assert labels["training.kubeflow.org/job-name"] == "job"
     assert labels["team"] == "a"
 
 
 def test_worker_pod_mounts_kubexec_and_idles_in_the_default_command() -> None:
-    pod = render.worker_pod(spec_of(), 0)
+    pod = render_pods.worker_pod(spec_of(), 0)
     container = pod["spec"]["containers"][0]
-    assert container["command"] == render.WORKER_COMMAND
+    assert container["command"] == render_pods.WORKER_COMMAND
     assert "args" not in container
     assert container["volumeMounts"] == [{"name": "mpi-job-config", "mountPath": "/etc/mpi"}]
     (volume,) = pod["spec"]["volumes"]
@@ -262,7 +268,7 @@ def test_worker_with_its_own_command_keeps_it() -> None:
     job = make_job(1)
     worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     worker["command"], worker["args"] = ["/usr/sbin/sshd"], ["-D"]
-    container = render.worker_pod(parse(job, 30), 0)["spec"]["containers"][0]
+    container = render_pods.worker_pod(parse(job, 30), 0)["spec"]["containers"][0]
     assert (container["command"], container["args"]) == (["/usr/sbin/sshd"], ["-D"])
 
 
@@ -293,7 +299,7 @@ class Worker:
 
     def __init__(self, shell: list[str], with_proc: bool = True) -> None:
         # The command as the kubelet hands it to the container, not the constant.
-        script = [*shell, "-c", kubelet_expand(render.WORKER_COMMAND[2])]
+        script = [*shell, "-c", kubelet_expand(render_pods.WORKER_COMMAND[2])]
         if with_proc:
             cmd = ["unshare", "--pid", "--fork", "--mount-proc", *script]
         else:
@@ -379,7 +385,7 @@ def test_default_command_without_proc_waits_like_sleep(workers: list[Worker]) ->
 
 
 def test_launcher_pod_mount_modes_env_and_init_container() -> None:
-    pod = render.launcher_pod(spec_of(), INIT, "abc", 2)
+    pod = render_pods.launcher_pod(spec_of(), INIT, "abc", 2)
     spec = pod["spec"]
     assert pod["metadata"]["annotations"][names.ANN_CONFIG_HASH] == "abc"
     assert spec["serviceAccountName"] == "job-launcher"
@@ -396,17 +402,17 @@ def test_launcher_pod_mount_modes_env_and_init_container() -> None:
     assert env["NVIDIA_VISIBLE_DEVICES"] == ""
     (init,) = spec["initContainers"]
     assert init["image"] == "kubectl:1"
-    assert init["securityContext"] == render.KUBECTL_DELIVERY_SECURITY_CONTEXT
+    assert init["securityContext"] == render_pods.KUBECTL_DELIVERY_SECURITY_CONTEXT
     assert set(init["resources"]["limits"]) == {"cpu", "memory"}
     assert {"name": "MIN_WORKERS", "value": "2"} in init["env"]
     assert "/opt/kube" in {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
-    assert "initContainers" not in render.launcher_pod(spec_of(), NONE, "abc", 2)["spec"]
+    assert "initContainers" not in render_pods.launcher_pod(spec_of(), NONE, "abc", 2)["spec"]
 
 
 def test_exit_code_policy_maps_to_never() -> None:
     job = make_job(1)
     job["spec"]["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = "ExitCode"
-    assert render.worker_pod(parse(job, 30), 0)["spec"]["restartPolicy"] == "Never"
+    assert render_pods.worker_pod(parse(job, 30), 0)["spec"]["restartPolicy"] == "Never"
 
 
 def test_config_hash_changes_with_the_data_only() -> None:

@@ -164,6 +164,47 @@ def test_which_launcher_failures_restart(policy: str, code: int, restarts: bool)
     assert failed is not restarts
 
 
+def disrupt(c: Cluster, name: str, code: int, *, delete: bool) -> None:
+    """What an eviction does to a pod: DisruptionTarget, then (deleted) SIGTERM, on which
+    horovodrun exits 1."""
+    pod = c.world.objects[("Pod", name)]
+    pod["status"]["conditions"] = [
+        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+    ]
+    if delete:
+        pod["metadata"]["deletionTimestamp"] = c.now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    conditions = pod["status"]["conditions"]
+    c.world.fail(name, code)
+    c.world.objects[("Pod", name)]["status"]["conditions"] = conditions
+
+
+@pytest.mark.parametrize("policy", ["ExitCode", "Never", "OnFailure"])
+@pytest.mark.parametrize("delete", [True, False])
+def test_a_launcher_ended_by_a_disruption_does_not_fail_the_job(policy: str, delete: bool) -> None:
+    c = job_with(launcher_restart=policy)
+    disrupt(c, "job-launcher", 1, delete=delete)
+    c.apply(c.plan())
+    assert not any(
+        x["type"] == "Failed" and x["status"] == "True" for x in c.job["status"]["conditions"]
+    )
+    # The driver is gone: no worker is listed as training.
+    assert c.job["status"]["elastic"]["listed"] == 0
+    if delete:
+        c.world.vanish("job-launcher")
+    c.converge()
+    assert "job-launcher" in alive(c), "a new launcher"
+    assert condition(c, "Running")["status"] == "True"
+    assert c.job["status"]["elastic"]["listed"] == 2
+
+
+def test_a_failed_launcher_lists_no_worker() -> None:
+    c = job_with(launcher_restart="ExitCode")
+    c.world.fail("job-launcher", 1)
+    c.converge()
+    assert condition(c, "Failed")["status"] == "True"
+    assert c.job["status"]["elastic"]["listed"] == 0
+
+
 # -- worker replacement backoff ----------------------------------------------------------------
 
 
@@ -193,3 +234,20 @@ def test_evictions_do_not_count_as_worker_failures() -> None:
         assert len(created_pods(c)) == 1, "replaced at once"
         c.converge()
     assert "workerFailures" not in c.job["status"]["elastic"]
+
+
+def test_a_worker_evicted_while_listed_is_not_said_to_have_lost_its_ranks() -> None:
+    c = job_with()
+    pod = c.world.objects[("Pod", "job-worker-1")]
+    pod["metadata"]["deletionTimestamp"] = c.now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    c.apply(c.plan())
+    retired = [e for e in c.events if e.reason == "WorkerRetired"]
+    assert len(retired) == 1
+    assert retired[0].type == "Normal"
+    assert "job-worker-1 are being deleted while listed" in retired[0].message
+    assert "lost" not in retired[0].message
+    c.world.vanish_now("job-worker-0")
+    c.apply(c.plan())
+    lost = [e for e in c.events if e.reason == "WorkerRetired"][-1]
+    assert lost.type == "Warning"
+    assert "job-worker-0 lost their ranks" in lost.message

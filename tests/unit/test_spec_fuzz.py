@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import HealthCheck, currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
-from mpijob_elastic.core import names, render
+from mpijob_elastic.core import names, render, render_pods
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
 from mpijob_elastic.core.spec import InvalidSpec, JobSpec, parse
 
@@ -203,8 +203,8 @@ def render_everything(spec: JobSpec) -> None:
         data = render.config_data(spec, config, workers, workers)
         hash_ = render.config_hash(data)
         pods = [
-            render.launcher_pod(spec, config, hash_, count),
-            *(render.worker_pod(spec, i) for i in range(count)),
+            render_pods.launcher_pod(spec, config, hash_, count),
+            *(render_pods.worker_pod(spec, i) for i in range(count)),
         ]
         others = [
             render.config_map(spec, data),
@@ -216,7 +216,7 @@ def render_everything(spec: JobSpec) -> None:
             json.dumps(obj)  # what the API client will do with it
         for pod in pods:
             volumes = [v["name"] for v in pod["spec"]["volumes"]]
-            assert render.CONFIG_VOLUME in volumes
+            assert render_pods.CONFIG_VOLUME in volumes
             mounts = [m for c in pod["spec"]["containers"] for m in c.get("volumeMounts", [])]
             assert names.CONFIG_MOUNT in [m.get("mountPath") for m in mounts]
 

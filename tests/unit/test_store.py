@@ -6,7 +6,7 @@ import copy
 import json
 from typing import Any
 
-from mpijob_elastic.core.scaleout import why_not_running
+from mpijob_elastic.core.capacity import why_not_running
 from mpijob_elastic.core.status import _counts
 from mpijob_elastic.core.workers import Worker
 from mpijob_elastic.machinery.store import (

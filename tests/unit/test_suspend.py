@@ -73,7 +73,13 @@ def test_an_elastic_job_has_a_budget_at_min_replicas_that_follows_the_bounds() -
     assert budget is not None
     assert budget["spec"] == {
         "minAvailable": 2,
-        "selector": {"matchLabels": names.labels("job", names.ROLE_WORKER)},
+        # Only the workers that hold ranks count (host_rules.py).
+        "selector": {
+            "matchLabels": {
+                **names.labels("job", names.ROLE_WORKER),
+                names.LABEL_HOLDS_RANKS: "true",
+            }
+        },
         # A Pending or crash-looping worker holds no rank and must not block a drain.
         "unhealthyPodEvictionPolicy": "AlwaysAllow",
     }

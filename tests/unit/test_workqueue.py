@@ -6,7 +6,13 @@ import asyncio
 
 import pytest
 
-from mpijob_elastic.machinery.workqueue import ItemBackoff, ShutDownError, WorkQueue
+from mpijob_elastic.machinery.workqueue import (
+    RETRY_BURST,
+    ItemBackoff,
+    ShutDownError,
+    TokenBucket,
+    WorkQueue,
+)
 
 Key = tuple[str, str]
 A: Key = ("ns", "a")
@@ -201,11 +207,9 @@ def test_backoff_doubles_from_5ms_and_is_capped() -> None:
     backoff: ItemBackoff[Key] = ItemBackoff(max_delay_seconds=0.1)
     delays = [backoff.next_delay(A) for _ in range(7)]
     assert delays == pytest.approx([0.005, 0.01, 0.02, 0.04, 0.08, 0.1, 0.1])
-    assert backoff.failures(A) == 7
     # Keys back off independently.
     assert backoff.next_delay(B) == pytest.approx(0.005)
     backoff.forget(A)
-    assert backoff.failures(A) == 0
     assert backoff.next_delay(A) == pytest.approx(0.005)
 
 
@@ -226,11 +230,9 @@ async def test_add_rate_limited_backs_off_until_forget() -> None:
     # The 10 ms retry scheduled by the second failure is the sooner one and is kept.
     assert await get_soon(queue) == A
     queue.done(A)
-    assert queue.num_failures(A) == 21
     queue.add_rate_limited(A)  # 22nd failure: 10 s, capped
     await assert_nothing_ready(queue)
     queue.forget(A)
-    assert queue.num_failures(A) == 0
     queue.add_rate_limited(A)  # back to 5 ms, which replaces the pending 10 s retry
     assert await get_soon(queue) == A
 
@@ -271,3 +273,46 @@ async def test_a_key_moved_forward_keeps_the_time_it_was_first_queued() -> None:
     assert await get_soon(queue) == A
     assert len(waits) == 1
     assert waits[0] >= 0.02
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_bucket_lets_a_burst_through_then_spreads_retries_at_its_rate() -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(rate=10, burst=100, clock=clock)
+    assert [bucket.reserve() for _ in range(100)] == [0.0] * 100
+    # Tokens are taken ahead: each further retry waits a tenth of a second more.
+    assert [bucket.reserve() for _ in range(3)] == pytest.approx([0.1, 0.2, 0.3])
+    clock.now += 0.3  # the three reserved tokens have come in
+    assert bucket.reserve() == pytest.approx(0.1)
+    clock.now += 60  # refilled, but never above the burst
+    assert [bucket.reserve() for _ in range(100)] == [0.0] * 100
+    assert bucket.reserve() == pytest.approx(0.1)
+
+
+async def test_retries_of_many_keys_are_held_to_the_overall_rate() -> None:
+    """Past the burst, a key's first retry waits for the bucket, not its own 5 ms."""
+    queue: WorkQueue[Key] = WorkQueue()
+    keys: list[Key] = [("ns", str(i)) for i in range(RETRY_BURST + 1)]
+    for key in keys:
+        queue.add_rate_limited(key)
+    got = {await get_soon(queue) for _ in range(RETRY_BURST)}
+    assert got == set(keys[:RETRY_BURST])
+    await assert_nothing_ready(queue)  # the 101st waits 0.1 s
+    assert await asyncio.wait_for(queue.get(), 0.5) == keys[-1]
+
+
+async def test_plain_adds_are_not_limited() -> None:
+    queue: WorkQueue[Key] = WorkQueue()
+    for i in range(RETRY_BURST):
+        queue.add_rate_limited(("ns", f"r{i}"))
+    for _ in range(RETRY_BURST):
+        queue.done(await get_soon(queue))
+    queue.add(A)  # the bucket is empty, an event's add is not held
+    assert await get_soon(queue) == A

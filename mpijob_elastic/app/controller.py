@@ -11,20 +11,26 @@ every event rate-limited).
 from __future__ import annotations
 
 import asyncio
-import json
+import dataclasses
 import logging
 import time
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from mpijob_elastic.app.predicates import job_signature, manages, may_move_hosts
 from mpijob_elastic.app.preflight import RECHECK_SECONDS, Preflight
+from mpijob_elastic.app.watches import (
+    CHILD_KINDS,
+    CHILD_SELECTOR,
+    HANDOVER_SELECTORS,
+    JOB_LABELS,
+    Caches,
+)
 from mpijob_elastic.core import names, nodes
-from mpijob_elastic.core.actions import Observed
-from mpijob_elastic.core.plan import plan
+from mpijob_elastic.core.observe import Observed, observe
+from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
 from mpijob_elastic.core.settings import Settings
-from mpijob_elastic.core.spec import launcher_service_account, managed_by
 from mpijob_elastic.core.times import parse_time
 from mpijob_elastic.machinery import metrics
 from mpijob_elastic.machinery.informer import Informer
@@ -36,82 +42,10 @@ from mpijob_elastic.machinery.store import compact, metadata_only, slim_pod
 from mpijob_elastic.machinery.workqueue import ShutDownError, WorkQueue
 from mpijob_elastic.machinery.writer import Writer
 
-log = logging.getLogger("mpijob_elastic.app.reconciler")
+log = logging.getLogger("mpijob_elastic.app.controller")
 
 Key = tuple[str, str]
 Obj = dict[str, Any]
-
-# Children are all labelled with the job's name; watching only those keeps the caches to
-# the objects this controller can own, not every pod in the cluster.
-CHILD_SELECTOR = f"{names.LABEL_GROUP}={names.GROUP},{names.LABEL_JOB}"
-CHILD_KINDS = ("Pod", "ConfigMap", "ServiceAccount", "Role", "RoleBinding", "PodDisruptionBudget")
-# Children that training-operator 1.9 made carry its labels, not the v1 ones, until their
-# hand-over (handover.py) merges ours in. A label selector cannot say "either set", so a
-# second cache per kind watches training-operator's, without the v1 job label: disjoint
-# from the main caches, so nothing is held twice, and a child moves from one to the
-# other when it is relabelled. Training-operator labels the launcher's ServiceAccount,
-# Role, RoleBinding and the ConfigMap only `app=<job>`, which many unrelated objects carry,
-# so these caches keep metadata alone: a claim is a patch and needs no more.
-HANDOVER_SELECTORS = {
-    "Pod": f"{names.LABEL_TO_OPERATOR}={names.TO_OPERATOR},!{names.LABEL_JOB}",
-    **{
-        kind: f"{names.LABEL_APP},!{names.LABEL_JOB}"
-        for kind in ("ConfigMap", "ServiceAccount", "Role", "RoleBinding")
-    },
-}
-# Where an orphan names the job it may belong to.
-_JOB_LABELS = (names.LABEL_JOB, names.LABEL_TO_JOB, names.LABEL_APP)
-
-
-def _job_signature(job: Obj) -> tuple[Any, ...]:
-    """What of a job can change its plan; its status cannot, it is our own output.
-
-    A status write is a watch event like any other; reconciling on it would make every
-    retry of a failing job trigger the next one at once, bypassing the backoff.
-    """
-    meta = job["metadata"]
-    return (
-        meta.get("uid"),
-        meta.get("generation"),
-        meta.get("deletionTimestamp"),
-        json.dumps(meta.get("annotations") or {}, sort_keys=True),
-        json.dumps(meta.get("labels") or {}, sort_keys=True),
-    )
-
-
-def _may_move_hosts(type_: str, obj: Obj) -> bool:
-    """Whether a child's change can add a host to its job's lists or take one off: a pod
-    that runs, ended, or is going. Such changes go to the front of the queue; a pod
-    created or scheduled only moves its job along."""
-    if obj.get("kind") != "Pod":
-        return False
-    if type_ == "DELETED" or obj["metadata"].get("deletionTimestamp"):
-        return True
-    return (obj.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed")
-
-
-def manages(job: Mapping[str, Any], settings: Settings) -> bool:
-    value = managed_by(job)
-    if settings.only_managed_by:
-        return value == names.MANAGED_BY
-    return value in (None, names.MANAGED_BY, names.TRAINING_OPERATOR)
-
-
-class _Caches:
-    """One informer per kind and watched namespace (``None``: all namespaces)."""
-
-    def __init__(self) -> None:
-        self.by_kind: dict[str, dict[str | None, Informer]] = {}
-
-    def add(self, kind: str, namespace: str | None, informer: Informer) -> None:
-        self.by_kind.setdefault(kind, {})[namespace] = informer
-
-    def all(self) -> list[Informer]:
-        return [i for group in self.by_kind.values() for i in group.values()]
-
-    def pick(self, kind: str, namespace: str) -> Informer | None:
-        group = self.by_kind.get(kind, {})
-        return group.get(None) or group.get(namespace)
 
 
 class Controller:
@@ -120,27 +54,26 @@ class Controller:
         api: ApiClient,
         settings: Settings,
         *,
-        watch_api: ApiClient | None = None,
+        watch_api: ApiClient,
         lease: tuple[str, str] | None = None,
     ) -> None:
-        """``api`` carries the writes; ``watch_api``, if given, the long-lived watches, so
-        open watches can never take the connections a write needs; ``lease``, with leader
+        """``api`` carries the writes; ``watch_api`` the long-lived watches, so open
+        watches can never take the connections a write needs (clients.py); ``lease``, with leader
         election, the Lease's namespace and name, whose grants the start-up check asks for."""
         self.settings = settings
         self.kube = Kube(api)
-        watches = watch_api or api
         self.queue: WorkQueue[Key] = WorkQueue(
             rank=self._rank, observe_wait=metrics.QUEUE_WAIT_SECONDS.observe
         )
         metrics.QUEUE_DEPTH.set_function(lambda: len(self.queue))
         metrics.JOBS.jobs = self._managed_jobs
         self.latency = metrics.HostListLatency()
-        self.caches = _Caches()
-        self.handover = _Caches()
+        self.caches = Caches()
+        self.handover = Caches()
         namespaces: list[str | None] = list(settings.namespaces) or [None]
         for ns in namespaces:
             path, plural = RESOURCES[names.KIND]
-            jobs = Informer(watches, path, plural, self._on_job, namespace=ns, transform=compact)
+            jobs = Informer(watch_api, path, plural, self._on_job, namespace=ns, transform=compact)
             self.caches.add(names.KIND, ns, jobs)
             # What each cache keeps, and why: docs/design.md, "What the caches hold".
             watched = [
@@ -154,7 +87,7 @@ class Controller:
             for kind, selector, caches, transform in watched:
                 path, plural = RESOURCES[kind]
                 informer = Informer(
-                    watches,
+                    watch_api,
                     path,
                     plural,
                     self._on_child,
@@ -167,7 +100,7 @@ class Controller:
         self.caches.add(
             "Node",
             None,
-            Informer(watches, "/api/v1", "nodes", self._on_node, transform=nodes.slim),
+            Informer(watch_api, "/api/v1", "nodes", self._on_node, transform=nodes.slim),
         )
         self._leaving_nodes: dict[str, str] = {}
         self.writer = Writer(self.kube, self._cache, self._cached)
@@ -209,7 +142,7 @@ class Controller:
             self._first_seen.pop(key, None)
         else:
             self._first_seen.setdefault(key, time.time())
-            signature = _job_signature(job)
+            signature = job_signature(job)
             if self._job_signatures.get(key) == signature:
                 return
             self._job_signatures[key] = signature
@@ -226,7 +159,7 @@ class Controller:
         if obj.get("kind") == "Pod":
             self.latency.pod(type_, obj, time.monotonic())
         refs = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
-        urgent = _may_move_hosts(type_, obj)
+        urgent = may_move_hosts(type_, obj)
         for ref in refs:
             if ref.get("kind") == names.KIND and ref.get("apiVersion", "").startswith(
                 f"{names.GROUP}/"
@@ -237,7 +170,7 @@ class Controller:
         # An orphan: the job its labels name may adopt it, if there is such a job.
         labels = meta.get("labels") or {}
         jobs = self.caches.pick(names.KIND, meta["namespace"])
-        for name in {labels[k] for k in _JOB_LABELS if k in labels}:
+        for name in {labels[k] for k in JOB_LABELS if k in labels}:
             if jobs is not None and jobs.get(meta["namespace"], name) is not None:
                 self.queue.add((meta["namespace"], name))
 
@@ -372,74 +305,27 @@ class Controller:
 
     def observe(self, job: Obj) -> Observed:
         meta = job["metadata"]
-        ns, uid = meta["namespace"], meta["uid"]
-
-        def owned(kind: str) -> list[Obj]:
-            cache = self.caches.pick(kind, ns)
-            return (
-                [o for o in cache.by_owner(uid) if o["metadata"]["namespace"] == ns]
-                if cache
-                else []
-            )
-
-        def named(kind: str, name: str) -> Obj | None:
-            return next((o for o in owned(kind) if o["metadata"]["name"] == name), None)
-
-        def strays(kind: str) -> list[Obj]:
-            """Hand-over candidates (handover.py): orphans, and children of this job that
-            only the hand-over caches hold."""
-            main, other = self.caches.pick(kind, ns), self.handover.pick(kind, ns)
-            found = list(main.orphans(ns)) if main else []
-            if other is not None:
-                for obj in (*other.by_owner(uid), *other.orphans(ns)):
-                    obj_meta = obj["metadata"]
-                    seen = main.get(ns, obj_meta["name"]) if main else None
-                    # Relabelled already: our write put it in the main cache, and the
-                    # hand-over cache's view of it is on its way out.
-                    if obj_meta["namespace"] == ns and not (
-                        seen is not None and seen["metadata"].get("uid") == obj_meta.get("uid")
-                    ):
-                        found.append(obj)
-            return found
-
-        pods = owned("Pod")
-        memory = self.writer.of((ns, meta["name"]))
-        now = time.monotonic()
-        launcher = names.launcher_name(meta["name"])
-        return Observed(
-            job=job,
-            pods=pods,
-            config_map=named("ConfigMap", names.config_map_name(meta["name"])),
-            service_account=named("ServiceAccount", launcher_service_account(job)),
-            role=named("Role", launcher),
-            role_binding=named("RoleBinding", launcher),
-            disruption_budget=named(
-                "PodDisruptionBudget", names.disruption_budget_name(meta["name"])
-            ),
-            deleting=memory.deleting(pods, now),
-            conflicts=memory.taken(now),
-            in_use=memory.used(now),
-            **self._ranks(job, pods, named("ConfigMap", names.ranks_name(meta["name"]))),
-            leaving_nodes=dict(self._leaving_nodes),
-            strays=[o for kind in HANDOVER_SELECTORS for o in strays(kind)],
+        ns = meta["namespace"]
+        key = (ns, meta["name"])
+        observed = observe(
+            job,
+            lambda kind: self.caches.pick(kind, ns),
+            lambda kind: self.handover.pick(kind, ns),
+            self.writer.of(key),
+            time.monotonic(),
+            ranks_read=self.probes.answer(key),
+            leaving_nodes=self._leaving_nodes,
         )
-
-    def _ranks(self, job: Obj, pods: list[Obj], report: Obj | None) -> dict[str, Any]:
-        """Observed's rank fields: the launcher's reports, and the last exec read."""
-        meta = job["metadata"]
-        key = (meta["namespace"], meta["name"])
+        # The launcher's reports (ranks.py), kept per job so that losses add up.
         launcher = names.launcher_name(meta["name"])
         running = any(
             p["metadata"]["name"] == launcher
             and not p["metadata"].get("deletionTimestamp")
             and (p.get("status") or {}).get("phase") == "Running"
-            for p in pods
+            for p in observed.pods
         )
-        return {
-            "ranks": self.probes.pushed(key, report, running, datetime.now(UTC)),
-            "ranks_report": report,
-            "ranks_read": self.probes.answer(key),
-        }
+        pushed = self.probes.pushed(key, observed.ranks_report, running, datetime.now(UTC))
+        return dataclasses.replace(observed, ranks=pushed)
 
     async def reconcile(self, key: Key) -> float | None:
         """One turn for one job; raises if a write failed, so the queue backs off."""
@@ -451,13 +337,13 @@ class Controller:
             self.probes.forget(key)
             return None
         observed = self.observe(job)
-        the_plan = plan(observed, self.settings)
-        await self.writer.run(job, the_plan)
+        writes = plan_writes(observed, self.settings)
+        await self.writer.run(job, writes)
         self.probes.acted_on(key, observed.ranks)
-        if the_plan.probe is not None:
-            self.probes.request(key, the_plan.probe)
+        if writes.probe is not None:
+            self.probes.request(key, writes.probe)
         retry = self.writer.of(key).next_retry(time.monotonic())
-        requeue = [t for t in (the_plan.requeue_after, retry) if t is not None]
+        requeue = [t for t in (writes.requeue_after, retry) if t is not None]
         return min(requeue) if requeue else None
 
     async def _read_launcher(self, namespace: str, pod: str, container: str | None) -> bytes:

@@ -1,0 +1,47 @@
+"""What the controller watches: the label selectors of its caches, and the caches by kind
+and namespace (docs/design.md, "What the caches hold")."""
+
+from __future__ import annotations
+
+from mpijob_elastic.core import names
+from mpijob_elastic.core.observe import HANDOVER_KINDS
+from mpijob_elastic.machinery.informer import Informer
+
+# Children are all labelled with the job's name; watching only those keeps the caches to
+# the objects this controller can own, not every pod in the cluster.
+CHILD_SELECTOR = f"{names.LABEL_GROUP}={names.GROUP},{names.LABEL_JOB}"
+CHILD_KINDS = ("Pod", "ConfigMap", "ServiceAccount", "Role", "RoleBinding", "PodDisruptionBudget")
+# Children that training-operator 1.9 made carry its labels, not the v1 ones, until their
+# hand-over (handover.py) merges ours in. A label selector cannot say "either set", so a
+# second cache per kind watches training-operator's, without the v1 job label: disjoint
+# from the main caches, so nothing is held twice, and a child moves from one to the
+# other when it is relabelled. Training-operator labels the launcher's ServiceAccount,
+# Role, RoleBinding and the ConfigMap only `app=<job>`, which many unrelated objects carry,
+# so these caches keep metadata alone: a claim is a patch and needs no more.
+HANDOVER_SELECTORS = {
+    kind: (
+        f"{names.LABEL_TO_OPERATOR}={names.TO_OPERATOR},!{names.LABEL_JOB}"
+        if kind == "Pod"
+        else f"{names.LABEL_APP},!{names.LABEL_JOB}"
+    )
+    for kind in HANDOVER_KINDS
+}
+# Where an orphan names the job it may belong to.
+JOB_LABELS = (names.LABEL_JOB, names.LABEL_TO_JOB, names.LABEL_APP)
+
+
+class Caches:
+    """One informer per kind and watched namespace (``None``: all namespaces)."""
+
+    def __init__(self) -> None:
+        self.by_kind: dict[str, dict[str | None, Informer]] = {}
+
+    def add(self, kind: str, namespace: str | None, informer: Informer) -> None:
+        self.by_kind.setdefault(kind, {})[namespace] = informer
+
+    def all(self) -> list[Informer]:
+        return [i for group in self.by_kind.values() for i in group.values()]
+
+    def pick(self, kind: str, namespace: str) -> Informer | None:
+        group = self.by_kind.get(kind, {})
+        return group.get(None) or group.get(namespace)

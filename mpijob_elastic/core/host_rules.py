@@ -1,0 +1,251 @@
+"""The rules Horovod's driver enforces on every change of ``discover_hosts.sh``, in one place.
+
+The rest of the planner decides which workers the job wants listed; this module decides
+which of those changes may reach Horovod now, and what must stay listed meanwhile. Each
+rule is a way the real driver (0.28.1, reference section 4a) ends or stalls the job:
+
+1. **One change at a time.** The driver sends one notice per discovery change, to rank 0
+   only, and drops the notices that arrive while the ranks re-initialise. So after a
+   rewrite that added hosts, nothing changes until each added host's ranks run and have
+   been running for ``COMMIT_SECONDS`` (they have joined the reset and committed since),
+   or ``SETTLE_SECONDS`` after its main container started (a rank that never comes: the
+   driver has given up on it by then); after a rewrite that removed hosts, nothing changes
+   until their ranks have left. Only hosts that can no longer be listed (gone, failed,
+   terminating) leave meanwhile.
+2. **A rank-holder stays.** The driver refuses a reset whose host set holds no host of
+   the ranks' current assignment ("No hosts from previous set remaining") and ends the
+   job. So while a listed worker holds ranks and no host of the new list does, one of the
+   rank-holders stays listed: a worker that stays anyway first, else the lowest index;
+   one being deleted (an eviction's grace period) only if no other holds ranks, until its
+   ranks leave or its grace period ends.
+3. **Never below the minimum.** Below ``--min-np`` listed slots every rank, the removed
+   ones too, blocks in the reset, so a graceful removal that would take the list below
+   min-replicas waits (the hosts stay listed) until replacements are listed.
+4. **Listing is a promise.** A host added to the list must start a rank within the Gloo
+   timeout or the whole job ends; a worker about to be evicted or preempted
+   (``DisruptionTarget``) is not added.
+
+Who holds ranks comes from the rank signal (``ranks.py``): a worker the launcher's remote
+shells reach. When the signal cannot be read, a listed worker whose main container has
+run for ``SETTLE_SECONDS`` is taken as holding ranks (a guess: nothing better is known).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from mpijob_elastic.core import names
+from mpijob_elastic.core.drain import DRAIN_FLOOR_SECONDS
+from mpijob_elastic.core.membership import Membership
+from mpijob_elastic.core.observe import Observed
+from mpijob_elastic.core.ranks import RankSnapshot, signal
+from mpijob_elastic.core.spec import JobSpec
+from mpijob_elastic.core.workers import Worker, discovered_hosts
+
+# How long a new rank may take to join: Horovod's Gloo timeout (30 s by default), after
+# which the ranks waiting for it abort, plus a margin for the driver's discovery poll.
+SETTLE_SECONDS = 35.0
+# How long a new host's ranks must have run before the next change: the reset they joined
+# has ended (the other ranks waited for them in the rendezvous) and a commit has followed,
+# so the driver's next notice is not dropped. Trainings commit about every second.
+COMMIT_SECONDS = 5.0
+_FLOOR = timedelta(seconds=DRAIN_FLOOR_SECONDS)
+
+
+@dataclass(frozen=True)
+class Host:
+    """A worker as the rules see it."""
+
+    index: int
+    # When its main container started running; None: it does not run, no rank can.
+    running_since: datetime | None
+    terminating: bool = False
+    # It may be listed now (kept or leaving, can take ranks, granted, not retired).
+    listable: bool = True
+    # An eviction, preemption or taint-based deletion is about to take it.
+    disrupted: bool = False
+
+
+@dataclass(frozen=True)
+class HostList:
+    # The hosts to write, in index order.
+    hosts: tuple[str, ...]
+    # Hosts listed only because of these rules: the planner wants them gone, and they
+    # wait (no drain starts for them).
+    held: frozenset[str]
+    # Workers that hold ranks now, as far as the controller can tell.
+    holders: frozenset[str]
+    # Why the list waits ("" if it does not); the rank signal is then wanted every second.
+    waiting: str = ""
+    # When to look again, in seconds from now.
+    recheck: float | None = None
+
+
+def rank_holders(
+    snapshot: RankSnapshot | None, hosts: Mapping[str, Host], listed: Collection[str], now: datetime
+) -> frozenset[str]:
+    """The workers that hold ranks: reached by the launcher's remote shells and running;
+    when the signal cannot be read, the listed ones that have run for SETTLE_SECONDS."""
+    alive = {n: h for n, h in hosts.items() if h.running_since is not None}
+    if snapshot is not None and snapshot.hosts is not None:
+        return frozenset(n for n in snapshot.hosts if n in alive)
+    settled = timedelta(seconds=SETTLE_SECONDS)
+    return frozenset(
+        n
+        for n in listed
+        if (h := alive.get(n)) is not None
+        and h.running_since is not None
+        and h.running_since + settled <= now
+    )
+
+
+def _pending(
+    snapshot: RankSnapshot | None,
+    hosts: Mapping[str, Host],
+    listed: Collection[str],
+    draining: Mapping[str, datetime | None],
+    now: datetime,
+) -> tuple[list[str], float | None]:
+    """Listed hosts whose ranks have not yet joined and committed, and unlisted ones whose
+    ranks have not yet left: the driver is in a reset, a change now would be lost."""
+    seen = snapshot.hosts if snapshot is not None else None
+    since = snapshot.since if snapshot is not None else {}
+    waiting: list[str] = []
+    recheck: float | None = None
+    if seen is None or not seen & set(listed):
+        # Without the signal nothing tells a reset under way; rule 2 still waits, on time.
+        # A launcher that reaches none of the listed hosts runs no ranks on them (not yet,
+        # or no more): there is no reset to wait for.
+        return waiting, recheck
+    for name in sorted(listed):
+        h = hosts.get(name)
+        if h is None or h.running_since is None or h.terminating:
+            continue
+        if name in seen:
+            end = since.get(name, now - timedelta(seconds=COMMIT_SECONDS)) + timedelta(
+                seconds=COMMIT_SECONDS
+            )
+        else:
+            end = h.running_since + timedelta(seconds=SETTLE_SECONDS)
+        if end > now:
+            waiting.append(name)
+            left = (end - now).total_seconds()
+            recheck = left if recheck is None else min(recheck, left)
+    assert snapshot is not None
+    for name, mark in sorted(draining.items()):
+        # Unlisted at ``mark``: a read from before then says nothing; the drain's floor
+        # (drain.py) is when a read that counts is due.
+        if mark is None or name not in hosts:
+            continue
+        if name in seen if snapshot.at >= mark else now < mark + _FLOOR:
+            waiting.append(name)
+    return waiting, recheck
+
+
+def next_hosts(
+    wanted: Sequence[str],
+    listed: Collection[str],
+    hosts: Mapping[str, Host],
+    snapshot: RankSnapshot | None,
+    now: datetime,
+    *,
+    draining: Mapping[str, datetime | None] | None = None,
+    minimum: int = 0,
+    fixed_holder: bool = False,
+) -> HostList:
+    """The host list to write now.
+
+    ``wanted``: what the planner wants listed. ``listed``: what ``discover_hosts.sh``
+    names now. ``hosts``: every worker of the job by name. ``draining``: leaving workers
+    no longer listed, with their drain marks. ``minimum``: min-replicas (0: none).
+    ``fixed_holder``: a host outside the workers (the launcher) holds ranks and stays
+    listed, which satisfies rule 2 by itself.
+    """
+    holders = rank_holders(snapshot, hosts, listed, now)
+    waiting, recheck = _pending(snapshot, hosts, listed, draining or {}, now)
+    why = ""
+    chosen = [
+        n for n in wanted if n in listed or not ((h := hosts.get(n)) is not None and h.disrupted)
+    ]
+    if waiting and set(chosen) != set(listed):
+        why = f"waiting for the ranks of {', '.join(waiting)} (one host-list change at a time)"
+        chosen = [n for n in listed if (h := hosts.get(n)) is not None and h.listable]
+    else:
+        waiting, recheck = [], None
+    current = [n for n in listed if n in hosts]
+    if holders and not fixed_holder and not holders & set(chosen):
+        stay = min(
+            (n for n in holders if n in listed),
+            key=lambda n: (not hosts[n].listable, hosts[n].index),
+            default=None,
+        )
+        if stay is not None:
+            chosen.append(stay)
+            why = why or f"keeping {stay} listed until a new host holds ranks"
+    if minimum and len(current) >= minimum:
+        spare = sorted(
+            (n for n in current if hosts[n].listable and n not in chosen),
+            key=lambda n: hosts[n].index,
+        )
+        missing = minimum - sum(1 for n in chosen if n in hosts)
+        chosen += spare[: max(missing, 0)]
+    ordered = tuple(sorted(set(chosen), key=lambda n: (hosts[n].index if n in hosts else -1, n)))
+    return HostList(ordered, frozenset(ordered) - set(wanted), holders, why, recheck)
+
+
+def for_job(
+    spec: JobSpec,
+    workers: Sequence[Worker],
+    m: Membership,
+    wanted: Sequence[str],
+    launcher: Mapping[str, Any] | None,
+    launcher_listed: bool,
+    observed: Observed,
+    now: datetime,
+) -> HostList:
+    """The rules applied to one job's turn (desired.py's one call): ``wanted`` is the
+    worker host list the planner would write; ``discover_hosts.sh`` as observed says what
+    is listed now. Only a running launcher's driver is bound by them; before it runs,
+    nothing reads the list."""
+    status = (launcher or {}).get("status") or {}
+    if (
+        launcher is None
+        or launcher["metadata"].get("deletionTimestamp")
+        or status.get("phase") != "Running"
+    ):
+        return HostList(tuple(wanted), frozenset(), frozenset())
+    listed = discovered_hosts((observed.config_map or {}).get("data"))
+    main = spec.main_container
+    may_list = {w.name for w in (*m.keep, *(i.worker for i in m.leaving)) if w.can_take_ranks(main)}
+    # A main container whose start time cannot be read is taken as running for long.
+    long_ago = now - timedelta(days=1)
+    hosts = {
+        w.name: Host(
+            w.index,
+            (w.running_since(main) or long_ago) if w.main_running(main) else None,
+            w.terminating,
+            w.name in may_list,
+            w.disrupted,
+        )
+        for w in workers
+        if w.uid not in observed.deleting
+    }
+    # The launcher, when it is a host, holds ranks of the current assignment and stays.
+    own = names.launcher_name(spec.name)
+    snapshot = signal(observed.ranks, observed.ranks_read)
+    seen = snapshot.hosts if snapshot is not None else None
+    return next_hosts(
+        wanted,
+        [n for n in listed if n != own],
+        hosts,
+        snapshot,
+        now,
+        draining={
+            i.worker.name: i.worker.draining_since for i in m.leaving if i.worker.name not in listed
+        },
+        minimum=spec.bounds.min or 0,
+        fixed_holder=launcher_listed and own in listed and (seen is None or own in seen),
+    )

@@ -1,0 +1,298 @@
+"""Readers of the MPIJob's single fields, for spec.parse.
+
+Each reads one field (or annotation), appends a ``FieldError`` naming it when the value is
+unusable, and returns a default instead of raising, so that ``parse`` reports every field
+to fix at once.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mpijob_elastic.core import names
+from mpijob_elastic.core.shapes import FieldError, as_int, mapping, show, string_field, string_map
+from mpijob_elastic.core.workers import worker_index
+
+if TYPE_CHECKING:
+    from mpijob_elastic.core.spec import Bounds, ReplicaSpec
+
+CLEAN_POD_POLICIES = ("All", "Running", "None")
+
+
+# Pod names double as hostnames in Open MPI's view, and hostnames are DNS-1123 labels.
+# Used with fullmatch: "$" would also match before a trailing newline, which would then
+# reach kubexec.sh.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_MAX_LABEL = 63
+# ServiceAccount names are DNS-1123 subdomains; the API server would refuse the pod and the
+# ServiceAccount otherwise, far from the field that caused it.
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_MAX_SUBDOMAIN = 253
+_SERVICE_ACCOUNT_FIELD = "spec.mpiReplicaSpecs.Launcher.template.spec.serviceAccountName"
+
+# int() and float() also take "1_0", " 4 ", "\u0661" (Arabic-Indic one), "+4", "1e3" and
+# "nan", none of which a user typing a count or a duration means; fullmatch, because "$"
+# would let a trailing newline through.
+_WHOLE_NUMBER = re.compile(r"[0-9]+")
+_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+
+# The CRD declares replicas and slotsPerWorker int32 but does not enforce it; outside that
+# range a number is a typo, and Python's str() of a huge int raises.
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _annotation_int(
+    annotations: Mapping[str, Any],
+    key: str,
+    minimum: int,
+    maximum: int,
+    errors: list[FieldError],
+) -> int | None:
+    raw = annotations.get(key)
+    if not isinstance(raw, str):
+        return None  # unset, or already reported as not a string
+    field = f"metadata.annotations[{key}]"
+    if not _WHOLE_NUMBER.fullmatch(raw):
+        errors.append(FieldError(field, f"must be a whole number, got {show(raw)}"))
+        return None
+    digits = raw.lstrip("0") or "0"
+    # Compared as text first: int() refuses more than 4300 digits.
+    if len(digits) > len(str(maximum)) or int(digits) > maximum:
+        errors.append(
+            FieldError(
+                field,
+                f"must be at most {maximum} (the controller's --max-workers-per-job), "
+                f"got {show(raw)}",
+            )
+        )
+        return None
+    value = int(digits)
+    if value < minimum:
+        errors.append(FieldError(field, f"must be at least {minimum}, got {value}"))
+        return None
+    return value
+
+
+def _run_policy_count(
+    run_policy: Mapping[str, Any], key: str, minimum: int, errors: list[FieldError]
+) -> int | None:
+    value = run_policy.get(key)
+    if value is None:
+        return None
+    # bool is an int to Python, never to the API.
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        errors.append(
+            FieldError(
+                f"spec.runPolicy.{key}",
+                f"must be a whole number of at least {minimum}, got {show(value)}",
+            )
+        )
+        return None
+    return value
+
+
+def _seconds(
+    annotations: Mapping[str, Any], key: str, default: float, errors: list[FieldError]
+) -> float:
+    raw = annotations.get(key)
+    if not isinstance(raw, str):
+        return default  # unset, or already reported as not a string
+    field = f"metadata.annotations[{key}]"
+    if not _DECIMAL.fullmatch(raw):
+        errors.append(
+            FieldError(
+                field,
+                f"must be a number of seconds in ASCII digits (like 30 or 2.5), got {show(raw)}",
+            )
+        )
+        return default
+    value = float(raw)
+    if not math.isfinite(value):
+        errors.append(FieldError(field, f"must be a finite number of seconds, got {show(raw)}"))
+        return default
+    return value
+
+
+def _remove_workers(
+    annotations: Mapping[str, Any], job_name: str | None, errors: list[FieldError]
+) -> frozenset[str]:
+    raw = annotations.get(names.ANN_REMOVE_WORKERS)
+    if not isinstance(raw, str) or job_name is None:
+        return frozenset()  # unset, or already reported
+    wanted = {part.strip() for part in raw.split(",") if part.strip()}
+    strangers = sorted(n for n in wanted if worker_index(job_name, n) is None)
+    if strangers:
+        errors.append(
+            FieldError(
+                f"metadata.annotations[{names.ANN_REMOVE_WORKERS}]",
+                f"must list worker pod names of this job ({names.worker_name(job_name, 0)}, "
+                f"...) separated by commas, got {', '.join(map(repr, strangers))}",
+            )
+        )
+        return frozenset()
+    return frozenset(wanted)
+
+
+def _choice(
+    value: Any, field: str, allowed: tuple[str, ...], default: str, errors: list[FieldError]
+) -> str:
+    # "" is how Go clients write "unset", and the upstream operator defaults it too.
+    if value is None or value == "":
+        return default
+    if value not in allowed:
+        errors.append(
+            FieldError(
+                field, f"unsupported value {show(value)}: must be one of {', '.join(allowed)}"
+            )
+        )
+        return default
+    return str(value)
+
+
+def _metadata(
+    meta: Mapping[str, Any] | None, errors: list[FieldError]
+) -> tuple[str | None, str | None, str | None, Mapping[str, Any]]:
+    """The job's name, namespace, uid and annotations."""
+    if meta is None:
+        return None, None, None, {}
+    name = string_field(meta.get("name"), "metadata.name", errors, required=True)
+    namespace = string_field(meta.get("namespace"), "metadata.namespace", errors)
+    uid = string_field(meta.get("uid"), "metadata.uid", errors)
+    raw_annotations = meta.get("annotations")
+    string_map(raw_annotations, "metadata.annotations", errors)
+    annotations = raw_annotations if isinstance(raw_annotations, Mapping) else {}
+    return name, namespace, uid, annotations
+
+
+def _slots(spec: Mapping[str, Any], errors: list[FieldError]) -> int | None:
+    slots_raw = spec.get("slotsPerWorker", 1)
+    slots = as_int(slots_raw)
+    if slots is not None and slots < 1:
+        errors.append(FieldError("spec.slotsPerWorker", f"must be at least 1, got {slots}"))
+        slots = None
+    elif slots is None or slots > _INT32_MAX:
+        errors.append(
+            FieldError(
+                "spec.slotsPerWorker",
+                f"must be a 32-bit integer >= 1, got {show(slots_raw)}",
+            )
+        )
+        return None
+    return slots
+
+
+@dataclass(frozen=True)
+class _RunPolicy:
+    clean: str
+    suspend: bool
+    deadline: int | None
+    ttl: int | None
+    backoff_limit: int | None
+    scheduling: bool
+
+
+def _run_policy(spec: Mapping[str, Any], errors: list[FieldError]) -> _RunPolicy:
+    """spec.runPolicy, and the v1 spec.cleanPodPolicy it replaces."""
+    run_policy = mapping(spec.get("runPolicy"), "spec.runPolicy", errors) or {}
+    if run_policy.get("cleanPodPolicy") not in (None, ""):
+        clean = _choice(
+            run_policy.get("cleanPodPolicy"),
+            "spec.runPolicy.cleanPodPolicy",
+            CLEAN_POD_POLICIES,
+            "None",
+            errors,
+        )
+    else:
+        clean = _choice(
+            spec.get("cleanPodPolicy"), "spec.cleanPodPolicy", CLEAN_POD_POLICIES, "None", errors
+        )
+    suspend = run_policy.get("suspend")
+    if suspend is None:
+        suspend = False
+    elif not isinstance(suspend, bool):
+        errors.append(
+            FieldError("spec.runPolicy.suspend", f"must be true or false, got {show(suspend)}")
+        )
+        suspend = False
+    return _RunPolicy(
+        clean,
+        suspend,
+        _run_policy_count(run_policy, "activeDeadlineSeconds", 1, errors),
+        _run_policy_count(run_policy, "ttlSecondsAfterFinished", 0, errors),
+        _run_policy_count(run_policy, "backoffLimit", 0, errors),
+        bool(run_policy.get("schedulingPolicy")),
+    )
+
+
+def _check_name(
+    name: str | None, worker: ReplicaSpec | None, bounds: Bounds, errors: list[FieldError]
+) -> None:
+    """The job's name must make worker pod names that are hostnames."""
+    if name is not None and not _DNS_LABEL.fullmatch(name):
+        errors.append(
+            FieldError(
+                "metadata.name",
+                "must be a DNS-1123 label (lowercase letters, digits, '-'): "
+                "worker pod names are used as MPI hostnames",
+            )
+        )
+    elif name is not None and worker is not None:
+        largest = max(worker.replicas, bounds.max or 0, 1) - 1
+        longest = names.worker_name(name, largest)
+        if len(longest) > _MAX_LABEL:
+            errors.append(
+                FieldError(
+                    "metadata.name",
+                    f"too long: worker pod name {longest!r} would be {len(longest)} characters, "
+                    f"over the {_MAX_LABEL} a hostname allows; use at most "
+                    f"{_MAX_LABEL - len(longest) + len(name)} characters",
+                )
+            )
+
+
+def _main_container(
+    spec: Mapping[str, Any], worker: ReplicaSpec | None, errors: list[FieldError]
+) -> str | None:
+    main = spec.get("mainContainer")
+    if main is None:
+        return None
+    if not isinstance(main, str) or len(main) > _MAX_LABEL or not _DNS_LABEL.fullmatch(main):
+        errors.append(
+            FieldError(
+                "spec.mainContainer",
+                f"must be a container name (DNS-1123 label), got {show(main)}",
+            )
+        )
+    elif worker is not None and main not in {c.get("name") for c in worker.containers}:
+        errors.append(
+            FieldError(
+                "spec.mainContainer",
+                f"names no container of spec.mpiReplicaSpecs.Worker.template: {main!r}",
+            )
+        )
+    return main if isinstance(main, str) else None
+
+
+def _launcher_account(launcher: ReplicaSpec | None, errors: list[FieldError]) -> Any:
+    """The Launcher template's serviceAccountName; None: unset."""
+    if launcher is None:
+        return None
+    account = (launcher.template.get("spec") or {}).get("serviceAccountName")
+    if account == "":
+        return None  # how Go clients write "unset"
+    if account is not None and (
+        not isinstance(account, str)
+        or len(account) > _MAX_SUBDOMAIN
+        or not _DNS_SUBDOMAIN.fullmatch(account)
+    ):
+        errors.append(
+            FieldError(
+                _SERVICE_ACCOUNT_FIELD,
+                f"must be a ServiceAccount name (DNS-1123 subdomain), got {show(account)}",
+            )
+        )
+    return account

@@ -1,0 +1,152 @@
+"""The write order as data: every plan's phases follow the documented order, and each
+phase holds only the writes of its step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mpijob_elastic.core import names
+from mpijob_elastic.core.actions import (
+    Action,
+    AnnotatePod,
+    Claim,
+    Create,
+    DeleteObject,
+    DeletePod,
+    Emit,
+    Replace,
+    Writes,
+    WriteStatus,
+)
+from mpijob_elastic.core.write_order import STEPS
+from tests.unit.simulation import Cluster, make_job
+
+ELASTIC = {names.ANN_MIN_REPLICAS: "1", names.ANN_MAX_REPLICAS: "5", names.ANN_DRAIN_SECONDS: "5"}
+
+# The order write_order.py's docstring states, written out again here: a change to STEPS must
+# be a change to the text too.
+DOCUMENTED = (
+    "claims",
+    "ServiceAccount",
+    "PodDisruptionBudget",
+    "ConfigMap",
+    "ranks ConfigMap",
+    "obsolete",
+    "config hash",
+    "pod marks",
+    "deletes",
+    "creates",
+    "Role",
+    "RoleBinding",
+    "ranks emptied",
+    "launcher",
+    "job delete",
+    "status",
+    "events",
+)
+
+
+def _object(kind: str) -> Callable[[Action], bool]:
+    return lambda a: isinstance(a, Create | Replace) and a.obj["kind"] == kind
+
+
+def _ranks(a: Action) -> bool:
+    return (
+        isinstance(a, Create | Replace)
+        and a.obj["kind"] == "ConfigMap"
+        and a.obj["metadata"]["name"].endswith("-ranks")
+    )
+
+
+def _annotates(key: str) -> Callable[[Action], bool]:
+    return lambda a: isinstance(a, AnnotatePod) and set(a.annotations) == {key}
+
+
+def _pod_mark(a: Action) -> bool:
+    """A drain mark, the rank-holder label, or both, and nothing else."""
+    return (
+        isinstance(a, AnnotatePod)
+        and set(a.annotations) <= {names.ANN_DRAINING_SINCE}
+        and set(a.labels) <= {names.LABEL_HOLDS_RANKS}
+        and bool(a.annotations or a.labels)
+    )
+
+
+def _worker_create(a: Action) -> bool:
+    return _object("Pod")(a) and "-worker-" in a.obj["metadata"]["name"]  # type: ignore[union-attr]
+
+
+# What each step may write.
+BELONGS: dict[str, Callable[[Action], bool]] = {
+    "claims": lambda a: isinstance(a, Claim),
+    "ServiceAccount": _object("ServiceAccount"),
+    "PodDisruptionBudget": _object("PodDisruptionBudget"),
+    "ConfigMap": lambda a: _object("ConfigMap")(a) and not _ranks(a),
+    "ranks ConfigMap": lambda a: isinstance(a, Create) and _ranks(a),
+    "obsolete": lambda a: isinstance(a, DeleteObject) and a.kind == "PodDisruptionBudget",
+    "config hash": _annotates(names.ANN_CONFIG_HASH),
+    "pod marks": _pod_mark,
+    "deletes": lambda a: isinstance(a, DeletePod),
+    "creates": _worker_create,
+    "Role": _object("Role"),
+    "RoleBinding": _object("RoleBinding"),
+    "ranks emptied": lambda a: isinstance(a, Replace) and _ranks(a) and "data" not in a.obj,
+    "launcher": lambda a: _object("Pod")(a) and not _worker_create(a),
+    "job delete": lambda a: isinstance(a, DeleteObject) and a.kind == names.KIND,
+    "status": lambda a: isinstance(a, WriteStatus),
+    "events": lambda a: isinstance(a, Emit),
+}
+
+
+class _Recorded(Cluster):
+    """A cluster that checks and keeps every plan it applies."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.plans: list[Writes] = []
+
+    def apply(self, p: Writes) -> None:
+        check(p)
+        self.plans.append(p)
+        super().apply(p)
+
+
+def check(p: Writes) -> None:
+    steps = [phase.step for phase in p.phases]
+    assert steps == sorted(steps, key=DOCUMENTED.index), steps
+    assert len(set(steps)) == len(steps), steps
+    for phase in p.phases:
+        assert phase.writes, phase
+        strays = [a for a in phase.writes if not BELONGS[phase.step](a)]
+        assert not strays, (phase.step, strays)
+
+
+def test_steps_are_the_documented_order() -> None:
+    assert STEPS == DOCUMENTED
+
+
+def test_every_plan_of_a_job_s_life_follows_the_order() -> None:
+    c = _Recorded(make_job(2, annotations=dict(ELASTIC)))
+    c.converge()
+    first = [phase.step for phase in c.plans[0].phases]
+    assert first == [
+        "ServiceAccount",
+        "PodDisruptionBudget",
+        "ConfigMap",
+        "ranks ConfigMap",
+        "creates",
+        "Role",
+        "RoleBinding",
+        "status",
+        "events",
+    ]
+    # Scaling down: the host list, then the launcher's refresh, then the victim's mark,
+    # each its own phase.
+    c.set_replicas(1)
+    shrink = c.plan()
+    steps = [phase.step for phase in shrink.phases]
+    assert steps[:3] == ["ConfigMap", "config hash", "pod marks"], steps
+    c.apply(shrink)
+    c.converge()
+    seen = {phase.step for p in c.plans for phase in p.phases}
+    assert {"launcher", "deletes", "config hash", "pod marks"} <= seen
