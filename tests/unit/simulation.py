@@ -861,6 +861,8 @@ class Sim:
         self._seq = itertools.count()
         self._scanned = 0
         self._process = 0
+        # The launchers' last reports, by job: (launcher uid, snapshot).
+        self._pushed: dict[str, tuple[str, RankSnapshot]] = {}
         # The turn in progress: which phase each of its plan's requests belongs to, which
         # were accepted, the phase of the first that failed, and whether the server itself
         # answered one with an error.
@@ -897,6 +899,50 @@ class Sim:
 
     def _queue(self, name: str, at: float) -> None:
         self.due[name] = min(self.due.get(name, at), at)
+
+    def reports(self, name: str) -> RankSnapshot | None:
+        """What the running launcher's reports say (ranks.py): the world's ranks as of now,
+        each host since it was first reached without a break. Kept across controller
+        restarts, as the ranks ConfigMap is; started afresh by a new launcher."""
+        launcher = self.world.objects.get(("Pod", names.launcher_name(name)))
+        if (
+            launcher is None
+            or launcher["metadata"].get("deletionTimestamp")
+            or (launcher.get("status") or {}).get("phase") != "Running"
+        ):
+            self._pushed.pop(name, None)
+            return None
+        uid = str(launcher["metadata"]["uid"])
+        last = self._pushed.get(name)
+        before = last[1] if last is not None and last[0] == uid else None
+        hosts, now = self.world.rank_hosts(name), self.world.now
+        since = {
+            h: before.since.get(h, now) if before and h in (before.hosts or ()) else now
+            for h in hosts
+        }
+        known = hosts | (before.known or frozenset() if before else frozenset())
+        snapshot = RankSnapshot(now, hosts, since=since, known=known)
+        self._pushed[name] = (uid, snapshot)
+        return snapshot
+
+    def _wake_on_ranks(self, name: str) -> None:
+        """A report is a watch event: queue the job when its ranks next join or leave."""
+        clock, changes = self.world.clock, []
+        for pod in self.world.workers(name):
+            uid = pod["metadata"]["uid"]
+            if (t := self.world._listed_at.get(uid)) is not None:
+                changes.append(t + RANK_JOIN_SECONDS)
+            if (t := self.world._left_at.get(uid)) is not None:
+                changes.append(t + RANK_LEAVE_SECONDS)
+        due = [t for t in changes if t > clock]
+        if due:
+            process = self._process
+
+            def wake() -> None:
+                if process == self._process:
+                    self._queue(name, self.world.clock)
+
+            self.later(min(due) - clock + 0.01, wake)
 
     def _upsert(self, obj: Obj) -> None:
         """The Writer's cache callback: read-your-writes, never back in time."""
@@ -1004,7 +1050,9 @@ class Sim:
         self.turns += 1
         job = self.view[(names.KIND, name)]
         memory = self.writer.of((NAMESPACE, name))
-        observed = observe(self.view, job, memory, self.world.clock, self._ranks.get(name))
+        observed = observe(
+            self.view, job, memory, self.world.clock, self._ranks.get(name), self.reports(name)
+        )
         self.world.acting = Acting(name, job["metadata"]["uid"], listable(observed))
         the_plan = self.planner(observed, self.settings, self.world.now)
         self._phase_of = phase_requests(the_plan, name)
@@ -1030,6 +1078,7 @@ class Sim:
         finally:
             self.world.acting = None
             self._phase_of = {}
+        self._wake_on_ranks(name)
         if self.dead:
             self.kills += 1
             self.restart()

@@ -220,10 +220,19 @@ def started(w: World, **kw: Any) -> Sim:
     sim = Sim(w, **kw)
     sim.advance(30, until=lambda: settled(sim))
     assert settled(sim)
-    # The simulated launchers send no reports and nothing reads them before a drain: the
-    # host-list rules (host_rules.py) take a listed worker as holding ranks once it has
-    # run SETTLE_SECONDS. The scenarios start when every worker does.
-    sim.advance(SETTLE_SECONDS + 1)
+    # The host-list rules (host_rules.py) keep a host the launcher's reports showed
+    # holding ranks, and hold a change until new ranks have committed: the scenarios start
+    # once the reports show every worker's and those have run COMMIT_SECONDS.
+    sim.advance(
+        SETTLE_SECONDS + 1,
+        until=lambda: all(
+            (r := sim.reports(j)) is not None
+            and r.hosts is not None
+            and {n for n in r.hosts if "worker" in n} == set(discovered_names(sim, j))
+            for j in sim.jobs
+        ),
+    )
+    sim.advance(host_rules.COMMIT_SECONDS)
     return sim
 
 
