@@ -13,9 +13,9 @@ the signal cannot be read, and the drain falls back to its deadline.
 
 At most ``PROBES_IN_FLIGHT`` reads run at once, for all jobs together. Each read is a
 websocket of its own (a TLS handshake, buffers, the launcher's whole process list), and
-nothing else bounds how many jobs ask at the same moment: launchers start together, each
-then reads every second for ``RANK_WATCH_STARTING_SECONDS``, and after a restart every
-running job asks at once. Unbounded, 1000 jobs made 1001 execs in 26 s, and the memory of
+nothing else bounds how many jobs ask at the same moment: a node drain moves many jobs at
+once, and host-list changes held for launchers that report nothing read every second.
+Unbounded (under the former rank watch), 1000 jobs made 1001 execs in 26 s, and the memory of
 that peak stayed with the process (356.6 MB RSS after convergence, docs/benchmarks.md).
 A read that waits longer than ``PROBE_TIMEOUT_SECONDS`` for a slot is dropped without an
 answer: the job keeps its previous one (so a loss is still found against the last read

@@ -760,7 +760,7 @@ class Cluster:
 
     def _pause_ends(self) -> bool:
         """Whether a pause ends in work: a failing worker's replacement backoff looks like
-        rest, and the rank watch's requeue comes sooner than its end, so look at each
+        rest, and a requeue may come sooner than its end, so look at each
         requeue until the longest backoff has passed."""
         waited = 0.0
         while waited <= WORKER_BACKOFF_MAX_SECONDS:
