@@ -89,6 +89,8 @@ demo: venv binaries
 # worker Running -> discover_hosts.sh, single and in bursts, then a fleet of jobs from first
 # create to a mass rescale for each of BENCH_SIZES (e.g. BENCH_SIZES=100,300,1000). On the
 # local KWOK cluster, or on MPIJOB_ELASTIC_KUBECONFIG's.
+# Then issue 20's: the largest size idle (BENCH_BASELINE=main adds that revision's
+# controller) and one worker added beside training-operator 1.9.2.
 BENCH_SIZES ?= 100
 bench: venv binaries
 	@$(PY) -m bench.report --sizes $(BENCH_SIZES)

@@ -147,6 +147,8 @@ class Controller:
     kubeconfig: str
     namespaces: str = ""
     workers: int | None = None
+    # The checkout whose controller runs (bench.idle runs an older revision's too).
+    root: Path = ROOT
     proc: subprocess.Popen[bytes] | None = None
     port: int = 0
     started_at: float = 0.0
@@ -172,7 +174,7 @@ class Controller:
         if self.workers is not None:
             args += ["--workers", str(self.workers)]
         self.started_at = time.monotonic()
-        self.proc = subprocess.Popen(args, cwd=ROOT)
+        self.proc = subprocess.Popen(args, cwd=self.root)
 
     @property
     def pid(self) -> int:

@@ -286,7 +286,7 @@ async def _steady(
     cpu0 = cpu_seconds(pid) if pid else 0.0
     await asyncio.sleep(opts.steady_seconds)
     if pid:
-        # Nothing changes, but a running job's launcher is read for dead ranks (ranks.py).
+        # Nothing changes: no reconcile is due (the launchers report rank ends, ranks.py).
         result["steady_cpu_share"] = round((cpu_seconds(pid) - cpu0) / opts.steady_seconds, 3)
     result["steady_writes"] = dict(fleet.writes(start, time.monotonic()))
     result["settle_writes"] = dict(fleet.writes(converged_at, start))

@@ -1,11 +1,14 @@
-"""``make bench``: every benchmark of issue 9 in one table, with the machine and its load.
+"""``make bench``: the benchmarks of issues 9 and 20 in one report, with the machine's load.
 
 Runs ``bench.propagation`` (a worker Running → its line, one at a time and in bursts) and
-``bench.fleet`` for each size, each on a fresh local KWOK cluster, or all on the cluster
-given by ``--kubeconfig``/MPIJOB_ELASTIC_KUBECONFIG, and writes the tables to
+``bench.fleet`` for each size, then ``bench.idle`` (an idle fleet of the largest size: its
+cost with this controller, with none, and with ``--baseline``'s if given; one edit while
+idle) and ``bench.sidebyside`` (one worker added, beside training-operator 1.9.2), each on
+a fresh local KWOK cluster, or all on the cluster given by
+``--kubeconfig``/MPIJOB_ELASTIC_KUBECONFIG, and writes the tables to
 ``bench/out/results.md`` (and the raw figures next to it as JSON) for docs/benchmarks.md.
 
-    python -m bench.report [--sizes 100,300,1000] [--out bench/out/results.md]
+    python -m bench.report [--sizes 100,300,1000] [--baseline main] [--out ...]
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from bench import fleet, propagation
+from bench import fleet, idle, propagation, sidebyside
 from bench.cluster import ROOT, machine
 
 
@@ -24,6 +27,7 @@ def main() -> None:
     parser.add_argument("--sizes", default=os.environ.get("BENCH_SIZES") or "100")
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--kubeconfig", default=os.environ.get("MPIJOB_ELASTIC_KUBECONFIG"))
+    parser.add_argument("--baseline", default=os.environ.get("BENCH_BASELINE") or None)
     parser.add_argument("--out", type=Path, default=ROOT / "bench/out/results.md")
     args = parser.parse_args()
     before = machine()
@@ -33,6 +37,17 @@ def main() -> None:
     for size in (int(s) for s in args.sizes.split(",")):
         sizes.append(fleet.run(args.kubeconfig, fleet.Options(jobs=size, workers=args.workers)))
         print(json.dumps(sizes[-1]), flush=True)
+    largest = max(int(s) for s in args.sizes.split(","))
+    idle_args = argparse.Namespace(
+        jobs=largest,
+        workers=args.workers,
+        window=60.0,
+        edits=20,
+        baseline=args.baseline,
+        kubeconfig=args.kubeconfig,
+    )
+    quiet = idle.run(idle_args)
+    beside = sidebyside.run(args.kubeconfig, rounds=20, bursts=[50])
     where = args.kubeconfig or "the local KWOK cluster (fresh for each run)"
     text = (
         f"Measured {before['date']} on {where}; {before['cpus']} CPUs, {before['ram_gib']} GiB"
@@ -41,12 +56,21 @@ def main() -> None:
         "### Worker Running → its line in discover_hosts.sh\n\n"
         f"{propagation.table(single)}\n"
         f"### {args.workers} workers per job, from first create to a mass rescale\n\n"
-        f"{fleet.table(sizes)}"
+        f"{fleet.table(sizes)}\n"
+        f"### An idle fleet\n\n{idle.table(quiet)}\n"
+        f"### One worker added, beside training-operator 1.9.2\n\n"
+        f"{sidebyside.side_by_side(beside)}"
     )
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
-    raw = {"machine": before, "propagation": single, "fleet": sizes}
+    raw = {
+        "machine": before,
+        "propagation": single,
+        "fleet": sizes,
+        "idle": quiet,
+        "sidebyside": beside,
+    }
     args.out.with_suffix(".json").write_text(json.dumps(raw, indent=1))
 
 

@@ -6,7 +6,10 @@ restarted, and its logs are kept per test (printed when a test fails).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -133,37 +136,87 @@ def start_controller(
         print(f"--- controller log ({proc.namespaces}) ---\n{proc.logs()[-20000:]}")
 
 
-# On KWOK an exec into a launcher pod runs on this machine, so the launcher's remote shells
-# are played by local processes whose command line is the one ``kubexec.sh`` has in a real
-# launcher (``/bin/sh /etc/mpi/kubexec.sh <worker> <command>``); ending one is a rank that
-# left. The controller reads them through the API server's ``pods/exec``, as it would in a
-# real cluster. Tests using them give their job a name no other test uses.
-class RemoteShells:
-    """Stand-ins for the launcher's ``kubexec.sh <worker> ...`` processes."""
+# The launcher's remote shells, run the way a launcher runs them: the job's own
+# ``kubexec.sh`` from its ConfigMap, with a ``kubectl`` that acts as the launcher's
+# ServiceAccount (a token of its own, so RBAC is the launcher's), so the reports of each
+# shell's start and exit reach the job's ranks ConfigMap as in a real cluster. On KWOK the
+# exec into the worker runs the rank here: a sleeping process named after its worker;
+# killing it is a rank that died (``kubectl exec`` then ends non-zero and kubexec.sh
+# reports it). Tests using them give their job a name no other test uses.
+RANK_CODE = "import time; time.sleep(600)"
 
-    def __init__(self) -> None:
+
+class RemoteShells:
+    """The launcher's ``kubexec.sh <worker> <rank>`` processes, one per worker."""
+
+    def __init__(self, cluster: Cluster, tmp: Path) -> None:
+        self.cluster, self.tmp = cluster, tmp
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.env: dict[str, str] = {}
+
+    def attach(self, namespace: str, job: str) -> None:
+        """Act as ``job``'s launcher: its ServiceAccount, its kubexec.sh."""
+        kubeconfig = self.cluster.service_account_kubeconfig(
+            namespace, f"{job}-launcher", self.tmp / f"{job}-launcher.kubeconfig"
+        )
+        bin_dir = self.tmp / "launcher-bin"
+        bin_dir.mkdir(exist_ok=True)
+        kubectl = bin_dir / "kubectl"
+        kubectl.write_text(
+            f'#!/bin/sh\nexec {self.cluster.kubectl_path} --kubeconfig {kubeconfig} "$@"\n'
+        )
+        kubectl.chmod(0o755)
+        config = self.cluster.raw("GET", f"/api/v1/namespaces/{namespace}/configmaps/{job}-config")
+        assert config is not None
+        (self.tmp / "kubexec.sh").write_text(config["data"]["kubexec.sh"])
+        self.env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
     def start(self, worker: str) -> None:
-        # argv as the launcher's shell runs kubexec.sh; the script itself is never read.
-        code = "import time; time.sleep(600)"
+        rank = f"exec {sys.executable} -c '{RANK_CODE}' rank-of-{worker}"
         self.procs[worker] = subprocess.Popen(
-            [sys.executable, "-c", code, "/etc/mpi/kubexec.sh", worker, "python train.py"]
+            ["/bin/sh", str(self.tmp / "kubexec.sh"), worker, rank],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        # Running once its rank runs here (KWOK's exec is a local process).
+        wait_for(lambda: self._ranks(worker), 30, f"the rank on {worker}")
+
+    def start_silent(self, worker: str) -> None:
+        """A remote shell that reports nothing (a launcher whose kubexec.sh predates the
+        reports): only its command line, which an exec read of the launcher sees."""
+        self.procs[worker] = subprocess.Popen(
+            [sys.executable, "-c", RANK_CODE, "/etc/mpi/kubexec.sh", worker, f"rank-of-{worker}"]
         )
 
     def end(self, worker: str) -> float:
-        proc = self.procs.pop(worker)
-        proc.kill()
-        proc.wait()
-        return time.monotonic()
+        """The rank on ``worker`` dies; returns when, once its remote shell has ended."""
+        for pid in self._ranks(worker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        ended = time.monotonic()
+        self.procs.pop(worker).wait(30)
+        return ended
 
     def close(self) -> None:
         for worker in list(self.procs):
             self.end(worker)
 
+    @staticmethod
+    def _ranks(worker: str) -> list[int]:
+        found = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"rank-of-{worker}".encode() in argv:
+                found.append(int(proc.name))
+        return found
+
 
 @pytest.fixture
-def shells() -> Iterator[RemoteShells]:
-    found = RemoteShells()
+def shells(cluster: Cluster, tmp_path: Path) -> Iterator[RemoteShells]:
+    found = RemoteShells(cluster, tmp_path)
     yield found
     found.close()

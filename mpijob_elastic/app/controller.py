@@ -11,8 +11,10 @@ every event rate-limited).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from mpijob_elastic.app.predicates import job_signature, manages, may_move_hosts
@@ -305,15 +307,25 @@ class Controller:
         meta = job["metadata"]
         ns = meta["namespace"]
         key = (ns, meta["name"])
-        return observe(
+        observed = observe(
             job,
             lambda kind: self.caches.pick(kind, ns),
             lambda kind: self.handover.pick(kind, ns),
             self.writer.of(key),
             time.monotonic(),
-            ranks=self.probes.answer(key),
+            ranks_read=self.probes.answer(key),
             leaving_nodes=self._leaving_nodes,
         )
+        # The launcher's reports (ranks.py), kept per job so that losses add up.
+        launcher = names.launcher_name(meta["name"])
+        running = any(
+            p["metadata"]["name"] == launcher
+            and not p["metadata"].get("deletionTimestamp")
+            and (p.get("status") or {}).get("phase") == "Running"
+            for p in observed.pods
+        )
+        pushed = self.probes.pushed(key, observed.ranks_report, running, datetime.now(UTC))
+        return dataclasses.replace(observed, ranks=pushed)
 
     async def reconcile(self, key: Key) -> float | None:
         """One turn for one job; raises if a write failed, so the queue backs off."""

@@ -56,7 +56,6 @@ from mpijob_elastic.core.membership import (
     parse_indexes,
 )
 from mpijob_elastic.core.observe import Observed
-from mpijob_elastic.core.ranks import RANK_WATCH_SECONDS, RANK_WATCH_STARTING_SECONDS
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec import JobSpec
 from mpijob_elastic.core.times import format_precise_time
@@ -94,6 +93,8 @@ class Desired:
     delete_job: bool = False
     # Workers that hold ranks (host_rules.py): labelled so, the others not.
     rank_holders: frozenset[str] = frozenset()
+    # The ranks ConfigMap to create if missing; its data is the launcher's (ranks.py).
+    ranks: Obj | None = None
 
 
 def desired(observed: Observed, settings: Settings, now: datetime) -> Desired:
@@ -290,11 +291,13 @@ def _allowed_hosts(
     launcher_listed: bool,
 ) -> host_rules.HostList:
     """The host list the driver's rules allow now (host_rules.py, the one call site);
-    while they hold a change, the launcher is read every second."""
+    while they hold a change, the launcher's reports say when it may go on (each is a
+    watch event), or, if it reports nothing, an exec read every second."""
     rules = host_rules.for_job(
         spec, workers, m, wanted, launcher, launcher_listed, turn.observed, turn.now
     )
-    if rules.waiting:
+    reports = turn.observed.ranks
+    if rules.waiting and not (reports is not None and reports.known):
         drain.read_launcher(turn, spec, launcher, drain.PROBE_INTERVAL_SECONDS)
     if rules.recheck is not None:
         turn.requeue(rules.recheck)
@@ -357,8 +360,7 @@ def _children(
     new_launcher = None if waiting else _new_launcher(turn, spec, objects, hash_, needed)
     if new_launcher is not None and resuming:
         lifecycle.resumed(turn, spec, len(listed))
-    if lifecycle.running(turn, spec, launcher) and listed:
-        _watch_ranks(turn, spec, m.keep, launcher)
+    lifecycle.running(turn, spec, launcher)
     reports.spec_valid(turn, spec, bool(members.create_now) or new_launcher is not None)
     reports.scaling(turn, spec, size.wanted, listed, victims, backoff, size.goal.moving)
     reports.waiting_for_ranks(turn, members.hosts.rules.waiting, size.goal.moving)
@@ -386,6 +388,7 @@ def _children(
         launcher=new_launcher,
         obsolete=obsolete,
         rank_holders=members.hosts.rules.holders,
+        ranks=render.ranks_config_map(spec),
     )
 
 
@@ -401,16 +404,6 @@ def _new_launcher(
     return render_pods.launcher_pod(spec, turn.settings, config_hash, needed)
 
 
-def _watch_ranks(
-    turn: Turn, spec: JobSpec, keep: Sequence[Worker], launcher: Mapping[str, Any] | None
-) -> None:
-    """Watch for ranks that die under a live pod (ranks.py): often while ranks start."""
-    starts = [t for w in keep if (t := w.running_since(spec.main_container)) is not None]
-    starting = any((turn.now - t).total_seconds() < RANK_WATCH_STARTING_SECONDS for t in starts)
-    every = drain.PROBE_INTERVAL_SECONDS if starting else RANK_WATCH_SECONDS
-    drain.read_launcher(turn, spec, launcher, every)
-
-
 def _objects(
     turn: Turn,
     spec: JobSpec,
@@ -420,7 +413,14 @@ def _objects(
 ) -> dict[str, Obj]:
     return {
         **_service_account(turn, spec),
-        "Role": render.role(spec, role_names),
+        # The reports' grant on the job's ranks ConfigMap (ranks.py), never on a name
+        # someone else holds: its create comes first (write_order.py), and a refused one
+        # stops the turn before this Role is written.
+        "Role": render.role(
+            spec,
+            role_names,
+            ranks=("ConfigMap", names.ranks_name(spec.name)) not in turn.observed.conflicts,
+        ),
         "RoleBinding": render.role_binding(spec),
         "ConfigMap": render.config_map(spec, data, state),
     }

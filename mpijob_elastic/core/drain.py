@@ -4,7 +4,8 @@ Victims of a scale-in (chosen in ``membership.py``) leave ``hostfile`` and
 ``discover_hosts.sh`` first. A drain mark on the pod records when; a mark on a worker that
 the observed host list still names is stale (a scale-up took the worker back and a restart
 lost the clean-up), so its drain starts again instead of ending at once. A victim is
-deleted once a read of the launcher shows its ranks have left (``ranks.py``), no sooner
+deleted once the launcher's reports (or, where they name it not, an exec read of the
+launcher) show its ranks have left (``ranks.py``), no sooner
 than ``DRAIN_FLOOR_SECONDS`` after the mark and no later than ``drain-seconds`` after it;
 one that cannot run ranks goes at once.
 """
@@ -19,6 +20,7 @@ from typing import Any
 from mpijob_elastic.core import names, render_pods
 from mpijob_elastic.core.actions import Probe
 from mpijob_elastic.core.membership import Leaving, describe
+from mpijob_elastic.core.ranks import reported, seen_by
 from mpijob_elastic.core.spec import JobSpec
 from mpijob_elastic.core.turn import POD_WRITES_PER_TURN, Turn
 from mpijob_elastic.core.workers import Worker
@@ -110,8 +112,7 @@ def _step(
         return Victim(w, item.why, None, "mark" if may_mark else None)
     deadline = since + timedelta(seconds=spec.drain_seconds)
     reached = since + floor
-    snapshot = turn.observed.ranks
-    seen = snapshot.hosts if snapshot is not None and snapshot.at >= reached else None
+    seen = seen_by(w.name, turn.observed.ranks, turn.observed.ranks_read, reached)
     if now >= deadline:
         # Deleted under a running rank: Horovod counts a failure.
         return Victim(w, item.why, deadline, "delete", retire=seen is not None and w.name in seen)
@@ -120,7 +121,9 @@ def _step(
         return Victim(w, item.why, deadline)
     if seen is not None and w.name not in seen:
         return Victim(w, item.why, deadline, "delete", RANK_FREE_GRACE_SECONDS)
-    read_launcher(turn, spec, launcher, PROBE_INTERVAL_SECONDS)
+    if not reported(w.name, turn.observed.ranks):
+        # The reports say nothing of it: an exec read must (ranks.py).
+        read_launcher(turn, spec, launcher, PROBE_INTERVAL_SECONDS)
     turn.requeue((deadline - now).total_seconds())
     return Victim(w, item.why, deadline)
 
@@ -166,7 +169,7 @@ def read_launcher(
         return
     if (launcher.get("status") or {}).get("phase") != "Running":
         return
-    last = turn.observed.ranks
+    last = turn.observed.ranks_read
     age = (turn.now - last.at).total_seconds() if last is not None else every
     if age < every:
         turn.requeue(every - age)

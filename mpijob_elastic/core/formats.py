@@ -36,11 +36,35 @@ def hostfile_hosts(text: str) -> list[str]:
     return [line.split()[0] for line in text.splitlines() if line.strip()]
 
 
-def kubexec(kubectl: str, container: str | None) -> str:
+# kubexec.sh's reports of each remote shell's start and exit (ranks.py), around the v1
+# exec line. They never hold up or fail the remote shell: each is a background kubectl,
+# bounded, retried twice, its output and errors discarded, and the script's exit status
+# is still kubectl exec's own. The background job is a new `sh`, not a subshell: a forked
+# subshell would keep the copy of stderr that the shell saves around `2>/dev/null`, and
+# so keep the caller's pipe open, which horovodrun reads to its end. Traced lines are
+# sent to /dev/null to keep the trace of `set -x` the v1 one. A shell that the caller
+# kills by a signal reports no exit: see ranks.py. `$$` and the start second name the
+# shell: unique in the launcher.
+KUBEXEC_REPORT: Final = """\
+{{ R=${{POD_NAME}}_$$_$(date +%s)
+case "$*" in *horovod.runner.task_fn*) R=;; esac
+report() {{
+  [ -n "$R" ] || return 0
+  /bin/sh -c 'for t in 1 2 3; do "$0" patch configmap "$1" --type=merge --request-timeout=5s \\
+    -p "$2" && break; sleep 1; done' {kubectl} {ranks} "{{\\"data\\":{{\\"$R$1\\":\\"$2\\"}}}}" \\
+    </dev/null >/dev/null 2>&1 &
+}}
+report "" start; }} 2>/dev/null
+"""
+KUBEXEC_EXIT: Final = "{ rc=$?; report _exit $rc; exit $rc; } 2>/dev/null\n"
+
+
+def kubexec(kubectl: str, container: str | None, ranks: str) -> str:
     """mpirun's remote shell: ``kubexec.sh <pod> <command>`` runs the command in the pod.
 
-    ``container`` must be a DNS-1123 label (spec.mainContainer, validated as one), so it
-    cannot carry shell.
+    v1's script byte for byte up to its exec line, with the reports to the ConfigMap
+    ``ranks`` around it. ``container`` must be a DNS-1123 label (spec.mainContainer,
+    validated as one) and ``ranks`` a DNS-1123 subdomain, so neither can carry shell.
     """
     flag = f" --container {container}" if container else ""
     return (
@@ -48,7 +72,9 @@ def kubexec(kubectl: str, container: str | None) -> str:
         "set -x\n"
         "POD_NAME=$1\n"
         "shift\n"
-        f'{kubectl} exec ${{POD_NAME}}{flag} -- /bin/sh -c "$*"'
+        + KUBEXEC_REPORT.format(kubectl=kubectl, ranks=ranks)
+        + f'{kubectl} exec ${{POD_NAME}}{flag} -- /bin/sh -c "$*"\n'
+        + KUBEXEC_EXIT
     )
 
 

@@ -41,7 +41,7 @@ from mpijob_elastic.core import names
 from mpijob_elastic.core.drain import DRAIN_FLOOR_SECONDS
 from mpijob_elastic.core.membership import Membership
 from mpijob_elastic.core.observe import Observed
-from mpijob_elastic.core.ranks import RankSnapshot
+from mpijob_elastic.core.ranks import RankSnapshot, signal
 from mpijob_elastic.core.spec import JobSpec
 from mpijob_elastic.core.workers import Worker, discovered_hosts
 
@@ -235,12 +235,13 @@ def for_job(
     }
     # The launcher, when it is a host, holds ranks of the current assignment and stays.
     own = names.launcher_name(spec.name)
-    seen = observed.ranks.hosts if observed.ranks is not None else None
+    snapshot = signal(observed.ranks, observed.ranks_read)
+    seen = snapshot.hosts if snapshot is not None else None
     return next_hosts(
         wanted,
         [n for n in listed if n != own],
         hosts,
-        observed.ranks,
+        snapshot,
         now,
         draining={
             i.worker.name: i.worker.draining_since for i in m.leaving if i.worker.name not in listed

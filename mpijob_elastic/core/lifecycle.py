@@ -354,14 +354,13 @@ def resumed(turn: Turn, spec: JobSpec, listed: int) -> None:
     turn.event("Normal", "Resumed", message)
 
 
-def running(turn: Turn, spec: JobSpec, launcher: Mapping[str, Any] | None) -> bool:
-    """Whether the launcher runs, which the job then says."""
+def running(turn: Turn, spec: JobSpec, launcher: Mapping[str, Any] | None) -> None:
+    """The job says whether its launcher runs."""
     if launcher is None or (launcher.get("status") or {}).get("phase") != "Running":
-        return False
+        return
     message = f"MPIJob {spec.name} is running."
     turn.status.set(RUNNING, True, "MPIJobRunning", message)
     turn.status.clear(RESTARTING, "MPIJobRunning", message)
-    return True
 
 
 def _pods(workers: Sequence[Worker], launcher: Mapping[str, Any] | None) -> list[Worker]:

@@ -105,6 +105,11 @@ def config_map_name(job: str) -> str:
     return f"{job}-config"
 
 
+def ranks_name(job: str) -> str:
+    """The ConfigMap the launcher's ``kubexec.sh`` reports its remote shells to (ranks.py)."""
+    return f"{job}-ranks"
+
+
 def disruption_budget_name(job: str) -> str:
     return f"{job}-workers"
 

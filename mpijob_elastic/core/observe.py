@@ -43,8 +43,13 @@ class Observed:
     # (kind, name) of objects the job uses without controlling them: a ServiceAccount of
     # the launcher's name that someone else made (the user's own, named in the template).
     in_use: frozenset[tuple[str, str]] = frozenset()
-    # The last read of which workers the launcher's remote shells reach (ranks.py).
+    # Which workers the launcher's remote shells reach, from its reports (ranks.py); None
+    # while no launcher runs.
     ranks: RankSnapshot | None = None
+    # The job's ranks ConfigMap, if it exists as the job's; and the last exec read of the
+    # launcher, asked for only where the reports say nothing (ranks.py).
+    ranks_report: Mapping[str, Any] | None = None
+    ranks_read: RankSnapshot | None = None
     # Nodes that are going away (nodes.py), with why.
     leaving_nodes: Mapping[str, str] = field(default_factory=dict)
     # Candidates for a hand-over (handover.py), not among the children above: objects
@@ -90,6 +95,7 @@ def observe(
     now: float,
     *,
     ranks: RankSnapshot | None = None,
+    ranks_read: RankSnapshot | None = None,
     leaving_nodes: Mapping[str, str] | None = None,
 ) -> Observed:
     """``caches`` hold the children carrying our labels, ``handover`` those that carry only
@@ -137,6 +143,8 @@ def observe(
         in_use=memory.used(now),
         refused=memory.refused,
         ranks=ranks,
+        ranks_report=named("ConfigMap", names.ranks_name(meta["name"])),
+        ranks_read=ranks_read,
         leaving_nodes=dict(leaving_nodes or {}),
         strays=[o for kind in HANDOVER_KINDS for o in strays(kind)],
     )

@@ -61,6 +61,7 @@ def _without_our_own_names(observed: Observed) -> Observed:
         ("Role", observed.role),
         ("RoleBinding", observed.role_binding),
         ("PodDisruptionBudget", observed.disruption_budget),
+        ("ConfigMap", observed.ranks_report),
     ):
         if obj is not None:
             ours.add((kind, obj["metadata"]["name"]))

@@ -1,30 +1,47 @@
-"""Whether a draining worker still runs ranks, read from the launcher's side.
+"""Which workers the launcher's remote shells reach: pushed by the launcher, not polled.
 
 A drain used to last its full ``drain-seconds`` although Horovod lets a removed host's
 ranks go at their next commit, about a second after the host leaves discovery: GPUs sat
 idle for the rest of the period. The drain now ends as soon as the ranks have left.
 
 The signal: every rank Horovod (or mpirun, or Intel MPI's hydra) runs on a worker is a
-remote-shell process in the launcher, ``kubexec.sh <worker> <command>``, alive exactly as
-long as the remote command. So one exec into the launcher's main container that lists the
-processes' command lines (``/proc/*/cmdline``, needing nothing but ``cat``) tells, for
-every worker at once, whether the launcher still reaches it. It is read from the side
-that decides (the driver), not from the workers, where only a guess at which processes
-are ranks would be possible. The controller holds ``pods/exec`` already (it must, to
-grant it to the launcher).
+remote shell in the launcher, ``kubexec.sh <worker> <command>``, alive exactly as long as
+the remote command. The ``kubexec.sh`` the controller renders (``render.kubexec``) reports
+each remote shell's start and, once the remote command has ended, its exit code, into the
+job's ranks ConfigMap ``<job>-ranks``: one merge patch per report on keys of that shell's
+own, so concurrent shells never conflict. The controller watches that object like its
+other children (a report is a watch event, so the job is reconciled when a rank starts or
+ends, and not otherwise) and reads it here. An idle fleet costs nothing: no report, no
+request. Reads from the side that decides (the driver), not from the workers, where only
+a guess at which processes are ranks would be possible.
 
-The same read, repeated every ``RANK_WATCH_SECONDS`` while a job runs, catches a rank
-that died while its worker pod lives on (a crash, an OOM kill of the rank process: ranks
-are exec'd beside the container's main process, so the pod does not notice): the remote
-shell into a listed worker is gone while others remain. Horovod has blacklisted that
-name, so the worker is retired and replaced (``membership.py``).
+Keys, one pair per remote shell (a worker's name holds no ``_``):
+``<worker>_<pid>_<epoch seconds>`` = ``start``, then ``<same>_exit`` = the exit code.
+Separate keys because both reports are sent in the background and may arrive in either
+order. Horovod's start-up interface probe (``python -m horovod.runner.task_fn``, one shell
+per host before any rank starts) is not a rank: ``kubexec.sh`` tells it by that module
+name in its command and does not report it, so its end is never read as ranks lost.
+
+A shell killed by a signal (horovodrun stopping every rank after a failure, or the
+launcher's container ending) does not report its exit on purpose: the run ends then, its
+ranks were not lost one by one. A rank that died under a live pod (a crash, an OOM kill of
+the rank process: ranks are exec'd beside the container's main process, so the pod does
+not notice) ends its ``kubectl exec`` with a non-zero code, and that is reported: the
+remote shell into a listed worker is gone while others remain. Horovod has blacklisted
+that name, so the worker is retired and replaced (``membership.py``). An exit 0 is a rank
+that finished (Horovod's SUCCESS, which ends the job): not a loss.
 
 A launcher that is a host (it requests a GPU) may show a remote shell into itself; it is
 read like any other, but it is no worker: never a victim, and a lost one retires nothing.
 
-When the signal cannot be read (no launcher, exec refused, timed out, no ``/proc``, or
-no ``kubexec.sh`` process at all, which means the launcher does not use our remote shell,
-e.g. ssh), the drain falls back to its full ``drain-seconds``.
+Where the push says nothing about a drain's victim (no report of a shell into it: the
+launcher reaches its workers some other way, e.g. ssh; its ``kubexec.sh`` predates the
+reports; or the reports were refused), the drain's early end falls back to one exec read
+of the launcher's process list (``PROBE_COMMAND``), at most every
+``PROBE_INTERVAL_SECONDS`` per job and globally rate-limited (``rankprobe.py``); when that
+cannot be read either, the drain runs to its full ``drain-seconds``. That is the only exec
+left: a drain's end is the one decision that cannot wait for nothing to happen. A rank
+watch without reports has no fallback: it was the periodic exec this replaces.
 """
 
 from __future__ import annotations
@@ -37,20 +54,17 @@ from datetime import datetime
 # cat fail, which says nothing about the others.
 PROBE_COMMAND = ("/bin/sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null; exit 0")
 PROBE_TIMEOUT_SECONDS = 5.0
-# How often a running job's launcher is read for ranks that died under a live pod: one
-# exec per running job per period, no write.
-RANK_WATCH_SECONDS = 15.0
-# A rank seen by no read is never missed, so while a worker's main container started less
-# than this long ago (its ranks are starting, and a crash at start-up is likely) the
-# launcher is read every drain.PROBE_INTERVAL_SECONDS instead.
-RANK_WATCH_STARTING_SECONDS = 30.0
+# The ranks ConfigMap's keys: see the module docstring.
+REPORT_SEPARATOR = "_"
+EXIT_SUFFIX = "_exit"
 
 
 @dataclass(frozen=True)
 class RankSnapshot:
-    """One read of the launcher's remote shells."""
+    """What the launcher's remote shells reach: its reports (``pushed``), or one exec read."""
 
     # When the read began: every process missing from it was gone at some moment after.
+    # For the reports, when the controller looked: they are current up to its watch.
     at: datetime
     # Workers the launcher's remote shells reach; None when the signal could not be read.
     hosts: frozenset[str] | None
@@ -62,10 +76,66 @@ class RankSnapshot:
     # Since when each host in ``hosts`` has been reached without a break (the first read
     # that showed it); a host missing here: unknown, taken as long ago. The host-list
     # rules (host_rules.py) wait for a new host's ranks to have run a while.
+    # From the reports, the earliest start of a running shell into the host.
     since: Mapping[str, datetime] = field(default_factory=dict)
+    # From the reports: the workers any remote shell of this launcher was reported into.
+    # Only for those do the reports say whether ranks run; None for an exec read.
+    known: frozenset[str] | None = None
 
 
-def remote_shell_hosts(output: bytes) -> frozenset[str] | None:
+def pushed(
+    data: Mapping[str, str], at: datetime, previous: RankSnapshot | None = None
+) -> RankSnapshot:
+    """The snapshot the ranks ConfigMap's ``data`` gives, ``previous`` the last one.
+
+    ``lost`` grows as an exec read's did: workers reached before and no longer, while
+    others stay reached, less those whose remote shells all ended with code 0. ``since``:
+    each reached host's earliest running shell's start, as the key names it.
+    """
+    started = {key for key in data if not key.endswith(EXIT_SUFFIX)}
+    codes = {key[: -len(EXIT_SUFFIX)]: data[key] for key in data if key.endswith(EXIT_SUFFIX)}
+
+    def host(key: str) -> str:
+        return key.split(REPORT_SEPARATOR, 1)[0]
+
+    since: dict[str, datetime] = {}
+    for key in started - codes.keys():
+        start = key.rsplit(REPORT_SEPARATOR, 1)[-1]
+        when = datetime.fromtimestamp(int(start), at.tzinfo) if start.isdigit() else at
+        since[host(key)] = min(since.get(host(key), when), when)
+    running = frozenset(since)
+    failed = {host(key) for key in started if codes.get(key, "0").strip() != "0"}
+    lost = previous.lost if previous is not None else frozenset()
+    if previous is not None and previous.hosts and running:
+        lost |= (previous.hosts - running) & failed
+    known = frozenset(host(key) for key in started)
+    return RankSnapshot(at, running, lost=lost, since=since, known=known)
+
+
+def reported(host: str, reports: RankSnapshot | None) -> bool:
+    return reports is not None and reports.known is not None and host in reports.known
+
+
+def signal(reports: RankSnapshot | None, read: RankSnapshot | None) -> RankSnapshot | None:
+    """The rank signal for the whole job: the reports once they name any host, else the
+    last exec read (a launcher that reports nothing reaches its hosts some other way)."""
+    return reports if reports is not None and reports.known else read
+
+
+def seen_by(
+    host: str, reports: RankSnapshot | None, read: RankSnapshot | None, since: datetime
+) -> frozenset[str] | None:
+    """The workers known to run ranks, for deciding about ``host``: from the reports if
+    they cover ``host``, else from an exec read begun at ``since`` or later; None when
+    neither can say."""
+    if reported(host, reports):
+        return reports.hosts if reports is not None else None
+    if read is not None and read.at >= since:
+        return read.hosts
+    return None
+
+
+def remote_shell_hosts(output: bytes, job: str) -> frozenset[str] | None:
     """The hosts named right after ``kubexec.sh`` in the launcher's command lines.
 
     ``output`` is every process's NUL-separated argv, concatenated. Both
@@ -74,7 +144,9 @@ def remote_shell_hosts(output: bytes) -> frozenset[str] | None:
     Horovod's start-up interface probe (``horovod.runner.task_fn``) holds no rank and is
     not counted: its end must not read as ranks lost. None when no process runs our
     remote shell at all: then the launcher reaches its workers some other way (or runs no
-    ranks), and an empty set would wrongly say every rank has left.
+    ranks), and an empty set would wrongly say every rank has left. Only hosts named
+    after ``job`` count (its workers, its launcher): on KWOK an exec runs on the test
+    machine and sees every job's processes.
     """
     args = [a.split() for a in output.decode("utf-8", "replace").split("\0")]
     found = False
@@ -83,7 +155,6 @@ def remote_shell_hosts(output: bytes) -> frozenset[str] | None:
         for j, token in enumerate(tokens):
             if not token.strip("'\"").endswith("kubexec.sh"):
                 continue
-            found = True
             # The host and command follow in the same argument (sh -c), else in the next
             # ones (kubexec.sh's own argv: the host, then the command as one argument).
             if len(tokens) > j + 1:
@@ -92,6 +163,9 @@ def remote_shell_hosts(output: bytes) -> frozenset[str] | None:
                 after = [t for a in args[i + 1 : i + 3] for t in a]
                 host, command = (after[0], after[1:]) if after else ("", [])
             host = host.strip("'\"")
-            if host and not any("horovod.runner.task_fn" in t for t in command):
+            if not host.startswith(f"{job}-"):
+                continue
+            found = True
+            if not any("horovod.runner.task_fn" in t for t in command):
                 hosts.add(host)
     return frozenset(hosts) if found else None

@@ -66,10 +66,22 @@ def service_account(spec: JobSpec) -> Obj:
     }
 
 
-def role_rules(exec_targets: Sequence[str]) -> list[Obj]:
+def role_rules(exec_targets: Sequence[str], ranks: str | None = None) -> list[Obj]:
+    """``ranks``: the job's ranks ConfigMap, unless someone else's holds the name: the one
+    object the launcher may write, by merge patch, to report its remote shells (ranks.py);
+    and read, because ``kubectl patch`` reads the object before it patches."""
     rules: list[Obj] = [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     ]
+    if ranks:
+        rules.append(
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "verbs": ["get", "patch"],
+                "resourceNames": [ranks],
+            }
+        )
     # An empty resourceNames list would mean *every* pod in the namespace, so with no
     # workers the exec rule is left out altogether.
     if exec_targets:
@@ -93,15 +105,21 @@ def exec_names(role: Mapping[str, Any] | None) -> set[str]:
     return granted
 
 
-def role(spec: JobSpec, exec_targets: Sequence[str]) -> Obj:
+def role(spec: JobSpec, exec_targets: Sequence[str], ranks: bool = False) -> Obj:
     """``exec_targets``: the pods the launcher may exec into (its workers, and itself when
-    it is a host)."""
+    it is a host); ``ranks``: grant the reports into the job's ranks ConfigMap."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": _launcher_object(spec),
-        "rules": role_rules(exec_targets),
+        "rules": role_rules(exec_targets, names.ranks_name(spec.name) if ranks else None),
     }
+
+
+def ranks_config_map(spec: JobSpec) -> Obj:
+    """Empty: the launcher's ``kubexec.sh`` fills it (ranks.py). The job's, like its config."""
+    meta = _metadata(spec, names.ranks_name(spec.name), names.object_labels(spec.name, None))
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}
 
 
 def role_binding(spec: JobSpec) -> Obj:
@@ -145,7 +163,7 @@ def kubexec(spec: JobSpec, settings: Settings) -> str:
         if settings.kubectl_delivery is KubectlDelivery.INIT_CONTAINER
         else "kubectl"
     )
-    return formats.kubexec(kubectl, spec.main_container)
+    return formats.kubexec(kubectl, spec.main_container, names.ranks_name(spec.name))
 
 
 def discover_hosts(spec: JobSpec, hosts: Sequence[str], launcher: bool = False) -> str:

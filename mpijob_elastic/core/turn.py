@@ -3,8 +3,9 @@
 Every decision module (``lifecycle``, ``capacity``, ``drain``, ``reports``) returns its
 values and adds what a turn reports besides them here: the job's next status (conditions
 change only when a reader would see a change, ``status.py``), the Events, when to come back
-(the earliest time any decision asked for), and the read of the launcher a drain or the
-rank watch wants. ``desired.py`` starts one per turn and turns it into the ``Desired``.
+(the earliest time any decision asked for), and the exec read of the launcher a drain or a
+held host-list change wants where the launcher's reports say nothing (``ranks.py``).
+``desired.py`` starts one per turn and turns it into the ``Desired``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ refused, so every write may rely on the phases above it having landed:
 1. ``ServiceAccount``, then ``PodDisruptionBudget``: the budget before any worker it
    protects exists.
 2. ``ConfigMap``: victims leave the host lists before anything happens to them; a worker
-   is listed only once the Role we wrote grants exec on it (``desired.py``).
+   is listed only once the Role we wrote grants exec on it (``desired.py``). Then
+   ``ranks ConfigMap``: the job's ranks ConfigMap, created empty (only its existence is
+   ours, its data is the launcher's reports, ranks.py); before the Role that grants the
+   launcher its patch, so a name someone else holds is never granted.
 3. ``obsolete``: the budget's delete, once the job is suspended, finished or no longer
    elastic.
 4. ``config hash``: the launcher's annotation; its kubelet refreshes the mounted files now.
@@ -28,7 +31,9 @@ refused, so every write may rely on the phases above it having landed:
    lists only granted workers. Then ``RoleBinding``: a controller without the ``bind``
    verb (ours) may bind only a Role that exists, whose rules it holds itself; the API
    server answers 404 for a RoleBinding to a Role not there yet.
-9. ``launcher``: after its workers exist and are granted.
+9. ``ranks emptied``: the ranks ConfigMap's reports removed, so no report of an earlier
+   launcher is read as the new one's (ranks.py); then ``launcher``, after its workers
+   exist and are granted.
 10. ``status`` (or, once runPolicy.ttlSecondsAfterFinished is over, ``job delete``), then
     ``events``.
 
@@ -69,6 +74,7 @@ STEPS = (
     "ServiceAccount",
     "PodDisruptionBudget",
     "ConfigMap",
+    "ranks ConfigMap",
     "obsolete",
     "config hash",
     "pod marks",
@@ -76,6 +82,7 @@ STEPS = (
     "creates",
     "Role",
     "RoleBinding",
+    "ranks emptied",
     "launcher",
     "job delete",
     "status",
@@ -203,6 +210,22 @@ def _refresh_launcher(want: Desired, observed: Observed) -> list[Action]:
     ]
 
 
+def _ranks_create(want: Desired, observed: Observed) -> list[Action]:
+    ranks = want.ranks
+    if ranks is None or observed.ranks_report is not None:
+        return []
+    if ("ConfigMap", ranks["metadata"]["name"]) in observed.conflicts:
+        return []
+    return [Create(ranks)]
+
+
+def _ranks_emptied(want: Desired, observed: Observed) -> list[Action]:
+    report = observed.ranks_report
+    if want.launcher is None or report is None or not report.get("data"):
+        return []
+    return [Replace({k: v for k, v in report.items() if k != "data"})]
+
+
 def _pod_marks(want: Desired, observed: Observed, now: datetime) -> list[Action]:
     """The workers' drain marks to set or clear, and their rank-holder labels (in the
     same patch where a worker gets both)."""
@@ -255,6 +278,7 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
             ("ServiceAccount", ensure("ServiceAccount")),
             ("PodDisruptionBudget", ensure("PodDisruptionBudget")),
             ("ConfigMap", ensure("ConfigMap")),
+            ("ranks ConfigMap", _ranks_create(want, observed)),
             ("obsolete", _obsolete(want, observed)),
             ("config hash", _refresh_launcher(want, observed)),
             ("pod marks", _pod_marks(want, observed, now)),
@@ -262,6 +286,7 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
             ("creates", [Create(pod) for pod in want.new_pods]),
             ("Role", ensure("Role")),
             ("RoleBinding", ensure("RoleBinding")),
+            ("ranks emptied", _ranks_emptied(want, observed)),
             ("launcher", [] if want.launcher is None else [Create(want.launcher)]),
         ]
     )

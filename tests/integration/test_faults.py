@@ -342,7 +342,12 @@ def test_taken_launcher_name_is_reported_and_the_workers_serve_nobody_else(
         "GET", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{job.ns}/roles/{taken}"
     )
     assert role is not None
-    granted = {n for rule in role["rules"] for n in rule.get("resourceNames") or []}
+    granted = {
+        n
+        for rule in role["rules"]
+        if "pods/exec" in rule["resources"]
+        for n in rule.get("resourceNames") or []
+    }
     assert granted == {names.worker_name(job.name, i) for i in range(2)}
     pod = cluster.raw("GET", pod_path(job.ns, taken))
     assert pod is not None

@@ -12,10 +12,10 @@ import time
 import pytest
 
 from mpijob_elastic.core import host_rules, names
-from mpijob_elastic.core.ranks import RANK_WATCH_SECONDS
 from tests.cluster import Cluster
-from tests.controller import RemoteShells, StartController, wait_for
+from tests.controller import RemoteShells, StartController, free_port, wait_for
 from tests.integration.test_controller import Job, elastic_job
+from tests.integration.test_observability import Scrape
 
 pytestmark = pytest.mark.usefixtures("crd")
 
@@ -61,6 +61,7 @@ def running_with_shells(
     job.create(elastic_job(job.name, workers, drain="30"))
     job.wait_hosts(workers)
     running_launcher(job)
+    shells.attach(job.ns, job.name)
     for i in range(workers):
         shells.start(names.worker_name(job.name, i))
 
@@ -189,21 +190,73 @@ def test_a_drain_ends_once_the_launcher_no_longer_reaches_the_victim(
         f"rank left ({gone2 - edited:.2f}s after the edit)"
     )
     assert gone - edited < 10
-    assert gone2 - left2 < 5
+    # Past its floor, a victim goes as soon as the launcher reports its rank's end.
+    assert gone2 - left2 < 2
     assert job.workers() == [f"{job.name}-worker-0"]
 
 
-def test_a_rank_that_dies_under_a_live_pod_retires_its_worker(
+def test_without_reports_a_drain_ends_on_an_exec_read_of_the_launcher(
     job: Job, start_controller: StartController, shells: RemoteShells
 ) -> None:
+    """The reports say nothing of the victims (their remote shells report nothing): the
+    controller reads the launcher's process list instead, as before the reports."""
+    start_controller(job.ns)
+    job.create(elastic_job(job.name, 3, drain="30"))
+    job.wait_hosts(3)
+    running_launcher(job)
+    for i in range(3):
+        shells.start_silent(names.worker_name(job.name, i))
+    job.set_workers(1)
+    wait_for(lambda: job.hosts() == hosts(job, 0), 10, "victims out of discovery")
+    time.sleep(4)  # past the floor, with both victims still reached
+    assert {f"{job.name}-worker-1", f"{job.name}-worker-2"} <= set(job.workers())
+    left = shells.end(f"{job.name}-worker-1")
+    wait_for(lambda: f"{job.name}-worker-1" not in job.workers(), 10, "worker-1 deleted")
+    print(f"FIGURE no reports: victim deleted {time.monotonic() - left:.2f}s after its rank left")
+    assert f"{job.name}-worker-2" in job.workers(), "a victim still reached was deleted"
+
+
+def test_a_rank_that_dies_under_a_live_pod_retires_its_worker(
+    cluster: Cluster, job: Job, start_controller: StartController, shells: RemoteShells
+) -> None:
     """A rank process crashes (an OOM kill of the rank, not of the container): the pod runs
-    on and stays listed, but Horovod has blacklisted its name. The controller's watch of
-    the launcher sees the remote shell into it end while the others go on."""
+    on and stays listed, but Horovod has blacklisted its name. The launcher's kubexec.sh
+    reports the remote shell into it ending while the others go on."""
     running_with_shells(job, start_controller, shells, 3)
-    # Let one watch read see all three reached.
-    time.sleep(RANK_WATCH_SECONDS + 2)
+    ranks = names.ranks_name(job.name)
+    path = f"/api/v1/namespaces/{job.ns}/configmaps/{ranks}"
+
+    def reported() -> list[str]:
+        report = cluster.raw("GET", path) or {}
+        return sorted(report.get("data") or {})
+
+    wait_for(lambda: len(reported()) == 3, 20, "three starts reported")
     crashed = shells.end(f"{job.name}-worker-1")
-    wait_for(lambda: job.hosts() == hosts(job, 0, 2, 3), RANK_WATCH_SECONDS + 10, "replaced")
+    wait_for(lambda: job.hosts() == hosts(job, 0, 2, 3), 20, "replaced")
     print(f"FIGURE dead rank's worker replaced {time.monotonic() - crashed:.2f}s after")
     assert f"{job.name}-worker-1" not in job.workers()
     assert "WorkerRetired" in [r for _, r, _ in job.events()]
+    exits = [key for key in reported() if key.endswith("_exit")]
+    assert len(exits) == 1
+    assert exits[0].startswith(f"{job.name}-worker-1_")
+
+
+def test_an_idle_running_job_makes_no_request(
+    job: Job, start_controller: StartController, shells: RemoteShells
+) -> None:
+    """Ranks run, nothing changes: no reconcile (so no exec into the launcher, no write),
+    where the launcher used to be read every 15 s."""
+    port = free_port()
+    start_controller(job.ns, args=("--metrics-port", str(port)))
+    job.create(elastic_job(job.name, 2, drain="30"))
+    job.wait_hosts(2)
+    running_launcher(job)
+    shells.attach(job.ns, job.name)
+    for i in range(2):
+        shells.start(names.worker_name(job.name, i))
+    time.sleep(3)
+    before = Scrape(port).value("mpijob_elastic_reconciles_total", result="success")
+    time.sleep(20)
+    after = Scrape(port).value("mpijob_elastic_reconciles_total", result="success")
+    assert before > 0
+    assert after == before

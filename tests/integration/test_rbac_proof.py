@@ -170,19 +170,25 @@ def step(done: Done, reached: Callable[[], Any], what: str, timeout: float = 40)
     return not done()
 
 
-def start(job: Job, done: Done) -> bool:
-    job.create(elastic_job(job.name, 1))
+def start(job: Job, done: Done, drain: str = "2") -> bool:
+    job.create(elastic_job(job.name, 1, drain))
     return step(done, lambda: job.hosts() and job.pods(names.ROLE_LAUNCHER), "a started job")
 
 
-def scale(job: Job, done: Done) -> bool:
-    if not start(job, done):
+def scale(job: Job, done: Done, drain: str = "2") -> bool:
+    if not start(job, done, drain):
         return False
     job.set_workers(2)
     if not step(done, lambda: len(job.hosts()) == 2 and len(job.exec_names()) == 2, "2 hosts"):
         return False
     job.set_workers(1)
     return step(done, lambda: len(job.workers()) == 1, "the surplus worker drained and deleted")
+
+
+def drain_read(job: Job, done: Done) -> bool:
+    """A scale-in whose drain outlasts its floor, its victim named by no report of the
+    launcher (none runs kubexec.sh here): the launcher is read by exec (ranks.py)."""
+    return scale(job, done, drain="8")
 
 
 def edit(job: Job, done: Done) -> bool:
@@ -306,8 +312,14 @@ def proof(p: Permission) -> tuple[Scenario, str] | None:
         ("pods", "create"): (start, forbidden(p)),
         ("pods", "delete"): (scale, forbidden(p)),
         ("pods", "patch"): (scale, forbidden(p)),
-        ("pods/exec", "get"): (scale, forbidden(p)),
+        ("pods/exec", "get"): (drain_read, forbidden(p)),
         ("pods/exec", "create"): (start, escalation("pods/exec")),
+        # The launcher's Role grants get on its job's ranks ConfigMap (kubectl patch
+        # reads the object first), and RBAC lets us grant only what we hold.
+        ("configmaps", "get"): (
+            start,
+            escalation("configmaps") + ', ResourceNames:[\\"proof-ranks',
+        ),
         ("configmaps", "create"): (start, forbidden(p)),
         ("configmaps", "update"): (scale, forbidden(p)),
         ("configmaps", "patch"): (adopt, forbidden(p)),
@@ -480,3 +492,44 @@ def test_a_job_naming_the_controllers_service_account_is_refused(
     assert start(other, lambda: False)
     assert job.pods() == {}
     assert job.pods(names.ROLE_LAUNCHER) == {}
+
+
+def test_the_launcher_may_write_its_ranks_configmap_and_nothing_else(
+    cluster: Cluster, namespace: str, run_as: RunAs, tmp_path: Path
+) -> None:
+    """The reports' grant (docs/rbac.md): get and patch on `<job>-ranks`, by name; the
+    launcher still cannot read or write any other ConfigMap, its job's own config
+    included, nor list them."""
+    run_as(None)
+    job = Job(cluster, namespace, "reports")
+    assert start(job, lambda: False)
+    launcher = names.launcher_name(job.name)
+    kubeconfig = cluster.service_account_kubeconfig(namespace, launcher, tmp_path / "l.conf")
+
+    def as_launcher(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [cluster.kubectl_path, "--kubeconfig", kubeconfig, "-n", namespace, *args],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    report = json.dumps({"data": {f"{job.name}-worker-0_1_2": "start"}})
+    ranks = names.ranks_name(job.name)
+    wait_for(
+        lambda: (
+            as_launcher("patch", "configmap", ranks, "--type=merge", "-p", report).returncode == 0
+        ),
+        20,
+        "the launcher's report accepted",
+    )
+    for args in (
+        ("patch", "configmap", names.config_map_name(job.name), "--type=merge", "-p", report),
+        ("get", "configmap", names.config_map_name(job.name)),
+        ("get", "configmaps"),
+        ("delete", "configmap", ranks),
+        ("replace", "--raw", f"/api/v1/namespaces/{namespace}/configmaps/{ranks}", "-f", "-"),
+    ):
+        refused = as_launcher(*args)
+        assert refused.returncode != 0, args
+        assert "forbidden" in refused.stderr.lower(), (args, refused.stderr)

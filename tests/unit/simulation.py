@@ -54,7 +54,7 @@ from mpijob_elastic.core.drain import DRAIN_FLOOR_SECONDS
 from mpijob_elastic.core.observe import HANDOVER_KINDS, Listed, Observed
 from mpijob_elastic.core.observe import observe as observe_caches
 from mpijob_elastic.core.plan import plan_writes
-from mpijob_elastic.core.ranks import RANK_WATCH_SECONDS, RankSnapshot
+from mpijob_elastic.core.ranks import RankSnapshot
 from mpijob_elastic.core.render import requests_gpu
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
 from mpijob_elastic.core.workers import worker_index
@@ -161,10 +161,15 @@ def observe(
     memory: JobMemory,
     seconds: float,
     ranks: RankSnapshot | None = None,
+    reports: RankSnapshot | None = None,
 ) -> Observed:
     """What the controller's caches hold for one job, read by the controller's own
     ``observe``: ``objects`` stand for the caches, each object through its cache's
-    transform, so a field the planner reads but a cache drops fails the planner's tests."""
+    transform, so a field the planner reads but a cache drops fails the planner's tests.
+
+    ``ranks``: the last exec read of the launcher; ``reports``: what its reports say
+    (ranks.py). The simulated worlds send no reports, so their drains end through exec
+    reads, the fallback path; a test may set ``Cluster.reports``."""
     main: dict[str, list[Obj]] = {}
     handover: dict[str, list[Obj]] = {}
     for (kind, _), obj in sorted(objects.items()):
@@ -189,7 +194,8 @@ def observe(
         lambda kind: Listed(handover.get(kind, ())),
         memory,
         seconds,
-        ranks=ranks,
+        ranks=reports,
+        ranks_read=ranks,
         leaving_nodes=leaving,
     )
 
@@ -669,8 +675,10 @@ class Cluster:
         self.world = World(job)
         self.name = str(job["metadata"]["name"])
         self.writer = Writer(FakeKube(self.world), lambda _: None)
-        # What the last read of the launcher's remote shells said; a test sets it.
+        # What the last read of the launcher's remote shells said, and what its reports
+        # say; a test sets them.
         self.ranks: RankSnapshot | None = None
+        self.reports: RankSnapshot | None = None
 
     @property
     def job(self) -> Obj:
@@ -709,7 +717,9 @@ class Cluster:
 
     def observed(self) -> Observed:
         memory = self.writer.of((NAMESPACE, self.name))
-        return observe(self.world.objects, self.job, memory, self.world.clock, self.ranks)
+        return observe(
+            self.world.objects, self.job, memory, self.world.clock, self.ranks, self.reports
+        )
 
     def plan(self, settings: Settings = SETTINGS) -> Writes:
         return plan_writes(self.observed(), settings, self.now)
@@ -750,7 +760,7 @@ class Cluster:
 
     def _pause_ends(self) -> bool:
         """Whether a pause ends in work: a failing worker's replacement backoff looks like
-        rest, and the rank watch's requeue comes sooner than its end, so look at each
+        rest, and a requeue may come sooner than its end, so look at each
         requeue until the longest backoff has passed."""
         waited = 0.0
         while waited <= WORKER_BACKOFF_MAX_SECONDS:
@@ -851,6 +861,8 @@ class Sim:
         self._seq = itertools.count()
         self._scanned = 0
         self._process = 0
+        # The launchers' last reports, by job: (launcher uid, snapshot).
+        self._pushed: dict[str, tuple[str, RankSnapshot]] = {}
         # The turn in progress: which phase each of its plan's requests belongs to, which
         # were accepted, the phase of the first that failed, and whether the server itself
         # answered one with an error.
@@ -887,6 +899,50 @@ class Sim:
 
     def _queue(self, name: str, at: float) -> None:
         self.due[name] = min(self.due.get(name, at), at)
+
+    def reports(self, name: str) -> RankSnapshot | None:
+        """What the running launcher's reports say (ranks.py): the world's ranks as of now,
+        each host since it was first reached without a break. Kept across controller
+        restarts, as the ranks ConfigMap is; started afresh by a new launcher."""
+        launcher = self.world.objects.get(("Pod", names.launcher_name(name)))
+        if (
+            launcher is None
+            or launcher["metadata"].get("deletionTimestamp")
+            or (launcher.get("status") or {}).get("phase") != "Running"
+        ):
+            self._pushed.pop(name, None)
+            return None
+        uid = str(launcher["metadata"]["uid"])
+        last = self._pushed.get(name)
+        before = last[1] if last is not None and last[0] == uid else None
+        hosts, now = self.world.rank_hosts(name), self.world.now
+        since = {
+            h: before.since.get(h, now) if before and h in (before.hosts or ()) else now
+            for h in hosts
+        }
+        known = hosts | (before.known or frozenset() if before else frozenset())
+        snapshot = RankSnapshot(now, hosts, since=since, known=known)
+        self._pushed[name] = (uid, snapshot)
+        return snapshot
+
+    def _wake_on_ranks(self, name: str) -> None:
+        """A report is a watch event: queue the job when its ranks next join or leave."""
+        clock, changes = self.world.clock, []
+        for pod in self.world.workers(name):
+            uid = pod["metadata"]["uid"]
+            if (t := self.world._listed_at.get(uid)) is not None:
+                changes.append(t + RANK_JOIN_SECONDS)
+            if (t := self.world._left_at.get(uid)) is not None:
+                changes.append(t + RANK_LEAVE_SECONDS)
+        due = [t for t in changes if t > clock]
+        if due:
+            process = self._process
+
+            def wake() -> None:
+                if process == self._process:
+                    self._queue(name, self.world.clock)
+
+            self.later(min(due) - clock + 0.01, wake)
 
     def _upsert(self, obj: Obj) -> None:
         """The Writer's cache callback: read-your-writes, never back in time."""
@@ -994,7 +1050,9 @@ class Sim:
         self.turns += 1
         job = self.view[(names.KIND, name)]
         memory = self.writer.of((NAMESPACE, name))
-        observed = observe(self.view, job, memory, self.world.clock, self._ranks.get(name))
+        observed = observe(
+            self.view, job, memory, self.world.clock, self._ranks.get(name), self.reports(name)
+        )
         self.world.acting = Acting(name, job["metadata"]["uid"], listable(observed))
         the_plan = self.planner(observed, self.settings, self.world.now)
         self._phase_of = phase_requests(the_plan, name)
@@ -1020,6 +1078,7 @@ class Sim:
         finally:
             self.world.acting = None
             self._phase_of = {}
+        self._wake_on_ranks(name)
         if self.dead:
             self.kills += 1
             self.restart()
@@ -1191,14 +1250,13 @@ def phase_requests(p: Writes, job: str) -> dict[Request, int]:
 
 
 def resting(p: Writes, pods: list[Obj]) -> bool:
-    """Nothing left to do but watch a running job's ranks (ranks.RANK_WATCH_SECONDS):
-    no drain or deletion under way."""
+    """Nothing left to do: no drain or deletion under way, and no turn due."""
     leaving = any(
         names.ANN_DRAINING_SINCE in (pod["metadata"].get("annotations") or {})
         or pod["metadata"].get("deletionTimestamp")
         for pod in pods
     )
-    return p.requeue_after is None or (p.requeue_after <= RANK_WATCH_SECONDS and not leaving)
+    return p.requeue_after is None and not leaving
 
 
 def replicas(job: Mapping[str, Any]) -> int:

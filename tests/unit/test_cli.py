@@ -19,6 +19,7 @@ def test_render_prints_every_child(capsys: pytest.CaptureFixture[str]) -> None:
     kinds = sorted((d["kind"], d["metadata"]["name"]) for d in docs)
     assert kinds == [
         ("ConfigMap", "elastic-horovod-config"),
+        ("ConfigMap", "elastic-horovod-ranks"),
         ("Pod", "elastic-horovod-launcher"),
         ("Pod", "elastic-horovod-worker-0"),
         ("Pod", "elastic-horovod-worker-1"),

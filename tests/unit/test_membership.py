@@ -23,6 +23,7 @@ from mpijob_elastic.core.membership import (
 )
 from mpijob_elastic.core.ranks import (
     RankSnapshot,
+    pushed,
     remote_shell_hosts,
 )
 from mpijob_elastic.core.spec import InvalidSpec, parse
@@ -133,10 +134,12 @@ def test_remote_shell_hosts_reads_every_form_horovod_and_mpirun_use() -> None:
         b"/opt/kube/kubectl\0exec\0job-worker-2\0--\0/bin/sh\0-c\0orted\0"
         b"python\0-m\0horovod.runner.launch\0-np\0" + b"x" * 10
     )
-    assert remote_shell_hosts(output) == frozenset({"job-worker-1", "job-worker-2"})
+    assert remote_shell_hosts(output, "job") == frozenset({"job-worker-1", "job-worker-2"})
     # No remote shell of ours at all: the launcher uses ssh, or runs nothing: unknown.
-    assert remote_shell_hosts(b"python\0train.py\0sleep\0") is None
-    assert remote_shell_hosts(b"") is None
+    assert remote_shell_hosts(b"python\0train.py\0sleep\0", "job") is None
+    assert remote_shell_hosts(b"", "job") is None
+    # Another job's shells (KWOK runs every exec on one machine) say nothing of this one.
+    assert remote_shell_hosts(output, "other") is None
 
 
 def test_the_start_up_interface_probe_is_no_rank() -> None:
@@ -146,9 +149,9 @@ def test_the_start_up_interface_probe_is_no_rank() -> None:
         b"/bin/sh\0/etc/mpi/kubexec.sh\0job-worker-2\0python -m horovod.runner.task_fn 1 2\0"
     )
     # Our remote shell runs, but reaches no rank: its end is no loss.
-    assert remote_shell_hosts(probe) == frozenset()
+    assert remote_shell_hosts(probe, "job") == frozenset()
     rank = b"/bin/sh\0-c\0/etc/mpi/kubexec.sh job-worker-3 'cd /x ; python train.py'\0"
-    assert remote_shell_hosts(probe + rank) == frozenset({"job-worker-3"})
+    assert remote_shell_hosts(probe + rank, "job") == frozenset({"job-worker-3"})
 
 
 def test_remove_workers_must_name_workers_of_the_job() -> None:
@@ -199,6 +202,57 @@ def test_a_drain_ends_once_the_launcher_no_longer_reaches_the_victim() -> None:
         names.ANN_RETIRED_WORKERS: "2",
         names.ANN_WORKERS: "1",
     }
+
+
+def test_a_drain_on_the_launchers_reports_asks_for_no_exec_read() -> None:
+    c = started(4)
+    c.set_replicas(1)
+    c.apply(c.plan())  # worker-1, 2 and 3 unlisted and marked
+    c.tick(DRAIN_FLOOR_SECONDS)
+    # worker-1's rank has ended, worker-2's runs, worker-3 was never reported.
+    c.reports = pushed(
+        {
+            "job-worker-0_1_5": "start",
+            "job-worker-1_2_5": "start",
+            "job-worker-1_2_5_exit": "134",
+            "job-worker-2_3_5": "start",
+        },
+        c.now,
+    )
+    p = c.plan()
+    assert [(d.name, d.grace_seconds) for d in p.of_type(DeletePod)] == [
+        ("job-worker-1", RANK_FREE_GRACE_SECONDS)
+    ]
+    # Only worker-3, which no report names, needs the exec read.
+    assert p.probe is not None
+    c.apply(p)
+    c.ranks = RankSnapshot(c.now, frozenset({"job-worker-0", "job-worker-2"}))
+    p = c.plan()
+    assert [d.name for d in p.of_type(DeletePod)] == ["job-worker-3"]
+    c.apply(p)
+    # worker-2 waits for its report; no read is asked for it.
+    c.tick(1)
+    p = c.plan()
+    assert p.probe is None
+    assert not p.of_type(DeletePod)
+
+
+def test_a_worker_whose_reported_rank_died_is_retired_and_replaced() -> None:
+    c = started(3)
+    before = {"job-worker-0_1_5": "start", "job-worker-1_2_5": "start", "job-worker-2_3_5": "start"}
+    first = pushed(before, c.now)
+    c.reports = pushed({**before, "job-worker-1_2_5_exit": "1"}, c.now, first)
+    assert c.reports.lost == frozenset({"job-worker-1"})
+    c.apply(c.plan())
+    assert discovered(c.get("ConfigMap", "job-config")) == ["job-worker-0", "job-worker-2"]
+    assert "WorkerRetired" in [e.reason for e in c.events]
+    c.reports = None
+    c.converge()
+    assert discovered(c.get("ConfigMap", "job-config")) == [
+        "job-worker-0",
+        "job-worker-2",
+        "job-worker-3",
+    ]
 
 
 def test_an_unreadable_launcher_keeps_the_full_drain() -> None:

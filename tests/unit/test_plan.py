@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -21,7 +22,6 @@ from mpijob_elastic.core.actions import (
 )
 from mpijob_elastic.core.drain import DRAIN_FLOOR_SECONDS, PROBE_INTERVAL_SECONDS
 from mpijob_elastic.core.plan import plan_writes
-from mpijob_elastic.core.ranks import RANK_WATCH_SECONDS
 from mpijob_elastic.core.render import exec_names
 from mpijob_elastic.core.workers import worker_index
 from mpijob_elastic.machinery.kube import ApiError
@@ -60,7 +60,15 @@ def test_new_job_grants_exec_once_its_workers_are_created() -> None:
     c = Cluster(make_job(2))
     p = c.plan()
     kinds = [a.obj["kind"] for a in p.actions if isinstance(a, Create)]
-    assert kinds == ["ServiceAccount", "ConfigMap", "Pod", "Pod", "Role", "RoleBinding"]
+    assert kinds == [
+        "ServiceAccount",
+        "ConfigMap",
+        "ConfigMap",
+        "Pod",
+        "Pod",
+        "Role",
+        "RoleBinding",
+    ]
     c.apply(p)
     # Granted only after the creates went through: a name held by someone else's pod
     # (a create answered 409) never reaches the Role.
@@ -77,9 +85,9 @@ def test_settled_job_plans_nothing() -> None:
     assert c.get("Pod", "job-launcher") is not None
     p = c.plan()
     assert p.actions == ()
-    # Only the watch for ranks that die under a live pod: a read, no write.
-    assert p.requeue_after == RANK_WATCH_SECONDS
-    assert p.probe == Probe("job-launcher", "main")
+    # Nothing on a timer: a rank that dies is reported by the launcher (ranks.py).
+    assert p.requeue_after is None
+    assert p.probe is None
 
 
 def test_discovery_is_in_index_order_not_string_order() -> None:
@@ -632,6 +640,67 @@ def test_a_taken_name_is_reported_even_when_its_holder_cannot_be_read(
     assert (
         "ConfigMap job-config already exists (its owner could not be read" in (refused["message"])
     )
+
+
+def test_the_ranks_configmap_is_created_granted_and_emptied_before_a_new_launcher() -> None:
+    c = started(2)
+    ranks = c.get("ConfigMap", "job-ranks")
+    assert ranks is not None
+    assert not ranks.get("data")
+    assert ranks["metadata"]["ownerReferences"][0]["name"] == "job"
+    role = c.get("Role", "job-launcher")
+    assert role is not None
+    assert {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "verbs": ["get", "patch"],
+        "resourceNames": ["job-ranks"],
+    } in role["rules"]
+    # The launcher reported; then its pod is gone (its node went) and a new one is made.
+    ranks["data"] = {"job-worker-0_12_34": "start"}
+    c.world.vanish_now("job-launcher")
+    p = c.plan()
+    writes = [
+        (type(a).__name__, a.obj["kind"], a.obj["metadata"]["name"])
+        for a in p.actions
+        if isinstance(a, Create | Replace)
+    ]
+    assert ("Create", "Pod", "job-launcher") in writes
+    emptied = writes.index(("Replace", "ConfigMap", "job-ranks"))
+    assert emptied < writes.index(("Create", "Pod", "job-launcher"))
+    replaced = next(
+        a.obj
+        for a in p.actions
+        if isinstance(a, Replace) and a.obj["metadata"]["name"] == "job-ranks"
+    )
+    assert "data" not in replaced
+
+
+def test_a_foreign_ranks_configmap_is_never_granted_to_the_launcher() -> None:
+    c = Cluster(make_job(2, annotations=dict(ELASTIC)))
+    c.objects[("ConfigMap", "job-ranks")] = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "job-ranks",
+            "namespace": "ns",
+            "uid": "someone",
+            "resourceVersion": "1",
+        },
+        "data": {"theirs": "x"},
+    }
+    for _ in range(10):
+        c.run_pods()
+        # The create of job-ranks is answered 409: that turn fails, the next knows why.
+        with contextlib.suppress(ApiError):
+            c.apply(c.plan())
+    role = c.get("Role", "job-launcher")
+    assert role is not None
+    assert all("configmaps" not in r["resources"] for r in role["rules"])
+    assert c.get("Pod", "job-launcher") is not None
+    theirs = c.get("ConfigMap", "job-ranks")
+    assert theirs is not None
+    assert theirs["data"] == {"theirs": "x"}
 
 
 @pytest.mark.parametrize(

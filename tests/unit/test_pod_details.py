@@ -237,7 +237,7 @@ def test_a_gpu_launcher_is_granted_exec_on_itself_once_it_exists_then_listed_fir
     assert c.world.violations == []
     written = c.get("Role", "job-launcher")
     assert written is not None
-    assert written["rules"][1]["resourceNames"] == [
+    assert written["rules"][2]["resourceNames"] == [
         "job-launcher",
         "job-worker-0",
         "job-worker-1",
@@ -266,11 +266,11 @@ def test_a_scale_in_never_takes_the_launcher_and_it_stays_listed() -> None:
     assert c.world.violations == []
 
 
-def test_a_launcher_host_in_a_rank_read_retires_nothing() -> None:
+def test_a_launcher_host_in_the_rank_reports_retires_nothing() -> None:
     c = Cluster(gpu_job(2, annotations=dict(ELASTIC)))
     c.converge()
     # The launcher's remote shell into itself ended while the workers' went on.
-    c.ranks = RankSnapshot(
+    c.reports = RankSnapshot(
         c.now, frozenset({"job-worker-0", "job-worker-1"}), lost=frozenset({"job-launcher"})
     )
     p = c.plan()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+from datetime import UTC, datetime, timedelta
 
 from mpijob_elastic.core.actions import Probe
 from mpijob_elastic.machinery.rankprobe import RankProbes
@@ -22,7 +24,11 @@ async def read(probes: RankProbes, answered: asyncio.Event) -> None:
 
 
 def test_a_shell_that_ends_while_others_go_on_is_lost_until_acted_on() -> None:
-    outputs = [shells("w-0", "w-1", "w-2"), shells("w-0", "w-2"), shells("w-0", "w-2")]
+    outputs = [
+        shells("job-worker-0", "job-worker-1", "job-worker-2"),
+        shells("job-worker-0", "job-worker-2"),
+        shells("job-worker-0", "job-worker-2"),
+    ]
 
     async def main() -> None:
         answered = asyncio.Event()
@@ -35,17 +41,17 @@ def test_a_shell_that_ends_while_others_go_on_is_lost_until_acted_on() -> None:
         await read(probes, answered)
         first = probes.answer(KEY)
         assert first is not None
-        assert first.hosts == frozenset({"w-0", "w-1", "w-2"})
+        assert first.hosts == frozenset({"job-worker-0", "job-worker-1", "job-worker-2"})
         assert first.lost == frozenset()
         await read(probes, answered)
         second = probes.answer(KEY)
         assert second is not None
-        assert second.lost == {"w-1"}
+        assert second.lost == frozenset({"job-worker-1"})
         # A read before the planner acted keeps the loss.
         await read(probes, answered)
         third = probes.answer(KEY)
         assert third is not None
-        assert third.lost == {"w-1"}
+        assert third.lost == {"job-worker-1"}
         probes.acted_on(KEY, third)
         acted = probes.answer(KEY)
         assert acted is not None
@@ -56,7 +62,7 @@ def test_a_shell_that_ends_while_others_go_on_is_lost_until_acted_on() -> None:
 
 
 def test_all_shells_ending_at_once_is_the_run_ending_not_failures() -> None:
-    outputs = [shells("w-0", "w-1"), b"python\0train.py\0"]
+    outputs = [shells("job-worker-0", "job-worker-1"), b"python\0train.py\0"]
 
     async def main() -> None:
         answered = asyncio.Event()
@@ -101,7 +107,7 @@ def test_one_read_at_a_time_per_job() -> None:
             nonlocal started
             started += 1
             await release.wait()
-            return shells("w-0")
+            return shells("job-worker-0")
 
         probes = RankProbes(execute, lambda _key: None)
         for _ in range(5):
@@ -128,9 +134,9 @@ def test_reads_of_all_jobs_together_are_bounded() -> None:
             most = max(most, running)
             await release.wait()
             running -= 1
-            return shells("w-0")
+            return shells("job-worker-0")
 
-        probes = RankProbes(execute, answered.append, in_flight=3)
+        probes = RankProbes(execute, answered.append, in_flight=3, per_second=1000)
         keys = [("ns", f"job-{i}") for i in range(10)]
         for key in keys:
             probes.request(key, PROBE)
@@ -158,14 +164,14 @@ def test_a_read_without_a_free_slot_keeps_the_last_answer() -> None:
         async def execute(ns: str, pod: str, container: str | None) -> bytes:
             if pod == "busy":
                 await release.wait()
-            return shells("w-0", "w-1")
+            return shells("job-worker-0", "job-worker-1")
 
         probes = RankProbes(execute, answered.append, in_flight=1, slot_wait=0)
         probes.request(KEY, PROBE)
         await asyncio.sleep(0.05)
         first = probes.answer(KEY)
         assert first is not None
-        assert first.hosts == frozenset({"w-0", "w-1"})
+        assert first.hosts == frozenset({"job-worker-0", "job-worker-1"})
         probes.request(other, Probe("busy", "main"))
         await asyncio.sleep(0.05)
         # The slot is taken and the read may not wait: no answer, not an unreadable one.
@@ -185,8 +191,88 @@ def test_a_read_without_a_free_slot_keeps_the_last_answer() -> None:
     asyncio.run(main())
 
 
+def test_reads_start_at_most_per_second_for_all_jobs_together() -> None:
+    async def main() -> None:
+        starts: list[float] = []
+        answered: list[tuple[str, str]] = []
+        loop = asyncio.get_running_loop()
+
+        async def execute(ns: str, pod: str, container: str | None) -> bytes:
+            starts.append(loop.time())
+            return shells("job-worker-0")
+
+        probes = RankProbes(execute, answered.append, per_second=20)
+        keys = [("ns", f"job-{i}") for i in range(5)]
+        for key in keys:
+            probes.request(key, PROBE)
+        for _ in range(200):
+            if len(answered) == len(keys):
+                break
+            await asyncio.sleep(0.01)
+        assert sorted(answered) == sorted(keys)
+        gaps = [b - a for a, b in itertools.pairwise(starts)]
+        assert min(gaps) >= 0.045, gaps
+        await probes.stop()
+
+    asyncio.run(main())
+
+
+def report(rv: str, data: dict[str, str]) -> dict[str, object]:
+    return {"metadata": {"name": "job-ranks", "resourceVersion": rv}, "data": data}
+
+
+def test_reports_lose_a_worker_whose_shell_failed_while_others_go_on() -> None:
+    at = datetime.now(UTC)
+    probes = RankProbes(lambda *_: asyncio.sleep(0, b""), lambda _key: None)
+    started = {f"job-worker-{i}_{100 + i}_5": "start" for i in range(3)}
+    first = probes.pushed(KEY, report("1", started), True, at)
+    assert first is not None
+    assert first.hosts == first.known == frozenset({"job-worker-0", "job-worker-1", "job-worker-2"})
+    # Since the shell's start second, which its key names.
+    assert first.since["job-worker-0"] == datetime.fromtimestamp(5, UTC)
+    # worker-1's rank died (exit 1), worker-2's finished (exit 0): only worker-1 is lost.
+    ended = {**started, "job-worker-1_101_5_exit": "1", "job-worker-2_102_5_exit": "0"}
+    second = probes.pushed(KEY, report("2", ended), True, at)
+    assert second is not None
+    assert second.hosts == frozenset({"job-worker-0"})
+    assert second.lost == frozenset({"job-worker-1"})
+    # The same report again: same answer, as of now.
+    later = at + timedelta(seconds=3)
+    again = probes.pushed(KEY, report("2", ended), True, later)
+    assert again is not None
+    assert again.lost == frozenset({"job-worker-1"})
+    assert again.at == later
+    probes.acted_on(KEY, again)
+    handled = probes.pushed(KEY, report("2", ended), True, later)
+    assert handled is not None
+    assert handled.lost == frozenset()
+    # No launcher running: no snapshot, and the next launcher starts afresh.
+    assert probes.pushed(KEY, report("2", ended), False, later) is None
+    fresh = probes.pushed(KEY, report("3", {"job-worker-0_7_9_exit": "1"}), True, later)
+    assert fresh is not None
+    assert fresh.hosts == frozenset()
+    assert fresh.lost == frozenset()
+
+
+def test_all_shells_ending_at_once_is_the_run_ending_not_ranks_lost() -> None:
+    at = datetime.now(UTC)
+    probes = RankProbes(lambda *_: asyncio.sleep(0, b""), lambda _key: None)
+    started = {"job-worker-0_1_5": "start", "job-worker-1_2_5": "start"}
+    probes.pushed(KEY, report("1", started), True, at)
+    ended = {**started, "job-worker-0_1_5_exit": "1", "job-worker-1_2_5_exit": "1"}
+    last = probes.pushed(KEY, report("2", ended), True, at)
+    assert last is not None
+    assert last.lost == frozenset()
+    assert last.hosts == frozenset()
+
+
 def test_each_host_is_known_since_the_first_read_that_showed_it() -> None:
-    outputs = [shells("w-0"), shells("w-0", "w-1"), shells("w-0", "w-1"), shells("w-0")]
+    outputs = [
+        shells("job-worker-0"),
+        shells("job-worker-0", "job-worker-1"),
+        shells("job-worker-0", "job-worker-1"),
+        shells("job-worker-0"),
+    ]
 
     async def main() -> None:
         answered = asyncio.Event()
@@ -201,11 +287,11 @@ def test_each_host_is_known_since_the_first_read_that_showed_it() -> None:
             snapshot = probes.answer(KEY)
             assert snapshot is not None
             reads.append(snapshot)
-        assert reads[0].since == {"w-0": reads[0].at}
-        assert reads[1].since == {"w-0": reads[0].at, "w-1": reads[1].at}
+        assert reads[0].since == {"job-worker-0": reads[0].at}
+        assert reads[1].since == {"job-worker-0": reads[0].at, "job-worker-1": reads[1].at}
         # Still there: since the read that first showed it, not since this one.
-        assert reads[2].since == {"w-0": reads[0].at, "w-1": reads[1].at}
-        assert reads[3].since == {"w-0": reads[0].at}
+        assert reads[2].since == {"job-worker-0": reads[0].at, "job-worker-1": reads[1].at}
+        assert reads[3].since == {"job-worker-0": reads[0].at}
         await probes.stop()
 
     asyncio.run(main())

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -63,14 +65,96 @@ def spec_of(**changes: object) -> JobSpec:
     return parse(job, 30)
 
 
-def test_kubexec_is_the_v1_script() -> None:
-    assert render.kubexec(spec_of(), INIT) == (
-        "#!/bin/sh\nset -x\nPOD_NAME=$1\nshift\n"
-        '/opt/kube/kubectl exec ${POD_NAME} -- /bin/sh -c "$*"'
+def test_kubexec_is_the_v1_script_with_reports_around_its_exec_line() -> None:
+    script = render.kubexec(spec_of(), INIT)
+    assert script.startswith("#!/bin/sh\nset -x\nPOD_NAME=$1\nshift\n")
+    assert '\n/opt/kube/kubectl exec ${POD_NAME} -- /bin/sh -c "$*"\n' in script
+    assert "/opt/kube/kubectl job-ranks" in script
+    assert (
+        render.kubexec(spec_of(mainContainer="main"), NONE).count(
+            '\nkubectl exec ${POD_NAME} --container main -- /bin/sh -c "$*"\n'
+        )
+        == 1
     )
-    assert render.kubexec(spec_of(mainContainer="main"), NONE).endswith(
-        'kubectl exec ${POD_NAME} --container main -- /bin/sh -c "$*"'
+
+
+# A kubectl for the script: `exec` runs the remote command here; `patch` records its
+# arguments, or fails, or hangs, as FAKE_PATCH says.
+FAKE_KUBECTL = """#!/bin/sh
+if [ "$1" = patch ]; then
+  case "$FAKE_PATCH" in fail) exit 1;; hang) sleep 8; exit 1;; esac
+  echo "$*" >> "$FAKE_LOG"; exit 0
+fi
+shift 5
+exec /bin/sh -c "$1"
+"""
+
+
+def run_kubexec(tmp_path: Path, patch: str, *args: str) -> subprocess.CompletedProcess[str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    kubectl = bin_dir / "kubectl"
+    kubectl.write_text(FAKE_KUBECTL)
+    kubectl.chmod(0o755)
+    script = tmp_path / "kubexec.sh"
+    script.write_text(render.kubexec(spec_of(), NONE))
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "FAKE_PATCH": patch,
+        "FAKE_LOG": str(tmp_path / "patches"),
+    }
+    return subprocess.run(
+        ["/bin/sh", str(script), *args], env=env, capture_output=True, text=True, timeout=20
     )
+
+
+def reports(tmp_path: Path, count: int) -> list[str]:
+    log = tmp_path / "patches"
+    for _ in range(100):
+        if log.exists() and len(lines := log.read_text().splitlines()) >= count:
+            return lines
+        time.sleep(0.05)
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_kubexec_reports_each_remote_shells_start_and_exit_code(tmp_path: Path) -> None:
+    done = run_kubexec(tmp_path, "ok", "job-worker-1", "echo", "out;", "exit", "3")
+    # The remote command's output and status, as v1's script gives them.
+    assert done.stdout == "out\n"
+    assert done.returncode == 3
+    # Its trace is v1's: the report lines are not traced.
+    assert "patch" not in done.stderr
+    assert "report" not in done.stderr
+    patches = reports(tmp_path, 2)
+    keys = sorted(k for p in patches for k in json.loads(p.split(" -p ")[1])["data"])
+    assert len(keys) == 2
+    start, end = keys
+    assert re.fullmatch(r"job-worker-1_[0-9]+_[0-9]+", start)
+    assert end == f"{start}_exit"
+    values = {
+        k: v
+        for d in (json.loads(p.split(" -p ")[1])["data"] for p in patches)
+        for k, v in d.items()
+    }
+    assert values == {start: "start", end: "3"}
+    assert all(p.startswith("patch configmap job-ranks --type=merge") for p in patches)
+
+
+def test_kubexec_does_not_report_horovods_interface_probe(tmp_path: Path) -> None:
+    probe = "python -m horovod.runner.task_fn 0 2 abc def || true"
+    done = run_kubexec(tmp_path, "ok", "job-worker-0", probe)
+    assert done.returncode == 0
+    time.sleep(1)
+    assert not (tmp_path / "patches").exists()
+
+
+def test_kubexec_runs_the_remote_shell_whatever_its_reports_meet(tmp_path: Path) -> None:
+    for patch in ("fail", "hang"):
+        started = time.monotonic()
+        done = run_kubexec(tmp_path, patch, "job-worker-0", "echo", "fine")
+        assert (done.stdout, done.returncode) == ("fine\n", 0)
+        # Neither a refused nor a hanging report holds the shell up.
+        assert time.monotonic() - started < 3, patch
 
 
 def test_hostfile_and_discovery_formats() -> None:

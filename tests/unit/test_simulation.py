@@ -31,9 +31,9 @@ from mpijob_elastic.core.actions import (
     Writes,
 )
 from mpijob_elastic.core.desired import desired
+from mpijob_elastic.core.host_rules import SETTLE_SECONDS
 from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.plan import plan_writes
-from mpijob_elastic.core.ranks import RANK_WATCH_SECONDS
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.write_order import diff
 from mpijob_elastic.machinery.writer import Key, Writer
@@ -220,17 +220,19 @@ def started(w: World, **kw: Any) -> Sim:
     sim = Sim(w, **kw)
     sim.advance(30, until=lambda: settled(sim))
     assert settled(sim)
-    # The host-list rules (host_rules.py) keep a host an older read of the launcher showed
-    # holding ranks: the scenarios start once a read has shown every worker's.
+    # The host-list rules (host_rules.py) keep a host the launcher's reports showed
+    # holding ranks, and hold a change until new ranks have committed: the scenarios start
+    # once the reports show every worker's and those have run COMMIT_SECONDS.
     sim.advance(
-        RANK_WATCH_SECONDS + 1,
+        SETTLE_SECONDS + 1,
         until=lambda: all(
-            (r := sim._ranks.get(j)) is not None
+            (r := sim.reports(j)) is not None
             and r.hosts is not None
             and {n for n in r.hosts if "worker" in n} == set(discovered_names(sim, j))
             for j in sim.jobs
         ),
     )
+    sim.advance(host_rules.COMMIT_SECONDS)
     return sim
 
 

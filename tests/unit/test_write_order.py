@@ -30,6 +30,7 @@ DOCUMENTED = (
     "ServiceAccount",
     "PodDisruptionBudget",
     "ConfigMap",
+    "ranks ConfigMap",
     "obsolete",
     "config hash",
     "pod marks",
@@ -37,6 +38,7 @@ DOCUMENTED = (
     "creates",
     "Role",
     "RoleBinding",
+    "ranks emptied",
     "launcher",
     "job delete",
     "status",
@@ -46,6 +48,14 @@ DOCUMENTED = (
 
 def _object(kind: str) -> Callable[[Action], bool]:
     return lambda a: isinstance(a, Create | Replace) and a.obj["kind"] == kind
+
+
+def _ranks(a: Action) -> bool:
+    return (
+        isinstance(a, Create | Replace)
+        and a.obj["kind"] == "ConfigMap"
+        and a.obj["metadata"]["name"].endswith("-ranks")
+    )
 
 
 def _annotates(key: str) -> Callable[[Action], bool]:
@@ -71,7 +81,8 @@ BELONGS: dict[str, Callable[[Action], bool]] = {
     "claims": lambda a: isinstance(a, Claim),
     "ServiceAccount": _object("ServiceAccount"),
     "PodDisruptionBudget": _object("PodDisruptionBudget"),
-    "ConfigMap": _object("ConfigMap"),
+    "ConfigMap": lambda a: _object("ConfigMap")(a) and not _ranks(a),
+    "ranks ConfigMap": lambda a: isinstance(a, Create) and _ranks(a),
     "obsolete": lambda a: isinstance(a, DeleteObject) and a.kind == "PodDisruptionBudget",
     "config hash": _annotates(names.ANN_CONFIG_HASH),
     "pod marks": _pod_mark,
@@ -79,6 +90,7 @@ BELONGS: dict[str, Callable[[Action], bool]] = {
     "creates": _worker_create,
     "Role": _object("Role"),
     "RoleBinding": _object("RoleBinding"),
+    "ranks emptied": lambda a: isinstance(a, Replace) and _ranks(a) and "data" not in a.obj,
     "launcher": lambda a: _object("Pod")(a) and not _worker_create(a),
     "job delete": lambda a: isinstance(a, DeleteObject) and a.kind == names.KIND,
     "status": lambda a: isinstance(a, WriteStatus),
@@ -121,6 +133,7 @@ def test_every_plan_of_a_job_s_life_follows_the_order() -> None:
         "ServiceAccount",
         "PodDisruptionBudget",
         "ConfigMap",
+        "ranks ConfigMap",
         "creates",
         "Role",
         "RoleBinding",
