@@ -94,8 +94,11 @@ def run_kubexec(tmp_path: Path, patch: str, *args: str) -> subprocess.CompletedP
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     kubectl = bin_dir / "kubectl"
-    kubectl.write_text(FAKE_KUBECTL)
-    kubectl.chmod(0o755)
+    # Written once: a report of an earlier call may still be running it, and opening a
+    # running program for writing fails (ETXTBSY).
+    if not kubectl.exists():
+        kubectl.write_text(FAKE_KUBECTL)
+        kubectl.chmod(0o755)
     script = tmp_path / "kubexec.sh"
     script.write_text(render.kubexec(spec_of(), NONE))
     env = {
