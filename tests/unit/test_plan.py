@@ -524,10 +524,30 @@ def test_a_worker_name_held_by_someone_else_is_never_granted_nor_waited_on() -> 
     assert exec_names(c.get("Role", "job-launcher")) == {"job-worker-1", "job-worker-2"}
     assert discovered(cm(c)) == ["job-worker-1", "job-worker-2"]
     assert c.get("Pod", "job-launcher") is not None
+    held = "Pod job-worker-0 already exists and is not this job's (no owner): worker name skipped"
+    # Long past any retry delay, the condition is still what the foreign pod's presence
+    # says: decided from what a read finds each turn, not from a timer.
+    for _ in range(3):
+        c.tick(60)
+        c.apply(c.plan())
+        refused = condition(c, "WriteRefused")
+        assert refused is not None
+        assert (refused["status"], refused["reason"]) == ("True", "AlreadyExists")
+        assert held in refused["message"]
+    warnings = [e for e in c.events if e.type == "Warning"]
+    assert [e.reason for e in warnings] == ["WriteRefused"]
+    assert held in warnings[0].message
+    # Nothing was replaced: the skipped name is reported once, as skipped.
+    assert not [e for e in c.events if e.reason == "WorkerReplaced"]
+    assert c.get("Pod", "job-worker-0") == foreign
+    # The holder goes (its delete reaches no cache of ours): the next turn's read sees it.
+    del c.objects[("Pod", "job-worker-0")]
+    for _ in range(2):
+        c.apply(c.plan())
     refused = condition(c, "WriteRefused")
     assert refused is not None
-    assert refused["reason"] == "AlreadyExists"
-    assert "Pod job-worker-0 already exists and has no controller" in refused["message"]
+    assert refused["status"] == "False"
+    assert exec_names(c.get("Role", "job-launcher")) == {"job-worker-1", "job-worker-2"}
 
 
 def _main_state(c: Cluster, name: str, state: dict[str, Any], **extra: Any) -> None:
@@ -609,9 +629,14 @@ def test_a_taken_name_is_reported_even_when_its_holder_cannot_be_read(
     refused = condition(c, "WriteRefused")
     assert refused is not None
     assert refused["reason"] == "AlreadyExists"
-    assert (
-        "ConfigMap job-config already exists (its owner could not be read" in (refused["message"])
+    assert refused["message"].startswith(
+        "ConfigMap job-config already exists and is not this job's (owner unknown: it could "
+        "not be read (403 Forbidden"
     )
+    assert refused["message"].endswith(
+        "the job waits: no launcher starts until it is renamed or removed"
+    )
+    assert c.get("Pod", "job-launcher") is None
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,5 @@
 """The shell's own logic: batching keeps the plan's order; memory is per job and confirmed."""
 
-import time
-
 from mpijob_elastic.app.reconciler import _job_signature, _may_move_hosts
 from mpijob_elastic.core.actions import (
     DELETE_MEMORY_SECONDS,
@@ -13,7 +11,13 @@ from mpijob_elastic.core.actions import (
     Replace,
 )
 from mpijob_elastic.machinery.kube import ApiError
-from mpijob_elastic.machinery.writer import JobMemory, batches, host_list_write, refusal
+from mpijob_elastic.machinery.writer import (
+    CONFLICT_RECHECK_SECONDS,
+    JobMemory,
+    batches,
+    host_list_write,
+    refusal,
+)
 
 
 def pod(name: str) -> Create:
@@ -72,14 +76,13 @@ def test_an_accepted_delete_is_remembered_until_the_cache_shows_it() -> None:
     assert memory.deleting([_pod("c")], 100.0 + DELETE_MEMORY_SECONDS + 1) == frozenset()
 
 
-def test_a_taken_name_is_retried_after_a_while() -> None:
-    now = time.monotonic()
+def test_a_taken_name_is_looked_at_again_only_while_one_is_held() -> None:
     memory = JobMemory()
-    memory.conflicts[("Pod", "job-worker-0")] = ("Pod job-worker-0 already exists", now + 5)
-    assert memory.taken(now) == {("Pod", "job-worker-0"): "Pod job-worker-0 already exists"}
-    assert memory.next_retry(now) == 5
-    assert memory.taken(now + 5) == {}
-    assert memory.next_retry(now + 5) is None
+    assert memory.next_retry() is None
+    memory.conflicts[("Pod", "job-worker-0")] = "no owner"
+    # No expiry: the conflict lasts until a read finds the name free (Writer.recheck).
+    assert memory.taken() == {("Pod", "job-worker-0"): "no owner"}
+    assert memory.next_retry() == CONFLICT_RECHECK_SECONDS
 
 
 def test_which_failures_need_the_user() -> None:
