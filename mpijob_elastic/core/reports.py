@@ -10,8 +10,10 @@ every turn is reported once.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Emit, Refusal
@@ -100,6 +102,23 @@ def conflicts(turn: Turn, spec: JobSpec) -> None:
     )
     if turn.status.set(REFUSED, True, "AlreadyExists", message):
         turn.event("Warning", REFUSED, message)
+
+
+# How ``conflicts`` names a held name in the condition's message, read back by
+# ``held_names``.
+_HELD = re.compile(r"(?:^|; )(\w+) (\S+) already exists and is not this job's \(")
+
+
+def held_names(job: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """(kind, name) of the names the job's ``WriteRefused`` condition says someone else's
+    objects hold. A restarted controller remembers none, and nothing would try a skipped
+    worker name again to learn it anew: it reads these names again before its first turn
+    of the job, so the report lasts as long as the conflict, whoever reconciles."""
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        held = (cond.get("type"), cond.get("status"), cond.get("reason"))
+        if held == (REFUSED, "True", "AlreadyExists"):
+            return {(m[0], m[1]) for m in _HELD.findall(str(cond.get("message", "")))}
+    return set()
 
 
 def _consequence(spec: JobSpec, kind: str, name: str) -> str:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from mpijob_elastic.core import names
+from mpijob_elastic.core import names, reports
 from mpijob_elastic.core.actions import (
     DELETE_MEMORY_SECONDS,
     Action,
@@ -439,10 +439,15 @@ class Writer:
         read per such name, and none for a job without: the caches cannot tell, as they
         hold only objects with our labels. The job reports a conflict for as long as it
         lasts (core/reports.py), and a freed name is the job's again. A read that fails
-        keeps what was known."""
+        keeps what was known. The first turn of a job in this process starts from the
+        names its status reports held (a restarted controller remembers nothing)."""
         memory = self.memory.get(key)
         if memory is None:
-            return
+            held = reports.held_names(job)
+            if not held:
+                return
+            memory = self.of(key)
+            memory.conflicts = dict.fromkeys(held, "owner unknown: not read yet")
         for kind, name in list(memory.conflicts):
             try:
                 holder = await self._holder(kind, name, job)

@@ -23,9 +23,18 @@ from mpijob_elastic.core.drain import DRAIN_FLOOR_SECONDS, PROBE_INTERVAL_SECOND
 from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.ranks import RANK_WATCH_SECONDS
 from mpijob_elastic.core.render import exec_names
+from mpijob_elastic.core.reports import held_names
 from mpijob_elastic.core.workers import worker_index
 from mpijob_elastic.machinery.kube import ApiError
-from tests.unit.simulation import SETTINGS, Cluster, discovered, make_job, running_status
+from mpijob_elastic.machinery.writer import Writer
+from tests.unit.simulation import (
+    SETTINGS,
+    Cluster,
+    FakeKube,
+    discovered,
+    make_job,
+    running_status,
+)
 
 ELASTIC = {names.ANN_MIN_REPLICAS: "1", names.ANN_MAX_REPLICAS: "5"}
 
@@ -540,6 +549,18 @@ def test_a_worker_name_held_by_someone_else_is_never_granted_nor_waited_on() -> 
     # Nothing was replaced: the skipped name is reported once, as skipped.
     assert not [e for e in c.events if e.reason == "WorkerReplaced"]
     assert c.get("Pod", "job-worker-0") == foreign
+    # A new controller remembers nothing, and nothing makes it try the skipped name again:
+    # it reads the names the job's status reports held, so the report stays.
+    assert held_names(c.job) == {("Pod", "job-worker-0")}
+    c.writer = Writer(FakeKube(c.world), lambda _: None)
+    for _ in range(2):
+        c.tick(60)
+        c.apply(c.plan())
+        refused = condition(c, "WriteRefused")
+        assert refused is not None
+        assert refused["status"] == "True"
+        assert held in refused["message"]
+    assert len([e for e in c.events if e.type == "Warning"]) == 1
     # The holder goes (its delete reaches no cache of ours): the next turn's read sees it.
     del c.objects[("Pod", "job-worker-0")]
     for _ in range(2):
