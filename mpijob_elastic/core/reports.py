@@ -127,8 +127,6 @@ def _consequence(spec: JobSpec, kind: str, name: str) -> str:
             "worker name skipped, the job's workers take other names; that pod is never "
             "granted exec, listed or touched"
         )
-    if kind == "PodDisruptionBudget":
-        return "the job runs without its PodDisruptionBudget until it is renamed or removed"
     return "the job waits: no launcher starts until it is renamed or removed"
 
 

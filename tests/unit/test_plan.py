@@ -716,3 +716,62 @@ def test_a_refused_write_is_reported_by_the_core_once(
     assert cleared is not None
     assert cleared["status"] == "False"
     assert len([e for e in c.events if e.reason == event]) == 1
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [
+        ("ConfigMap", "job-config"),
+        ("Role", "job-launcher"),
+        ("RoleBinding", "job-launcher"),
+        ("Pod", "job-launcher"),
+        ("PodDisruptionBudget", "job-workers"),
+    ],
+)
+def test_any_other_name_held_by_someone_else_is_waited_for_while_held(kind: str, name: str) -> None:
+    """Issue 20 §2: a name that cannot be skipped is waited for: no launcher, the condition
+    and one Warning naming the holder's owner and saying the job waits, for as long as the
+    holder is there; then the job makes its own and starts."""
+    c = Cluster(make_job(2, annotations=ELASTIC))
+    c.objects[(kind, name)] = {
+        "kind": kind,
+        "metadata": {
+            "name": name,
+            "uid": "foreign",
+            "ownerReferences": [{"kind": "ReplicaSet", "name": "web", "controller": True}],
+        },
+        **({"status": {"phase": "Running"}} if kind == "Pod" else {}),
+    }
+    refused_creates = []
+    for _ in range(3):
+        c.run_pods()
+        try:
+            c.apply(c.plan())
+        except ApiError as err:
+            refused_creates.append(err.reason)
+    assert refused_creates == ["AlreadyExists"]  # learned once, then left alone
+    held = (
+        f"{kind} {name} already exists and is not this job's (owner ReplicaSet/web): "
+        "the job waits: no launcher starts until it is renamed or removed"
+    )
+    for _ in range(3):
+        c.tick(60)
+        c.run_pods()
+        c.apply(c.plan())
+        refused = condition(c, "WriteRefused")
+        assert refused is not None
+        assert (refused["status"], refused["message"]) == ("True", held)
+        launcher = c.get("Pod", "job-launcher")
+        assert launcher is None or launcher["metadata"]["uid"] == "foreign"
+    assert [e.message for e in c.events if e.type == "Warning"] == [held]
+    assert c.objects[(kind, name)]["metadata"]["uid"] == "foreign"
+    del c.objects[(kind, name)]
+    for _ in range(3):
+        c.run_pods()
+        c.apply(c.plan())
+    refused = condition(c, "WriteRefused")
+    assert refused is not None
+    assert refused["status"] == "False"
+    launcher = c.get("Pod", "job-launcher")
+    assert launcher is not None
+    assert launcher["metadata"]["uid"] != "foreign"
