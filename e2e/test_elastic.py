@@ -519,3 +519,97 @@ def test_timeline_files_are_written(run: ElasticRun) -> None:
         if "workers" in step.label and "kubectl" in step.label:
             rows = run.timeline(step)
             assert any("driver: discover_hosts.sh lists" in text for _, text in rows), step.label
+
+
+def _mpijob(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    out = cluster.kubectl("get", "mpijob", name, "-n", namespace, "-o", "json").stdout
+    return dict(json.loads(out))
+
+
+def _refused(job: dict[str, Any]) -> dict[str, Any] | None:
+    conditions = job.get("status", {}).get("conditions", [])
+    return next((c for c in conditions if c["type"] == "WriteRefused"), None)
+
+
+def test_a_worker_name_held_by_someone_else_is_skipped_and_reported_while_held(
+    cluster: Cluster, e2e_namespace: str, controller: ControllerProcess | None
+) -> None:
+    """Issue 20 §2, on KWOK and on kind: a pod the job does not control holds
+    ``<job>-worker-0``. The job skips that name (its workers are worker-1 and worker-2,
+    its launcher starts), never grants exec on the pod, never lists it, never touches it,
+    and says so (``WriteRefused``, one Warning naming the pod, its owner and that the name
+    is skipped; no ``WorkerReplaced``) for as long as the pod is there: past the 30 s after
+    which it used to forget. Once the pod is deleted the report clears."""
+    ns, name = e2e_namespace, "taken-name"
+    taken = names.worker_name(name, 0)
+    # Pending for good on any cluster: a holder needs no node to hold the name.
+    foreign_pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": taken},
+        "spec": {
+            "nodeSelector": {"e2e.mpijob-elastic.io/no-such-node": "true"},
+            "containers": [{"name": "main", "image": "registry.invalid/none"}],
+        },
+    }
+    created = cluster.kubectl(
+        "create", "-n", ns, "-o", "json", "-f", "-", input=json.dumps(foreign_pod)
+    )
+    foreign = json.loads(created.stdout)["metadata"]
+    job = sample_job()
+    job["metadata"]["name"] = name
+    spread_workers(job)
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(job))
+    want = ["Pod", taken, "(no owner)", "worker name skipped"]
+
+    def reported() -> bool:
+        cond = _refused(_mpijob(cluster, ns, name))
+        return bool(cond and cond["status"] == "True" and all(w in cond["message"] for w in want))
+
+    wait_for(reported, 60, f"WriteRefused naming {taken}")
+    config = f"configmap/{names.config_map_name(name)}"
+
+    def listed() -> str:
+        return str(
+            cluster.kubectl(
+                "get", config, "-n", ns, "-o", "jsonpath={.data.discover_hosts\\.sh}"
+            ).stdout
+        )
+
+    others = [names.worker_name(name, i) for i in (1, 2)]
+    wait_for(lambda: all(w in listed() for w in others), 120, f"{others} listed")
+    launcher = names.launcher_name(name)
+    wait_for(
+        lambda: cluster.kubectl("get", "pod", launcher, "-n", ns, check=False).returncode == 0,
+        60,
+        "the launcher, as for any job",
+    )
+    held_until = time.monotonic() + 40
+    while time.monotonic() < held_until:
+        assert reported(), _refused(_mpijob(cluster, ns, name))
+        assert taken not in listed()
+        time.sleep(3)
+    role = json.loads(cluster.kubectl("get", "role", launcher, "-n", ns, "-o", "json").stdout)
+    granted = {n for rule in role["rules"] for n in rule.get("resourceNames") or []}
+    assert taken not in granted, granted
+    pod = json.loads(cluster.kubectl("get", "pod", taken, "-n", ns, "-o", "json").stdout)
+    for key in ("uid", "labels", "annotations", "ownerReferences", "deletionTimestamp"):
+        assert pod["metadata"].get(key) == foreign.get(key), key
+    events = json.loads(
+        cluster.kubectl(
+            "get", "events", "-n", ns, "--field-selector",
+            f"involvedObject.kind=MPIJob,involvedObject.name={name}", "-o", "json",
+        ).stdout
+    )["items"]  # fmt: skip
+    warned = [e["message"] for e in events if e["reason"] == "WriteRefused"]
+    assert len(warned) == 1, warned
+    assert all(w in warned[0] for w in want), warned
+    assert not [e for e in events if e["reason"] == "WorkerReplaced"], events
+    cluster.kubectl("delete", "pod", taken, "-n", ns, "--wait=false")
+
+    def cleared() -> bool:
+        cond = _refused(_mpijob(cluster, ns, name))
+        return cond is not None and cond["status"] == "False"
+
+    wait_for(cleared, 60, "WriteRefused False once the holder is gone")
+    cluster.kubectl("delete", "mpijob", name, "-n", ns)

@@ -336,13 +336,14 @@ class Controller:
             self.writer.forget(key)
             self.probes.forget(key)
             return None
+        await self.writer.recheck(key, job)
         observed = self.observe(job)
         writes = plan_writes(observed, self.settings)
         await self.writer.run(job, writes)
         self.probes.acted_on(key, observed.ranks)
         if writes.probe is not None:
             self.probes.request(key, writes.probe)
-        retry = self.writer.of(key).next_retry(time.monotonic())
+        retry = self.writer.of(key).next_retry()
         requeue = [t for t in (writes.requeue_after, retry) if t is not None]
         return min(requeue) if requeue else None
 

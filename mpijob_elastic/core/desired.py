@@ -375,7 +375,7 @@ def _children(
         **({"workerFailures": size.failures.count} if size.failures.count else {}),
         **({"launcherRestarts": restarts.done} if restarts.done else {}),
     }
-    reports.conflicts(turn)
+    reports.conflicts(turn, spec)
     # A launcher restarted because of its node or a signal: its name is freed first.
     restarted = [Worker(-1, launcher)] if restarts.now and launcher is not None else []
     return Desired(

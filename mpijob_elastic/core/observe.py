@@ -75,7 +75,7 @@ class Memory(Protocol):
 
     def deleting(self, pods: Sequence[Mapping[str, Any]], now: float) -> frozenset[str]: ...
 
-    def taken(self, now: float) -> Mapping[tuple[str, str], str]: ...
+    def taken(self) -> Mapping[tuple[str, str], str]: ...
 
     def used(self, now: float) -> frozenset[tuple[str, str]]: ...
 
@@ -139,7 +139,7 @@ def observe(
         role_binding=named("RoleBinding", launcher),
         disruption_budget=named("PodDisruptionBudget", names.disruption_budget_name(meta["name"])),
         deleting=memory.deleting(pods, now),
-        conflicts=memory.taken(now),
+        conflicts=memory.taken(),
         in_use=memory.used(now),
         refused=memory.refused,
         ranks=ranks,

@@ -11,8 +11,10 @@ every turn is reported once.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Emit, Refusal
@@ -30,7 +32,7 @@ from mpijob_elastic.core.status import (
 )
 from mpijob_elastic.core.times import format_time
 from mpijob_elastic.core.turn import Turn
-from mpijob_elastic.core.workers import hostfile_workers, split_pods
+from mpijob_elastic.core.workers import hostfile_workers, split_pods, worker_index
 
 # The reasons of the Events that report a refused write: sent even when the turn stops at
 # a write refused again (``Writes.on_refusal``), so the report is not held up by it.
@@ -57,7 +59,10 @@ def membership(
     if m.newly_retired:
         _retired(turn, spec, m)
     old_data = (turn.observed.config_map or {}).get("data")
-    previous = len(hostfile_workers(spec.name, old_data))
+    # A member whose name someone else's pod turned out to hold never was one: the worker
+    # made instead of it is growth, not a replacement.
+    taken = {name for kind, name in turn.observed.conflicts if kind == "Pod"}
+    previous = len(hostfile_workers(spec.name, old_data) - taken)
     growth = max(target - previous, 0)
     new = [names.worker_name(spec.name, i) for i in create_now]
     if new[:growth]:
@@ -104,15 +109,48 @@ def _retired(turn: Turn, spec: JobSpec, m: Membership) -> None:
         )
 
 
-def conflicts(turn: Turn) -> None:
-    """Names an object the job does not control holds (a create answered 409)."""
+def conflicts(turn: Turn, spec: JobSpec) -> None:
+    """Names held by objects the job does not control (a create answered 409), for as
+    long as the writer's reads find them held: ``WriteRefused`` stays True, and its Warning
+    Event names each holder and its owner. A worker name is skipped (the job runs under the
+    next free names); any other name the job waits for. Cleared by ``diff`` once no name is
+    held and every write goes through."""
     taken = turn.observed.conflicts
     if not taken:
         return
-    message = "; ".join(what for _, what in sorted(taken.items()))
-    message += ": rename or remove it; until then the job does without it"
+    message = "; ".join(
+        f"{kind} {name} already exists and is not this job's ({owner}): "
+        + _consequence(spec, kind, name)
+        for (kind, name), owner in sorted(taken.items())
+    )
     if turn.status.set(REFUSED, True, "AlreadyExists", message):
         turn.event("Warning", REFUSED, message)
+
+
+# How ``conflicts`` names a held name in the condition's message, read back by
+# ``held_names``.
+_HELD = re.compile(r"(?:^|; )(\w+) (\S+) already exists and is not this job's \(")
+
+
+def held_names(job: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """(kind, name) of the names the job's ``WriteRefused`` condition says someone else's
+    objects hold. A restarted controller remembers none, and nothing would try a skipped
+    worker name again to learn it anew: it reads these names again before its first turn
+    of the job, so the report lasts as long as the conflict, whoever reconciles."""
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        held = (cond.get("type"), cond.get("status"), cond.get("reason"))
+        if held == (REFUSED, "True", "AlreadyExists"):
+            return {(m[0], m[1]) for m in _HELD.findall(str(cond.get("message", "")))}
+    return set()
+
+
+def _consequence(spec: JobSpec, kind: str, name: str) -> str:
+    if kind == "Pod" and worker_index(spec.name, name) is not None:
+        return (
+            "worker name skipped, the job's workers take other names; that pod is never "
+            "granted exec, listed or touched"
+        )
+    return "the job waits: no launcher starts until it is renamed or removed"
 
 
 def refused(status: StatusBuilder, refusal: Refusal | None) -> Emit | None:

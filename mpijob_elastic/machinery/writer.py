@@ -7,8 +7,9 @@ hold. What happens next depends on why it failed:
 
 * The server refused the write (400, 403, 413, 422, a name held by someone else's object):
   the user has to act. The refusal, with the server's message, is remembered for the job
-  (``JobMemory.refused``, ``conflicts`` for a taken name) until a turn's writes all go
-  through; the core reports it on the job (``core/reports.py``: a ``WriteRefused``
+  (``JobMemory.refused`` until a turn's writes all go through; ``conflicts`` for a taken
+  name, until a read finds the name free or the job's own, see ``Writer.recheck``); the
+  core reports it on the job (``core/reports.py``: a ``WriteRefused``
   condition, ``InvalidSpec`` for a pod template the server rejects, and one Warning Event,
   quoting the server). A turn that stops at a write refused again still sends what the
   core planned for that case (``Writes.on_refusal``: the status, the Events that report
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from mpijob_elastic.core import names
+from mpijob_elastic.core import names, reports
 from mpijob_elastic.core.actions import (
     DELETE_MEMORY_SECONDS,
     Action,
@@ -70,8 +71,11 @@ BULK_WRITES = 32
 EVENT_WRITES = 4
 # What the write client's connection pool must hold so that no write waits for one.
 WRITE_CONCURRENCY = HOST_LIST_WRITES + BULK_WRITES + EVENT_WRITES
-# How long a name held by someone else's object is left alone before we try it again.
-CONFLICT_RETRY_SECONDS = 30.0
+# While a name is held by someone else's object, how often its job looks again whether it
+# still is: the caches hold only objects with our labels, so the holder's delete may reach
+# no cache, and the job's report of the conflict must end when the conflict does. Only
+# jobs with a conflict are looked at again; no other job has a timer.
+CONFLICT_RECHECK_SECONDS = 30.0
 # How long a ServiceAccount someone else made is taken as still there. Its create is tried
 # again after that (one 409 per job every ten minutes in a steady state), so one removed
 # meanwhile is made anew before a launcher restart needs it.
@@ -141,10 +145,11 @@ def _log_annotations(key: Key, action: AnnotatePod) -> None:
 
 
 def owner_description(obj: Mapping[str, Any]) -> str:
+    """Who controls an object, for the user: ``owner ReplicaSet/web``, or ``no owner``."""
     for ref in obj.get("metadata", {}).get("ownerReferences") or []:
         if ref.get("controller"):
-            return f"is controlled by {ref.get('kind')} {ref.get('name')}"
-    return "has no controller"
+            return f"owner {ref.get('kind')}/{ref.get('name')}"
+    return "no owner"
 
 
 @dataclass
@@ -153,8 +158,8 @@ class JobMemory:
 
     # UID -> when the server accepted its delete (monotonic seconds).
     deletes: dict[str, float] = field(default_factory=dict)
-    # (kind, name) -> (what holds the name, when to try it again).
-    conflicts: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)
+    # (kind, name) -> who holds the name (its owner), for as long as a read finds it held.
+    conflicts: dict[tuple[str, str], str] = field(default_factory=dict)
     # (kind, name) of objects used as someone else made them -> when to look again.
     in_use: dict[tuple[str, str], float] = field(default_factory=dict)
     # The last write the server refused, until a turn's writes all go through.
@@ -170,11 +175,8 @@ class JobMemory:
                 del self.deletes[uid]
         return frozenset(self.deletes)
 
-    def taken(self, now: float) -> dict[tuple[str, str], str]:
-        for key, (_, until) in list(self.conflicts.items()):
-            if until <= now:
-                del self.conflicts[key]
-        return {key: what for key, (what, _) in self.conflicts.items()}
+    def taken(self) -> dict[tuple[str, str], str]:
+        return dict(self.conflicts)
 
     def used(self, now: float) -> frozenset[tuple[str, str]]:
         for key, until in list(self.in_use.items()):
@@ -182,11 +184,9 @@ class JobMemory:
                 del self.in_use[key]
         return frozenset(self.in_use)
 
-    def next_retry(self, now: float) -> float | None:
-        """Seconds until the earliest remembered conflict is worth another try."""
-        if not self.conflicts:
-            return None
-        return max(0.0, min(until for _, until in self.conflicts.values()) - now)
+    def next_retry(self) -> float | None:
+        """Seconds until the job looks again whether its names are still held."""
+        return CONFLICT_RECHECK_SECONDS if self.conflicts else None
 
 
 class Writer:
@@ -319,7 +319,7 @@ class Writer:
                 )
                 return
             if err.reason == "AlreadyExists":
-                await self._conflict(key, job, action, err)
+                await self._conflict(key, job, action)
             raise
         self._cache(created)
         log.info(
@@ -419,25 +419,55 @@ class Writer:
         verb, kind, name = describe(action)
         log.info(verb, extra={"job": _job(job), "kind": kind, "object": name})
 
-    async def _conflict(self, key: Key, job: Obj, action: Create, err: ApiError) -> None:
+    async def recheck(self, key: Key, job: Obj) -> None:
+        """Before a turn: is each name remembered as held by someone else still held? One
+        read per such name, and none for a job without: the caches cannot tell, as they
+        hold only objects with our labels. The job reports a conflict for as long as it
+        lasts (core/reports.py), and a freed name is the job's again. A read that fails
+        keeps what was known. The first turn of a job in this process starts from the
+        names its status reports held (a restarted controller remembers nothing)."""
+        memory = self.memory.get(key)
+        if memory is None:
+            held = reports.held_names(job)
+            if not held:
+                return
+            memory = self.of(key)
+            memory.conflicts = dict.fromkeys(held, "owner unknown: not read yet")
+        for kind, name in list(memory.conflicts):
+            try:
+                holder = await self._holder(kind, name, job)
+            except ApiError:
+                continue
+            if holder is None:
+                del memory.conflicts[(kind, name)]
+            else:
+                memory.conflicts[(kind, name)] = holder
+
+    async def _conflict(self, key: Key, job: Obj, action: Create) -> None:
         """Learn who holds a name we wanted, unless it is our own object the cache missed."""
-        meta = action.obj["metadata"]
-        kind = action.obj["kind"]
+        kind, name = action.obj["kind"], action.obj["metadata"]["name"]
         try:
-            holder = await self.kube.list(kind, meta["namespace"], meta["name"])
+            holder = await self._holder(kind, name, job)
         except ApiError as read_err:
-            if read_err.not_found:
-                return  # gone meanwhile: the retry will simply create it
             # Refused (a role without list here) or failed: the holder stays unknown, but
             # the name is still taken, and the user must hear of it.
-            what = f"{kind} {meta['name']} already exists (its owner could not be read: {read_err})"
-        else:
-            refs = holder["metadata"].get("ownerReferences") or []
-            if any(r.get("controller") and r.get("uid") == job["metadata"]["uid"] for r in refs):
-                return
-            what = f"{kind} {meta['name']} already exists and {owner_description(holder)}"
-        until = time.monotonic() + CONFLICT_RETRY_SECONDS
-        self.of(key).conflicts[(action.obj["kind"], meta["name"])] = (what, until)
+            holder = f"owner unknown: it could not be read ({read_err})"
+        if holder is not None:
+            self.of(key).conflicts[(kind, name)] = holder
+
+    async def _holder(self, kind: str, name: str, job: Obj) -> str | None:
+        """Who controls the object holding ``name``, for the user; None when nothing holds
+        it (gone meanwhile: the next create simply makes it) or the job's own does."""
+        try:
+            holder = await self.kube.list(kind, job["metadata"]["namespace"], name)
+        except ApiError as read_err:
+            if read_err.not_found:
+                return None
+            raise
+        refs = holder["metadata"].get("ownerReferences") or []
+        if any(r.get("controller") and r.get("uid") == job["metadata"]["uid"] for r in refs):
+            return None
+        return owner_description(holder)
 
     async def _report(
         self, key: Key, job: Obj, action: Action, err: BaseException, plan: Writes

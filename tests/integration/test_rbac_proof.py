@@ -458,7 +458,9 @@ def test_a_taken_config_map_name_is_reported_with_its_holder(
     controller = run_as(None)
     wait_for(lambda: controller.readyz()[0] == 200, 60, "/readyz ok")
     job.create(elastic_job(job.name, 1))
-    want = f"ConfigMap {job.name}-config already exists and is controlled by ConfigMap holder"
+    want = (
+        f"ConfigMap {job.name}-config already exists and is not this job's (owner ConfigMap/holder)"
+    )
     wait_for(
         lambda: any(
             want in c.get("message", "") for c in job.get().get("status", {}).get("conditions", [])

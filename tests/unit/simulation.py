@@ -716,6 +716,8 @@ class Cluster:
         return self.world.get_obj(kind, name)
 
     def observed(self) -> Observed:
+        with world_time(self.world):
+            asyncio.run(self.writer.recheck((NAMESPACE, self.name), self.job))
         memory = self.writer.of((NAMESPACE, self.name))
         return observe(
             self.world.objects, self.job, memory, self.world.clock, self.ranks, self.reports
@@ -1049,6 +1051,14 @@ class Sim:
         del self.due[name]
         self.turns += 1
         job = self.view[(names.KIND, name)]
+        try:
+            with world_time(self.world):
+                self._loop.run_until_complete(self.writer.recheck((NAMESPACE, name), job))
+        except (ApiError, TimeoutError, Killed):
+            self.failed_turns += 1
+            if not self.dead:
+                self._queue(name, self.world.clock + self._backoff.next_delay(name))
+            return
         memory = self.writer.of((NAMESPACE, name))
         observed = observe(
             self.view, job, memory, self.world.clock, self._ranks.get(name), self.reports(name)
@@ -1070,7 +1080,7 @@ class Sim:
             self._backoff.forget(name)
             if the_plan.probe is not None:
                 self._probe(name)
-            retry = memory.next_retry(self.world.clock)
+            retry = memory.next_retry()
             requeue = [t for t in (the_plan.requeue_after, retry) if t is not None]
             if requeue:
                 # As the reconciler does: a hair late, so the deadline has passed on arrival.

@@ -23,9 +23,18 @@ from mpijob_elastic.core.actions import (
 from mpijob_elastic.core.drain import DRAIN_FLOOR_SECONDS, PROBE_INTERVAL_SECONDS
 from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.render import exec_names
+from mpijob_elastic.core.reports import held_names
 from mpijob_elastic.core.workers import worker_index
 from mpijob_elastic.machinery.kube import ApiError
-from tests.unit.simulation import SETTINGS, Cluster, discovered, make_job, running_status
+from mpijob_elastic.machinery.writer import Writer
+from tests.unit.simulation import (
+    SETTINGS,
+    Cluster,
+    FakeKube,
+    discovered,
+    make_job,
+    running_status,
+)
 
 ELASTIC = {names.ANN_MIN_REPLICAS: "1", names.ANN_MAX_REPLICAS: "5"}
 
@@ -552,10 +561,42 @@ def test_a_worker_name_held_by_someone_else_is_never_granted_nor_waited_on() -> 
     assert exec_names(c.get("Role", "job-launcher")) == {"job-worker-1", "job-worker-2"}
     assert discovered(cm(c)) == ["job-worker-1", "job-worker-2"]
     assert c.get("Pod", "job-launcher") is not None
+    held = "Pod job-worker-0 already exists and is not this job's (no owner): worker name skipped"
+    # Long past any retry delay, the condition is still what the foreign pod's presence
+    # says: decided from what a read finds each turn, not from a timer.
+    for _ in range(3):
+        c.tick(60)
+        c.apply(c.plan())
+        refused = condition(c, "WriteRefused")
+        assert refused is not None
+        assert (refused["status"], refused["reason"]) == ("True", "AlreadyExists")
+        assert held in refused["message"]
+    warnings = [e for e in c.events if e.type == "Warning"]
+    assert [e.reason for e in warnings] == ["WriteRefused"]
+    assert held in warnings[0].message
+    # Nothing was replaced: the skipped name is reported once, as skipped.
+    assert not [e for e in c.events if e.reason == "WorkerReplaced"]
+    assert c.get("Pod", "job-worker-0") == foreign
+    # A new controller remembers nothing, and nothing makes it try the skipped name again:
+    # it reads the names the job's status reports held, so the report stays.
+    assert held_names(c.job) == {("Pod", "job-worker-0")}
+    c.writer = Writer(FakeKube(c.world), lambda _: None)
+    for _ in range(2):
+        c.tick(60)
+        c.apply(c.plan())
+        refused = condition(c, "WriteRefused")
+        assert refused is not None
+        assert refused["status"] == "True"
+        assert held in refused["message"]
+    assert len([e for e in c.events if e.type == "Warning"]) == 1
+    # The holder goes (its delete reaches no cache of ours): the next turn's read sees it.
+    del c.objects[("Pod", "job-worker-0")]
+    for _ in range(2):
+        c.apply(c.plan())
     refused = condition(c, "WriteRefused")
     assert refused is not None
-    assert refused["reason"] == "AlreadyExists"
-    assert "Pod job-worker-0 already exists and has no controller" in refused["message"]
+    assert refused["status"] == "False"
+    assert exec_names(c.get("Role", "job-launcher")) == {"job-worker-1", "job-worker-2"}
 
 
 def _main_state(c: Cluster, name: str, state: dict[str, Any], **extra: Any) -> None:
@@ -637,9 +678,14 @@ def test_a_taken_name_is_reported_even_when_its_holder_cannot_be_read(
     refused = condition(c, "WriteRefused")
     assert refused is not None
     assert refused["reason"] == "AlreadyExists"
-    assert (
-        "ConfigMap job-config already exists (its owner could not be read" in (refused["message"])
+    assert refused["message"].startswith(
+        "ConfigMap job-config already exists and is not this job's (owner unknown: it could "
+        "not be read (403 Forbidden"
     )
+    assert refused["message"].endswith(
+        "the job waits: no launcher starts until it is renamed or removed"
+    )
+    assert c.get("Pod", "job-launcher") is None
 
 
 def test_the_ranks_configmap_is_created_granted_and_emptied_before_a_new_launcher() -> None:
@@ -759,3 +805,63 @@ def test_a_refused_write_is_reported_by_the_core_once(
     assert cleared is not None
     assert cleared["status"] == "False"
     assert len([e for e in c.events if e.reason == event]) == 1
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [
+        ("ConfigMap", "job-config"),
+        ("Role", "job-launcher"),
+        ("RoleBinding", "job-launcher"),
+        ("Pod", "job-launcher"),
+        ("PodDisruptionBudget", "job-workers"),
+    ],
+)
+def test_any_other_name_held_by_someone_else_is_waited_for_while_held(kind: str, name: str) -> None:
+    """Issue 20 §2: a name that cannot be skipped is waited for: no launcher, the condition
+    and one Warning naming the holder's owner and saying the job waits, for as long as the
+    holder is there; then the job makes its own and starts."""
+    c = Cluster(make_job(2, annotations=ELASTIC))
+    c.objects[(kind, name)] = {
+        "kind": kind,
+        "metadata": {
+            "name": name,
+            "uid": "foreign",
+            "ownerReferences": [{"kind": "ReplicaSet", "name": "web", "controller": True}],
+        },
+        **({"status": {"phase": "Running"}} if kind == "Pod" else {}),
+    }
+    refused_creates = []
+    for _ in range(3):
+        c.run_pods()
+        try:
+            c.apply(c.plan())
+        except ApiError as err:
+            refused_creates.append(err.reason)
+    assert refused_creates == ["AlreadyExists"]  # learned once, then left alone
+    held = (
+        f"{kind} {name} already exists and is not this job's (owner ReplicaSet/web): "
+        "the job waits: no launcher starts until it is renamed or removed"
+    )
+    for _ in range(3):
+        c.tick(60)
+        c.run_pods()
+        c.apply(c.plan())
+        refused = condition(c, "WriteRefused")
+        assert refused is not None
+        assert (refused["status"], refused["message"]) == ("True", held)
+        launcher = c.get("Pod", "job-launcher")
+        assert launcher is None or launcher["metadata"]["uid"] == "foreign"
+    assert [e.message for e in c.events if e.type == "Warning"] == [held]
+    assert c.objects[(kind, name)]["metadata"]["uid"] == "foreign"
+    del c.objects[(kind, name)]
+    # The Role, then its binding, then the launcher and its first turns: a few turns.
+    for _ in range(6):
+        c.run_pods()
+        c.apply(c.plan())
+    refused = condition(c, "WriteRefused")
+    assert refused is not None
+    assert refused["status"] == "False"
+    launcher = c.get("Pod", "job-launcher")
+    assert launcher is not None
+    assert launcher["metadata"]["uid"] != "foreign"

@@ -1,7 +1,6 @@
 """The shell's own logic: phases run in the plan's order; memory is per job and confirmed."""
 
 import asyncio
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +18,13 @@ from mpijob_elastic.core.actions import (
     WriteStatus,
 )
 from mpijob_elastic.machinery.kube import ApiError, Kube
-from mpijob_elastic.machinery.writer import JobMemory, Writer, host_list_write, refusal
+from mpijob_elastic.machinery.writer import (
+    CONFLICT_RECHECK_SECONDS,
+    JobMemory,
+    Writer,
+    host_list_write,
+    refusal,
+)
 
 
 def pod(name: str) -> Create:
@@ -116,14 +121,13 @@ def test_an_accepted_delete_is_remembered_until_the_cache_shows_it() -> None:
     assert memory.deleting([_pod("c")], 100.0 + DELETE_MEMORY_SECONDS + 1) == frozenset()
 
 
-def test_a_taken_name_is_retried_after_a_while() -> None:
-    now = time.monotonic()
+def test_a_taken_name_is_looked_at_again_only_while_one_is_held() -> None:
     memory = JobMemory()
-    memory.conflicts[("Pod", "job-worker-0")] = ("Pod job-worker-0 already exists", now + 5)
-    assert memory.taken(now) == {("Pod", "job-worker-0"): "Pod job-worker-0 already exists"}
-    assert memory.next_retry(now) == 5
-    assert memory.taken(now + 5) == {}
-    assert memory.next_retry(now + 5) is None
+    assert memory.next_retry() is None
+    memory.conflicts[("Pod", "job-worker-0")] = "no owner"
+    # No expiry: the conflict lasts until a read finds the name free (Writer.recheck).
+    assert memory.taken() == {("Pod", "job-worker-0"): "no owner"}
+    assert memory.next_retry() == CONFLICT_RECHECK_SECONDS
 
 
 def test_which_failures_need_the_user() -> None:
