@@ -25,8 +25,9 @@ from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
 from mpijob_elastic.core.spec import InvalidSpec, parse
 from mpijob_elastic.machinery import clients, metrics
+from mpijob_elastic.machinery.job_memory import JobMemory
 from mpijob_elastic.machinery.kube import Kube
-from mpijob_elastic.machinery.writer import WRITE_CONCURRENCY, JobMemory
+from mpijob_elastic.machinery.writer import WRITE_CONCURRENCY
 
 log = logging.getLogger("mpijob_elastic.app.cli")
 

@@ -28,14 +28,12 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from mpijob_elastic.core import names, reports
 from mpijob_elastic.core.actions import (
-    DELETE_MEMORY_SECONDS,
     Action,
     AnnotatePod,
     Claim,
@@ -51,6 +49,13 @@ from mpijob_elastic.core.actions import (
 from mpijob_elastic.core.times import format_time
 from mpijob_elastic.core.workers import discovered_hosts
 from mpijob_elastic.machinery import metrics
+from mpijob_elastic.machinery.job_memory import (
+    IN_USE_RECHECK_SECONDS,
+    JobMemory,
+    describe,
+    owner_description,
+    refusal,
+)
 from mpijob_elastic.machinery.kube import ApiError, Kube
 
 log = logging.getLogger("mpijob_elastic.machinery.writer")
@@ -71,15 +76,6 @@ BULK_WRITES = 32
 EVENT_WRITES = 4
 # What the write client's connection pool must hold so that no write waits for one.
 WRITE_CONCURRENCY = HOST_LIST_WRITES + BULK_WRITES + EVENT_WRITES
-# While a name is held by someone else's object, how often its job looks again whether it
-# still is: the caches hold only objects with our labels, so the holder's delete may reach
-# no cache, and the job's report of the conflict must end when the conflict does. Only
-# jobs with a conflict are looked at again; no other job has a timer.
-CONFLICT_RECHECK_SECONDS = 30.0
-# How long a ServiceAccount someone else made is taken as still there. Its create is tried
-# again after that (one 409 per job every ten minutes in a steady state), so one removed
-# meanwhile is made anew before a launcher restart needs it.
-IN_USE_RECHECK_SECONDS = 600.0
 
 
 def host_list_write(action: Action) -> bool:
@@ -89,35 +85,6 @@ def host_list_write(action: Action) -> bool:
     if isinstance(action, Create | Replace):
         return bool(action.obj["kind"] == "ConfigMap")
     return isinstance(action, AnnotatePod)
-
-
-def describe(action: Action) -> tuple[str, str, str]:
-    """(verb, kind, name) of a child write, for messages."""
-    if isinstance(action, Create | Replace):
-        verb = "create" if isinstance(action, Create) else "update"
-        return verb, action.obj["kind"], action.obj["metadata"]["name"]
-    if isinstance(action, AnnotatePod):
-        return "annotate", "Pod", action.name
-    if isinstance(action, DeletePod):
-        return "delete", "Pod", action.name
-    if isinstance(action, DeleteObject):
-        return "delete", action.kind, action.name
-    if isinstance(action, Claim):
-        return (
-            ("adopt" if action.owner_references is not None else "label"),
-            action.kind,
-            action.name,
-        )
-    return "write", names.KIND, "status"
-
-
-def refusal(err: BaseException) -> ApiError | None:
-    """The server's refusal that needs the user, or None for a failure worth retrying."""
-    if not isinstance(err, ApiError):
-        return None
-    if err.status in (409, 429) and err.reason != "AlreadyExists":
-        return None  # a stale view or throttling: routine
-    return err if 400 <= err.status < 500 else None
 
 
 def _job(job: Mapping[str, Any]) -> str:
@@ -142,51 +109,6 @@ def _log_annotations(key: Key, action: AnnotatePod) -> None:
                 "annotated",
                 extra={"job": job, "pod": action.name, "annotation": annotation, "value": value},
             )
-
-
-def owner_description(obj: Mapping[str, Any]) -> str:
-    """Who controls an object, for the user: ``owner ReplicaSet/web``, or ``no owner``."""
-    for ref in obj.get("metadata", {}).get("ownerReferences") or []:
-        if ref.get("controller"):
-            return f"owner {ref.get('kind')}/{ref.get('name')}"
-    return "no owner"
-
-
-@dataclass
-class JobMemory:
-    """What one job's earlier turns learned that the caches cannot show yet."""
-
-    # UID -> when the server accepted its delete (monotonic seconds).
-    deletes: dict[str, float] = field(default_factory=dict)
-    # (kind, name) -> who holds the name (its owner), for as long as a read finds it held.
-    conflicts: dict[tuple[str, str], str] = field(default_factory=dict)
-    # (kind, name) of objects used as someone else made them -> when to look again.
-    in_use: dict[tuple[str, str], float] = field(default_factory=dict)
-    # The last write the server refused, until a turn's writes all go through.
-    refused: Refusal | None = None
-
-    def deleting(self, pods: Sequence[Mapping[str, Any]], now: float) -> frozenset[str]:
-        """Accepted deletes whose pods the cache still shows alive."""
-        alive = {
-            p["metadata"].get("uid") for p in pods if not p["metadata"].get("deletionTimestamp")
-        }
-        for uid, at in list(self.deletes.items()):
-            if uid not in alive or at < now - DELETE_MEMORY_SECONDS:
-                del self.deletes[uid]
-        return frozenset(self.deletes)
-
-    def taken(self) -> dict[tuple[str, str], str]:
-        return dict(self.conflicts)
-
-    def used(self, now: float) -> frozenset[tuple[str, str]]:
-        for key, until in list(self.in_use.items()):
-            if until <= now:
-                del self.in_use[key]
-        return frozenset(self.in_use)
-
-    def next_retry(self) -> float | None:
-        """Seconds until the job looks again whether its names are still held."""
-        return CONFLICT_RECHECK_SECONDS if self.conflicts else None
 
 
 class Writer:

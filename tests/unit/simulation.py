@@ -59,10 +59,11 @@ from mpijob_elastic.core.render import requests_gpu
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
 from mpijob_elastic.core.workers import worker_index
 from mpijob_elastic.machinery import writer as writer_module
+from mpijob_elastic.machinery.job_memory import JobMemory
 from mpijob_elastic.machinery.kube import ApiError, Kube
 from mpijob_elastic.machinery.store import compact, metadata_only, slim_pod
 from mpijob_elastic.machinery.workqueue import ItemBackoff
-from mpijob_elastic.machinery.writer import JobMemory, Writer
+from mpijob_elastic.machinery.writer import Writer
 
 Obj = dict[str, Any]
 Key = tuple[str, str]

@@ -17,14 +17,9 @@ from mpijob_elastic.core.actions import (
     Writes,
     WriteStatus,
 )
+from mpijob_elastic.machinery.job_memory import CONFLICT_RECHECK_SECONDS, JobMemory, refusal
 from mpijob_elastic.machinery.kube import ApiError, Kube
-from mpijob_elastic.machinery.writer import (
-    CONFLICT_RECHECK_SECONDS,
-    JobMemory,
-    Writer,
-    host_list_write,
-    refusal,
-)
+from mpijob_elastic.machinery.writer import Writer, host_list_write
 
 
 def pod(name: str) -> Create:
