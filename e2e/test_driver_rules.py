@@ -1,0 +1,127 @@
+"""End to end: the real Horovod driver's rules that no other e2e step exercises directly
+(e2e/mockhorovod/README.md, "The real driver's rules"; issue 20 §1b).
+
+Rule 8 (an exit is judged by (host, slot) at exit time): a worker scaled in and at once
+scaled out again must not have its name listed while the removed rank may still exit,
+or that exit counts as the new slot's failure (``reused_slot``) and blacklists the name.
+
+Cluster-agnostic like e2e/test_relocation.py: on KWOK the driver is a local process; on
+kind (``E2E_IN_CLUSTER=1`` from hack/e2e-kind.sh) the launcher is a real pod.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.harness import ElasticRun, format_timeline, in_cluster_job
+from e2e.mockhorovod import events as ev
+from tests.cluster import ROOT, Cluster
+from tests.controller import ControllerProcess
+from tests.manifests import AdmissionPolicy, create_namespace
+
+OUT = ROOT / "e2e" / "out"
+SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
+WORKERS = 3
+IN_CLUSTER = os.environ.get("E2E_IN_CLUSTER") == "1"
+DRIVER_ARGS = ("-np", str(WORKERS), "--min-np", "1", "--max-np", "5")
+
+
+def job_manifest(name: str) -> dict[str, Any]:
+    job: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
+    if IN_CLUSTER:
+        in_cluster_job(
+            job, os.environ["E2E_LAUNCHER_IMAGE"], os.environ["E2E_WORKER_IMAGE"], DRIVER_ARGS
+        )
+    job["metadata"]["name"] = name
+    job["metadata"]["annotations"]["mpijob-elastic.io/min-replicas"] = "1"
+    job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = WORKERS
+    return job
+
+
+@pytest.fixture(scope="module")
+def e2e_namespace(cluster: Cluster, admission_policy: AdmissionPolicy) -> Iterator[str]:
+    name = create_namespace(cluster, admission_policy.namespace_labels)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def controller(
+    cluster: Cluster, e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControllerProcess | None]:
+    if IN_CLUSTER:
+        yield None  # deployed from config/default by hack/e2e-kind.sh
+        return
+    proc = ControllerProcess(
+        cluster, (e2e_namespace,), tmp_path_factory.mktemp("controller") / "controller.log"
+    )
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+def report(run: ElasticRun, tag: str) -> None:
+    OUT.mkdir(exist_ok=True)
+    text = "\n\n".join(
+        format_timeline(step, run.timeline(step, until=nxt.started if nxt else None))
+        for step, nxt in zip(run.steps, [*run.steps[1:], None], strict=True)
+    )
+    path = OUT / f"timeline-{tag}-{time.strftime('%Y%m%d-%H%M%S')}.txt"
+    path.write_text(text + "\n")
+    print(f"\n{text}\n(timeline written to {path})")
+
+
+def patch_replicas(run: ElasticRun, n: int) -> None:
+    patch = {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": n}}}}
+    run.kubectl("patch", "mpijob", run.job, "--type=merge", "-p", json.dumps(patch))
+
+
+def test_rule8_a_name_scaled_in_and_out_at_once_is_not_reused_under_its_old_rank(
+    cluster: Cluster,
+    e2e_namespace: str,
+    controller: ControllerProcess,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    run = ElasticRun(
+        cluster,
+        e2e_namespace,
+        job_manifest("rule8"),
+        tmp_path_factory.mktemp("rule8"),
+        driver_args=DRIVER_ARGS,
+        in_cluster=IN_CLUSTER,
+    )
+    try:
+        run.submit()
+        run.start_launcher()
+        run.wait_for_size(WORKERS, timeout=90)
+        step = run.begin("kubectl patch: 3 workers, 2, then 3 again within a second")
+        patch_replicas(run, 2)
+        time.sleep(0.5)
+        patch_replicas(run, 3)
+        run.wait_for_size(WORKERS, timeout=90)
+        time.sleep(3)  # a late exit of a removed rank would show by now
+        bad = run.driver_events(*ev.FAILURE_EVENTS, *ev.FATAL_EVENTS, ev.DRIVER_EXIT)
+        assert bad == [], bad
+        reused = [e for e in run.driver_events() if e.get("reused_slot")]
+        assert reused == [], reused
+        # Every rank started on a name after the step began started after every earlier
+        # rank of that name had left: never two ranks of one name at once.
+        ended = {
+            e["rank_id"]: e["ts"]
+            for e in run.driver_events(ev.RANK_STOPPED, ev.RANK_EXITED, ev.RANK_FAILED)
+        }
+        started = run.driver_events(ev.RANK_STARTED)
+        for new in (e for e in started if e["ts"] >= step.started):
+            for old in (e for e in started if e["host"] == new["host"] and e["ts"] < new["ts"]):
+                left = ended.get(old["rank_id"])
+                assert left is not None and left <= new["ts"], (old, new, left)
+    finally:
+        run.close()
+        report(run, "rule8")
