@@ -23,7 +23,7 @@ import yaml
 from e2e.harness import ElasticRun, format_timeline, in_cluster_job
 from e2e.mockhorovod import events as ev
 from tests.cluster import ROOT, Cluster
-from tests.controller import ControllerProcess
+from tests.controller import ControllerProcess, wait_for
 from tests.manifests import AdmissionPolicy, create_namespace
 
 OUT = ROOT / "e2e" / "out"
@@ -101,9 +101,20 @@ def test_rule8_a_name_scaled_in_and_out_at_once_is_not_reused_under_its_old_rank
         run.submit()
         run.start_launcher()
         run.wait_for_size(WORKERS, timeout=90)
-        step = run.begin("kubectl patch: 3 workers, 2, then 3 again within a second")
+        removed = sorted(run.discovered())[-1]
+        step = run.begin(f"kubectl patch: 3 workers, 2, then 3 as soon as {removed} is let go")
         patch_replicas(run, 2)
-        time.sleep(0.5)
+        # Back to 3 the moment the driver takes the rank away (rank -1): the removed rank
+        # leaves only at its own next commit, about a second later.
+        wait_for(
+            lambda: [
+                e
+                for e in run.driver_events(ev.RANK_UNASSIGNED)
+                if e["ts"] >= step.started and e["host"] == removed
+            ],
+            60,
+            f"the driver unassigned the rank on {removed}",
+        )
         patch_replicas(run, 3)
         run.wait_for_size(WORKERS, timeout=90)
         time.sleep(3)  # a late exit of a removed rank would show by now
@@ -121,7 +132,24 @@ def test_rule8_a_name_scaled_in_and_out_at_once_is_not_reused_under_its_old_rank
         for new in (e for e in started if e["ts"] >= step.started):
             for old in (e for e in started if e["host"] == new["host"] and e["ts"] < new["ts"]):
                 left = ended.get(old["rank_id"])
-                assert left is not None and left <= new["ts"], (old, new, left)
+                assert left is not None, (old, new)
+                assert left <= new["ts"], (old, new, left)
+        # The removed name, if listed again, was listed only after its old rank left.
+        (old_rank,) = [
+            e
+            for e in run.driver_events(ev.RANK_STOPPED)
+            if e["ts"] >= step.started and e["host"] == removed
+        ]
+        relisted = [
+            e
+            for e in run.driver_events(ev.DISCOVERY)
+            if e["ts"] >= step.started and removed in e["hosts"]
+        ]
+        assert all(e["ts"] >= old_rank["ts"] for e in relisted), (old_rank, relisted)
+        step.lines.append(
+            f"{removed}'s old rank left {old_rank['ts'] - step.started:+.2f}s; listed again at "
+            f"{[round(e['ts'] - step.started, 2) for e in relisted]}"
+        )
     finally:
         run.close()
         report(run, "rule8")
