@@ -5,6 +5,12 @@ Rule 8 (an exit is judged by (host, slot) at exit time): a worker scaled in and 
 scaled out again must not have its name listed while the removed rank may still exit,
 or that exit counts as the new slot's failure (``reused_slot``) and blacklists the name.
 
+Rule 5 (losing every rank at once ends the job): every worker pod force-deleted at once
+kills every rank; horovodrun stops the job and exits 1. That is the training's own failure,
+not a disruption of the launcher, so the controller does what docs/configuration.md says of
+a failed launcher: under the launcher's ``restartPolicy: Never`` the job is ``Failed`` (no
+launcher restart), and ``cleanPodPolicy: Running`` removes the workers.
+
 Cluster-agnostic like e2e/test_relocation.py: on KWOK the driver is a local process; on
 kind (``E2E_IN_CLUSTER=1`` from hack/e2e-kind.sh) the launcher is a real pod.
 """
@@ -20,8 +26,9 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.harness import ElasticRun, format_timeline, in_cluster_job
+from e2e.harness import EXIT_ANNOTATION, ElasticRun, format_timeline, in_cluster_job
 from e2e.mockhorovod import events as ev
+from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster
 from tests.controller import ControllerProcess, wait_for
 from tests.manifests import AdmissionPolicy, create_namespace
@@ -153,3 +160,66 @@ def test_rule8_a_name_scaled_in_and_out_at_once_is_not_reused_under_its_old_rank
     finally:
         run.close()
         report(run, "rule8")
+
+
+def job_conditions(run: ElasticRun) -> dict[str, str]:
+    job = json.loads(run.kubectl("get", "mpijob", run.job, "-o", "json"))
+    status = job.get("status", {})
+    return {c["type"]: c["status"] for c in status.get("conditions", [])} | {
+        "launcherRestarts": str(status.get("elastic", {}).get("launcherRestarts", 0))
+    }
+
+
+def driver_exit(run: ElasticRun) -> int:
+    """The driver's exit code once it ended. On KWOK the launcher pod then ends with it
+    (the KWOK exit stage), as the kubelet would end it in a cluster."""
+    if IN_CLUSTER:
+        done = wait_for(lambda: run.driver_events(ev.DRIVER_EXIT), 60, "horovodrun ended")
+        return int(done[0]["exit_code"])
+    code = run.procs[-1].wait(60)
+    run.kubectl("annotate", "pod", names.launcher_name(run.job), f"{EXIT_ANNOTATION}={code}")
+    return code
+
+
+def test_rule5_every_worker_killed_at_once_ends_the_job_as_the_docs_say(
+    cluster: Cluster,
+    e2e_namespace: str,
+    controller: ControllerProcess,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    manifest = job_manifest("rule5")
+    manifest["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["restartPolicy"] = "Never"
+    run = ElasticRun(
+        cluster,
+        e2e_namespace,
+        manifest,
+        tmp_path_factory.mktemp("rule5"),
+        driver_args=DRIVER_ARGS,
+        in_cluster=IN_CLUSTER,
+    )
+    try:
+        run.submit()
+        run.start_launcher()
+        listed = run.wait_for_size(WORKERS, timeout=90)
+        step = run.begin(f"kubectl delete --grace-period=0 --force: {', '.join(sorted(listed))}")
+        run.kubectl("delete", "pod", *sorted(listed), "--grace-period=0", "--force", "--wait=false")
+        code = driver_exit(run)
+        step.marks.append((time.time(), f"horovodrun exited {code}"))
+        assert code == 1, code
+        # The driver's own end: every rank failed (or every host blacklisted, or a reset
+        # with none of them left), never a graceful removal.
+        failed = {e["host"] for e in run.driver_events(ev.RANK_FAILED) if e["ts"] >= step.started}
+        assert failed == listed, (failed, listed)
+        fatal = run.driver_events(*ev.FATAL_EVENTS)
+        assert fatal, run.driver_events()
+        wait_for(
+            lambda: job_conditions(run).get("Failed") == "True", 60, "the job's Failed condition"
+        )
+        conditions = job_conditions(run)
+        assert conditions["launcherRestarts"] == "0", conditions
+        assert conditions.get("Succeeded") != "True", conditions
+        wait_for(lambda: run.worker_pods() == [], 60, "cleanPodPolicy Running: no workers left")
+        step.lines.append(f"driver: {[e['event'] for e in fatal]}; job: {conditions}")
+    finally:
+        run.close()
+        report(run, "rule5")
