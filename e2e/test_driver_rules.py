@@ -9,7 +9,8 @@ Rule 5 (losing every rank at once ends the job): every worker pod force-deleted 
 kills every rank; horovodrun stops the job and exits 1. That is the training's own failure,
 not a disruption of the launcher, so the controller does what docs/configuration.md says of
 a failed launcher: under the launcher's ``restartPolicy: Never`` the job is ``Failed`` (no
-launcher restart), and ``cleanPodPolicy: Running`` removes the workers.
+launcher restart), and ``cleanPodPolicy: Running`` removes the workers. Replacements the
+controller made before the launcher ended have fresh names.
 
 Cluster-agnostic like e2e/test_relocation.py: on KWOK the driver is a local process; on
 kind (``E2E_IN_CLUSTER=1`` from hack/e2e-kind.sh) the launcher is a real pod.
@@ -219,6 +220,13 @@ def test_rule5_every_worker_killed_at_once_ends_the_job_as_the_docs_say(
         assert conditions["launcherRestarts"] == "0", conditions
         assert conditions.get("Succeeded") != "True", conditions
         wait_for(lambda: run.worker_pods() == [], 60, "cleanPodPolicy Running: no workers left")
+        # Any replacement made before the job ended runs under a fresh name: a killed
+        # name would be blacklisted by a driver that lived on.
+        replacements = {
+            e["pod"] for e in run.volume_events("pod_running") if e["ts"] >= step.started
+        }
+        assert not replacements & listed, (replacements, listed)
+        step.lines.append(f"replacements before the end: {sorted(replacements)}")
         step.lines.append(f"driver: {[e['event'] for e in fatal]}; job: {conditions}")
     finally:
         run.close()
