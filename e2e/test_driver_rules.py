@@ -5,6 +5,13 @@ Rule 8 (an exit is judged by (host, slot) at exit time): a worker scaled in and 
 scaled out again must not have its name listed while the removed rank may still exit,
 or that exit counts as the new slot's failure (``reused_slot``) and blacklists the name.
 
+Rule 3 (listing a host is a promise that its rank joins within the Gloo timeout): with a
+short ``--gloo-timeout-seconds`` (5 s), a scale-out from 3 to 5: every newly listed worker
+was Running when it was listed, its rank joined within the timeout, and the driver never
+hit ``gloo_timeout``. KWOK marks every container Ready at once (no readiness probes), so
+the controller's hold on an unready worker (core/workers.py ``can_take_ranks``) is not
+exercised here; tests/unit cover it.
+
 Rule 5 (losing every rank at once ends the job): every worker pod force-deleted at once
 kills every rank; horovodrun stops the job and exits 1. That is the training's own failure,
 not a disruption of the launcher, so the controller does what docs/configuration.md says of
@@ -161,6 +168,58 @@ def test_rule8_a_name_scaled_in_and_out_at_once_is_not_reused_under_its_old_rank
     finally:
         run.close()
         report(run, "rule8")
+
+
+GLOO_TIMEOUT = 5.0
+
+
+def test_rule3_a_listed_worker_joins_within_the_gloo_timeout(
+    cluster: Cluster,
+    e2e_namespace: str,
+    controller: ControllerProcess,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    args = (*DRIVER_ARGS, "--gloo-timeout-seconds", str(GLOO_TIMEOUT))
+    manifest = job_manifest("rule3")
+    if IN_CLUSTER:
+        in_cluster_job(
+            manifest, os.environ["E2E_LAUNCHER_IMAGE"], os.environ["E2E_WORKER_IMAGE"], args
+        )
+    run = ElasticRun(
+        cluster,
+        e2e_namespace,
+        manifest,
+        tmp_path_factory.mktemp("rule3"),
+        driver_args=args,
+        in_cluster=IN_CLUSTER,
+    )
+    try:
+        run.submit()
+        run.start_launcher()
+        before = run.wait_for_size(WORKERS, timeout=90)
+        step = run.scale(5)
+        after = run.wait_for_size(5, timeout=90)
+        time.sleep(GLOO_TIMEOUT)
+        bad = run.driver_events(*ev.FAILURE_EVENTS, *ev.FATAL_EVENTS, ev.DRIVER_EXIT)
+        assert bad == [], bad
+        new = after - before
+        assert len(new) == 2, (before, after)
+        running = {e["pod"]: e["ts"] for e in run.volume_events("pod_running")}
+        for host in new:
+            listed = min(e["ts"] for e in run.driver_events(ev.DISCOVERY) if host in e["hosts"])
+            assert running[host] <= listed, (host, running[host], listed)
+            (start,) = [e for e in run.driver_events(ev.RANK_STARTED) if e["host"] == host]
+            (joined,) = [e for e in run.driver_events(ev.RANK_RUNNING) if e["host"] == host]
+            assert joined["ts"] - start["ts"] < GLOO_TIMEOUT, (start, joined)
+            step.lines.append(
+                f"{host}: Running {running[host] - step.started:+.2f}s, listed "
+                f"{listed - step.started:+.2f}s, rank joined {joined['ts'] - step.started:+.2f}s"
+            )
+        completed = [e for e in run.driver_events(ev.RESET_COMPLETED) if e["ts"] >= step.started]
+        assert completed, run.driver_events()
+    finally:
+        run.close()
+        report(run, "rule3")
 
 
 def job_conditions(run: ElasticRun) -> dict[str, str]:
