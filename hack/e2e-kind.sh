@@ -62,7 +62,7 @@ log "controller available after $((SECONDS - start))s"
 
 log "running the suite"
 MPIJOB_ELASTIC_KUBECONFIG=$kubeconfig E2E_IN_CLUSTER=1 \
-  "$repo_root/.venv/bin/python" -m pytest e2e/test_elastic.py e2e/test_relocation.py "$@"
+  "$repo_root/.venv/bin/python" -m pytest e2e/test_elastic.py e2e/test_relocation.py e2e/test_driver_rules.py "$@"
 
 # After the suite, the install as an admin sees it (docs/operations.md): both replicas
 # ready, one of them the Lease's holder, and the holder's /metrics declaring every series
