@@ -265,7 +265,7 @@ class Controller:
         await self.stop_workers(0)
         # Events change nothing a plan reads, so they need no fencing: let those being
         # sent finish.
-        await self.writer.close()
+        await self.writer.events.close()
         await self.pod_exec.close()
         await asyncio.gather(*(i.stop() for i in self.informers()))
 

@@ -37,7 +37,7 @@ from typing import Any
 from mpijob_elastic.core import (
     capacity,
     drain,
-    host_rules,
+    host_list,
     lifecycle,
     names,
     render,
@@ -187,7 +187,7 @@ def _scale(
     create_now = list(m.new_indexes[:POD_WRITES_PER_TURN])
     if len(m.new_indexes) > len(create_now):
         turn.requeue(0)
-    hosts = _hosts(turn, spec, workers, m, create_now, launcher)
+    hosts = host_list.hosts(turn, spec, workers, m, create_now, launcher)
     below_since = None
     if size.suspension is None:
         below_since = capacity.below_min_since(turn, spec, launcher, len(hosts.listed))
@@ -239,76 +239,10 @@ def _members(turn: Turn, spec: JobSpec, workers: Sequence[Worker], size: _Size) 
 
 
 @dataclass(frozen=True)
-class _Hosts:
-    # Who the launcher may exec into: the job's workers, those created now, and the
-    # launcher itself if it is a host.
-    role_names: list[str]
-    # The workers in discover_hosts.sh.
-    listed: list[str]
-    # Whether the launcher is listed, first, as a host.
-    launcher: bool
-    # What the host-list rules (host_rules.py) made of the list the job wants.
-    rules: host_rules.HostList
-
-
-def _hosts(
-    turn: Turn,
-    spec: JobSpec,
-    workers: Sequence[Worker],
-    m: Membership,
-    create_now: Sequence[int],
-    launcher: Mapping[str, Any] | None,
-) -> _Hosts:
-    # Exec rights only on pods the job controls or creates in this turn: never on a
-    # name that someone else's pod holds.
-    role_names = _by_index(spec.name, workers, create_now)
-    granted = render.exec_names(turn.observed.role)
-    main = spec.main_container
-    listed = [w.name for w in m.keep if w.can_take_ranks(main) and w.name in granted]
-    # A launcher that is a host may exec into itself once it exists as the job's (a pod
-    # of that name that is not ours is never granted), and is listed, first, once the
-    # Role we wrote grants it. It is no worker: never a victim, not counted against
-    # min-replicas, max-replicas or Worker replicas.
-    launcher_host = (
-        render.launcher_is_host(spec)
-        and launcher is not None
-        and not launcher["metadata"].get("deletionTimestamp")
-    )
-    if launcher_host:
-        role_names.insert(0, names.launcher_name(spec.name))
-    launcher_listed = launcher_host and names.launcher_name(spec.name) in granted
-    rules = _allowed_hosts(turn, spec, workers, m, listed, launcher, launcher_listed)
-    return _Hosts(role_names, list(rules.hosts), launcher_listed, rules)
-
-
-def _allowed_hosts(
-    turn: Turn,
-    spec: JobSpec,
-    workers: Sequence[Worker],
-    m: Membership,
-    wanted: Sequence[str],
-    launcher: Mapping[str, Any] | None,
-    launcher_listed: bool,
-) -> host_rules.HostList:
-    """The host list the driver's rules allow now (host_rules.py, the one call site);
-    while they hold a change, the launcher's reports say when it may go on (each is a
-    watch event), or, if it reports nothing, an exec read every second."""
-    rules = host_rules.for_job(
-        spec, workers, m, wanted, launcher, launcher_listed, turn.observed, turn.now
-    )
-    reports = turn.observed.ranks
-    if rules.waiting and not (reports is not None and reports.known):
-        drain.read_launcher(turn, spec, launcher, drain.PROBE_INTERVAL_SECONDS)
-    if rules.recheck is not None:
-        turn.requeue(rules.recheck)
-    return rules
-
-
-@dataclass(frozen=True)
 class _Members:
     m: Membership
     create_now: Sequence[int]
-    hosts: _Hosts
+    hosts: host_list.Hosts
     victims: Sequence[Victim]
 
 
@@ -344,7 +278,7 @@ def _children(
         names.ANN_BELOW_MIN_SINCE: format_precise_time(below_since) if below_since else "",
         names.ANN_SUSPENDED: (size.suspension.format() if size.suspension and not resuming else ""),
     }
-    members_names = _by_index(spec.name, m.keep, m.new_indexes)
+    members_names = host_list.by_index(spec.name, m.keep, m.new_indexes)
     data = render.config_data(spec, turn.settings, members_names, listed, members.hosts.launcher)
     hash_ = render.config_hash(data)
     objects = _objects(
@@ -442,10 +376,3 @@ def _bounds(spec: JobSpec) -> dict[str, int]:
     cannot name an annotation key with dots and slashes in it."""
     found = {"minReplicas": spec.bounds.min, "maxReplicas": spec.bounds.max}
     return {k: v for k, v in found.items() if v is not None}
-
-
-def _by_index(job_name: str, workers: Sequence[Worker], new: Sequence[int]) -> list[str]:
-    """The names of ``workers`` and of the workers to create at ``new``, in index order."""
-    pairs = [(w.index, w.name) for w in workers]
-    pairs += [(i, names.worker_name(job_name, i)) for i in new]
-    return [name for _, name in sorted(pairs)]

@@ -27,9 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from mpijob_elastic.core import names, reports
@@ -46,9 +44,9 @@ from mpijob_elastic.core.actions import (
     Writes,
     WriteStatus,
 )
-from mpijob_elastic.core.times import format_time
 from mpijob_elastic.core.workers import discovered_hosts
 from mpijob_elastic.machinery import metrics
+from mpijob_elastic.machinery.events import EventRecorder
 from mpijob_elastic.machinery.job_memory import (
     IN_USE_RECHECK_SECONDS,
     JobMemory,
@@ -128,8 +126,7 @@ class Writer:
         self.memory: dict[Key, JobMemory] = {}
         self._host_lists = asyncio.Semaphore(HOST_LIST_WRITES)
         self._bulk = asyncio.Semaphore(BULK_WRITES)
-        self._event_slots = asyncio.Semaphore(EVENT_WRITES)
-        self._events: set[asyncio.Task[None]] = set()
+        self.events = EventRecorder(kube, EVENT_WRITES)
 
     def of(self, key: Key) -> JobMemory:
         return self.memory.setdefault(key, JobMemory())
@@ -169,7 +166,7 @@ class Writer:
             async with self._bulk:
                 await self._write_status(job, action.status, action.resource_version)
         elif isinstance(action, Emit):
-            self.emit_soon(job, action)
+            self.events.emit_soon(job, action)
         else:
             await self._bounded(turn, action, self._write(key, job, action))
 
@@ -178,33 +175,6 @@ class Writer:
     ) -> None:
         async with turn, self._host_lists if host_list_write(action) else self._bulk:
             await write
-
-    def emit_soon(self, job: Obj, event: Emit) -> None:
-        """Send the Event in the background: the job's next turn must not wait for it
-        (a worker that turned Running while its creator's ScaledUp Event was being sent
-        waited for that round trip before its host list was written)."""
-        task = asyncio.create_task(self._emit_bounded(job, event), name="event")
-        self._events.add(task)
-        task.add_done_callback(self._events.discard)
-
-    async def _emit_bounded(self, job: Obj, event: Emit) -> None:
-        async with self._event_slots:
-            try:
-                await self.emit(job, event)
-            except Exception as err:  # a lost connection, a timeout: nobody awaits this task
-                log.warning(
-                    "could not record event",
-                    extra={"job": _job(job), "reason": event.reason, "error": str(err)},
-                )
-
-    async def close(self, grace_seconds: float = 2.0) -> None:
-        """Send the Events still waiting, for at most ``grace_seconds``, and drop the rest."""
-        if not self._events:
-            return
-        _, pending = await asyncio.wait(set(self._events), timeout=grace_seconds)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
 
     async def _write(self, key: Key, job: Obj, action: Action) -> None:
         ns = job["metadata"]["namespace"]
@@ -424,7 +394,7 @@ class Writer:
         # write refused on every turn must not keep it from the job.
         for report in plan.on_refusal:
             if isinstance(report, Emit):
-                self.emit_soon(job, report)
+                self.events.emit_soon(job, report)
                 continue
             try:
                 await self._write_status(job, report.status, report.resource_version)
@@ -443,39 +413,3 @@ class Writer:
         updated = await self.kube.patch(names.KIND, meta["namespace"], meta["name"], body, "status")
         metrics.status_written(job.get("status"), status)
         self._cache({**updated, "kind": names.KIND})
-
-    async def emit(self, job: Obj, event: Emit) -> None:
-        meta = job["metadata"]
-        now = format_time(datetime.now(UTC))
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {
-                "name": f"{meta['name']}.{uuid.uuid4().hex[:12]}",
-                "namespace": meta["namespace"],
-            },
-            "involvedObject": {
-                "apiVersion": names.API_VERSION,
-                "kind": names.KIND,
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta["uid"],
-                "resourceVersion": meta.get("resourceVersion", ""),
-            },
-            "reason": event.reason,
-            "message": event.message,
-            "type": event.type,
-            "count": 1,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "source": {"component": "mpijob-elastic"},
-            "reportingComponent": "mpijob-elastic",
-        }
-        try:
-            await self.kube.create(body)
-        except ApiError as err:
-            # An Event is a courtesy; losing one must not fail the reconcile that made it.
-            log.warning(
-                "could not record event",
-                extra={"job": _job(job), "reason": event.reason, "error": str(err)},
-            )
