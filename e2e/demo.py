@@ -135,8 +135,9 @@ def _shrink_and_regrow(run: ElasticRun) -> None:
     say(f"""
         The surplus workers leave discover_hosts.sh first. Horovod sees hosts leave the
         discovery output and lets them go gracefully at their next commit: no failure,
-        no blacklist. The controller reads the launcher's remote shells and deletes
-        each pod once its rank has left, a few seconds in, not after the whole
+        no blacklist. The launcher's kubexec.sh reports each remote shell's exit, and
+        the controller deletes each pod once its rank has left, a few seconds in, not
+        after the whole
         {DRAIN_SECONDS}s drain bound. (Upstream controllers deleted them while still
         listed: a failure in Horovod's eyes, and a blacklisted name.)
     """)
