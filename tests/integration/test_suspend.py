@@ -74,7 +74,8 @@ def test_evictions_stop_at_min_replicas(
     job.create(elastic_job(job.name, 2, min_replicas="2"))
     job.wait_hosts(2)
     running_launcher(job)
-    for i in range(3):
+    shells.attach(job.ns, job.name)
+    for i in range(2):
         shells.start(names.worker_name(job.name, i))
     both = [names.worker_name(job.name, i) for i in range(2)]
     # Before the label, a worker is not covered at all (it holds no rank).
@@ -89,6 +90,8 @@ def test_evictions_stop_at_min_replicas(
 
     job.set_workers(3)
     job.wait_hosts(3)
+    # Horovod starts a rank on the new host (an exec needs the pod: not before it exists).
+    shells.start(names.worker_name(job.name, 2))
     wait_for(lambda: len(holding(job)) == 3, 20, "the third worker holds ranks")
     wait_for(lambda: allowed(job, 1), 20, "one disruption allowed above the minimum")
     assert evict(job, victim) == ""
@@ -186,6 +189,7 @@ def test_a_drain_cannot_evict_the_last_rank_holder(
     job.create(elastic_job(job.name, 3, min_replicas="1"))
     job.wait_hosts(3)
     running_launcher(job)
+    shells.attach(job.ns, job.name)
     old = [names.worker_name(job.name, i) for i in range(3)]
     for name in old:
         shells.start(name)
