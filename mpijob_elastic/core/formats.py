@@ -38,20 +38,22 @@ def hostfile_hosts(text: str) -> list[str]:
 
 # kubexec.sh's reports of each remote shell's start and exit (ranks.py), around the v1
 # exec line. They never hold up or fail the remote shell: each is a background kubectl,
-# bounded, retried twice, its output and errors discarded, and the script's exit status
-# is still kubectl exec's own. The background job is a new `sh`, not a subshell: a forked
-# subshell would keep the copy of stderr that the shell saves around `2>/dev/null`, and
-# so keep the caller's pipe open, which horovodrun reads to its end. Traced lines are
-# sent to /dev/null to keep the trace of `set -x` the v1 one. A shell that the caller
-# kills by a signal reports no exit: see ranks.py. `$$` and the start second name the
-# shell: unique in the launcher.
+# retried twice, its output and errors discarded, and the script's exit status is still
+# kubectl exec's own. No `--request-timeout`: given any connection flag, kubectl no longer
+# falls back to its in-cluster config and dials localhost:8080 (seen on kind); a report
+# that hangs holds up nothing, being in the background. The background job is a new
+# `sh`, not a subshell: a forked subshell would keep the copy of stderr that the shell
+# saves around `2>/dev/null`, and so keep the caller's pipe open, which horovodrun reads
+# to its end. Traced lines are sent to /dev/null to keep the trace of `set -x` the v1
+# one. A shell that the caller kills by a signal reports no exit: see ranks.py. `$$` and
+# the start second name the shell: unique in the launcher.
 KUBEXEC_REPORT: Final = """\
 {{ R=${{POD_NAME}}_$$_$(date +%s)
 case "$*" in *horovod.runner.task_fn*) R=;; esac
 report() {{
   [ -n "$R" ] || return 0
-  /bin/sh -c 'for t in 1 2 3; do "$0" patch configmap "$1" --type=merge --request-timeout=5s \\
-    -p "$2" && break; sleep 1; done' {kubectl} {ranks} "{{\\"data\\":{{\\"$R$1\\":\\"$2\\"}}}}" \\
+  /bin/sh -c 'for t in 1 2 3; do "$0" patch configmap "$1" --type=merge -p "$2" \\
+    && break; sleep 1; done' {kubectl} {ranks} "{{\\"data\\":{{\\"$R$1\\":\\"$2\\"}}}}" \\
     </dev/null >/dev/null 2>&1 &
 }}
 report "" start; }} 2>/dev/null
