@@ -8,7 +8,9 @@ import pytest
 import yaml
 
 from mpijob_elastic.app.metrics_guard import (
+    ACCESS_REVIEWS,
     DECISION_TTL_SECONDS,
+    TOKEN_REVIEWS,
     Decision,
     Decisions,
     access_review,
@@ -19,6 +21,7 @@ from mpijob_elastic.app.metrics_guard import (
     refusal,
     token_review,
 )
+from mpijob_elastic.machinery.kube import is_review
 from tests.controller import METRICS_READER
 
 
@@ -111,3 +114,17 @@ def test_tokens_are_kept_as_digests() -> None:
     assert digest("secret") != "secret"
     assert len(digest("secret")) == 64
     assert digest("secret") == digest("secret") != digest("secret2")
+
+
+@pytest.mark.parametrize(
+    ("path", "review"),
+    [
+        (TOKEN_REVIEWS, True),
+        (ACCESS_REVIEWS, True),
+        ("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews?fieldManager=x", True),
+        ("/api/v1/namespaces/a/pods", False),
+        ("/apis/coordination.k8s.io/v1/namespaces/a/leases/tokenreviews-not", False),
+    ],
+)
+def test_reviews_are_logged_as_checks_not_writes(path: str, review: bool) -> None:
+    assert is_review(path) is review
