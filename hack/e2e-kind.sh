@@ -90,7 +90,7 @@ reader=$(k -n $ns create token e2e-metrics-reader --duration=10m)
 stranger=$(k -n $ns create token e2e-metrics-stranger --duration=10m)
 k -n $ns port-forward "pod/$leader" :8080 >"$overlay/port-forward.log" 2>&1 &
 forward=$!
-for _ in $(seq 100); do
+for _ in $(seq 300); do
   port=$(sed -n 's/^Forwarding from 127.0.0.1:\([0-9]*\) .*/\1/p' "$overlay/port-forward.log")
   [ -n "$port" ] && break
   sleep 0.1
