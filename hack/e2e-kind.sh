@@ -26,8 +26,10 @@ export PATH="$BIN_DIR:$PATH"
 k() { kubectl --kubeconfig "$kubeconfig" "$@"; }
 
 overlay=$(mktemp -d)
+forward=""
 cleanup() {
   local rc=$?
+  if [ -n "$forward" ]; then kill "$forward" 2>/dev/null || true; fi
   if [ $rc != 0 ]; then
     log "failed; the controller's log follows"
     # Both replicas: the leader has the story, the standby says whether it took over.
@@ -37,6 +39,7 @@ cleanup() {
     log "KEEP_CLUSTER=1: the controller stays installed; kubeconfig $kubeconfig"
   else
     log "uninstalling the controller"
+    k delete clusterrolebinding e2e-metrics-reader --ignore-not-found >/dev/null 2>&1 || true
     k delete -k "$overlay" --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1 || rc=1
     # The uninstall takes everything the install made: nothing named for us may be left.
     left=$(k get crd,clusterrole,clusterrolebinding,validatingadmissionpolicy,validatingadmissionpolicybinding,namespace \
@@ -66,16 +69,44 @@ MPIJOB_ELASTIC_KUBECONFIG=$kubeconfig E2E_IN_CLUSTER=1 \
 
 # After the suite, the install as an admin sees it (docs/operations.md): both replicas
 # ready, one of them the Lease's holder, and the holder's /metrics declaring every series
-# and counting its reconciles; the metrics Service answers too. The walk deletes the
-# leader's pod mid-way, so what the new one saw since is only the walk's end: the values
-# of every series are asserted on KWOK (tests/integration/test_observability.py).
+# and counting its reconciles, to a token with the reader role only; the metrics Service
+# answers too. The walk deletes the leader's pod mid-way, so what the new one saw since is
+# only the walk's end: the values of every series are asserted on KWOK
+# (tests/integration/test_observability.py).
 ns=mpijob-elastic-system
 ready=$(k -n $ns get deployment mpijob-elastic -o jsonpath='{.status.readyReplicas}')
 [ "$ready" = 2 ] || { log "$ready of 2 replicas ready after the suite"; exit 1; }
 holder=$(k -n $ns get lease mpijob-elastic -o jsonpath='{.spec.holderIdentity}')
 leader=${holder%_*}
 k -n $ns get pod "$leader" >/dev/null || { log "the Lease's holder $holder is no pod"; exit 1; }
-metrics=$(k get --raw "/api/v1/namespaces/$ns/pods/$leader:8080/proxy/metrics")
+# /metrics answers only a bearer token allowed to get it (docs/operations.md). The API
+# server's proxy drops the caller's token, so the scrapes go through a port-forward from
+# here, with tokens of two ServiceAccounts: one bound to the shipped reader role, one not.
+k -n $ns create serviceaccount e2e-metrics-reader >/dev/null
+k -n $ns create serviceaccount e2e-metrics-stranger >/dev/null
+k create clusterrolebinding e2e-metrics-reader --clusterrole=mpijob-elastic-metrics-reader \
+  --serviceaccount=$ns:e2e-metrics-reader >/dev/null
+reader=$(k -n $ns create token e2e-metrics-reader --duration=10m)
+stranger=$(k -n $ns create token e2e-metrics-stranger --duration=10m)
+k -n $ns port-forward "pod/$leader" :8080 >"$overlay/port-forward.log" 2>&1 &
+forward=$!
+for _ in $(seq 300); do
+  port=$(sed -n 's/^Forwarding from 127.0.0.1:\([0-9]*\) .*/\1/p' "$overlay/port-forward.log")
+  [ -n "$port" ] && break
+  sleep 0.1
+done
+[ -n "$port" ] || { log "no port-forward to $leader"; cat "$overlay/port-forward.log" >&2; exit 1; }
+scrape() { # scrape [token]: the status; the body in $overlay/scraped
+  curl -s -o "$overlay/scraped" -w '%{http_code}' ${1:+-H "Authorization: Bearer $1"} \
+    "http://127.0.0.1:$port/metrics"
+}
+no_token=$(scrape); refused=$(scrape "$stranger"); allowed=$(scrape "$reader")
+kill "$forward"
+forward=""
+k delete clusterrolebinding e2e-metrics-reader >/dev/null
+[ "$no_token $refused $allowed" = "401 403 200" ] ||
+  { log "/metrics answered $no_token without a token, $refused without the role, $allowed with it (want 401 403 200)"; exit 1; }
+metrics=$(cat "$overlay/scraped")
 # Every series the controller registers, read from its registry (tests/metric_names.py).
 families=$("$repo_root/.venv/bin/python" -c \
   'from tests.metric_names import every_family; print(*every_family())')
@@ -85,8 +116,10 @@ done
 for sample in 'reconciles_total{result="success"}' relists_total reconcile_duration_seconds_count; do
   grep -qF "mpijob_elastic_$sample" <<<"$metrics" || { log "no $sample on $leader"; exit 1; }
 done
-# Read whole before grep: `grep -q` stops at its match, and pipefail would count
-# kubectl's broken pipe as a failure.
-served=$(k get --raw "/api/v1/namespaces/$ns/services/mpijob-elastic-metrics:metrics/proxy/metrics")
-grep -qE '^# TYPE mpijob_elastic_reconciles(_total)? ' <<<"$served" || { log "the metrics Service"; exit 1; }
-log "2 replicas ready, $leader leads, its /metrics declares every series"
+# The Service reaches the guarded /metrics: through the API server's service proxy, which
+# forwards no token, it answers 401, which kubectl reports as if its own credentials had
+# failed (they did not: every call above used them).
+served=$(k get --raw "/api/v1/namespaces/$ns/services/mpijob-elastic-metrics:metrics/proxy/metrics" 2>&1 || true)
+grep -qF 'the server has asked for the client to provide credentials' <<<"$served" ||
+  { log "the metrics Service answered: $served"; exit 1; }
+log "2 replicas ready, $leader leads, its /metrics (401 without a token, 403 without the role) declares every series"

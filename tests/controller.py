@@ -23,6 +23,9 @@ import pytest
 
 from tests.cluster import ROOT, Cluster
 
+# The shipped ClusterRole that may get /metrics (config/rbac/metrics_reader.yaml).
+METRICS_READER = ROOT / "config" / "rbac" / "metrics_reader.yaml"
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -134,6 +137,26 @@ def start_controller(
         proc.stop()
         # Shown by pytest only for a failing test.
         print(f"--- controller log ({proc.namespaces}) ---\n{proc.logs()[-20000:]}")
+
+
+def metrics_reader(cluster: Cluster, namespace: str, account: str) -> str:
+    """A token of a new ServiceAccount bound to the shipped metrics-reader ClusterRole, as
+    a Prometheus is (a ClusterRoleBinding named after the namespace; the caller deletes it)."""
+    cluster.kubectl("apply", "-f", str(METRICS_READER))
+    cluster.kubectl("create", "serviceaccount", account, "-n", namespace)
+    cluster.kubectl(
+        "create", "clusterrolebinding", f"{namespace}-{account}",
+        "--clusterrole=mpijob-elastic-metrics-reader", f"--serviceaccount={namespace}:{account}",
+    )  # fmt: skip
+    token = cluster.kubectl("create", "token", account, "-n", namespace, "--duration=1h")
+    return token.stdout.strip()
+
+
+@pytest.fixture
+def metrics_token(cluster: Cluster, namespace: str) -> Iterator[str]:
+    """A token that may scrape /metrics (the controller serves it to no other)."""
+    yield metrics_reader(cluster, namespace, "scraper")
+    cluster.kubectl("delete", "clusterrolebinding", f"{namespace}-scraper", check=False)
 
 
 # The launcher's remote shells, run the way a launcher runs them: the job's own

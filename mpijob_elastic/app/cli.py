@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from mpijob_elastic.app import health, leader, logs, memory
+from mpijob_elastic.app import health, leader, logs, memory, metrics_guard
 from mpijob_elastic.app.controller import Controller
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Create, Replace
@@ -159,8 +159,9 @@ def parser() -> argparse.ArgumentParser:
         "--metrics-port",
         type=int,
         default=0,
-        help="serve Prometheus metrics on /metrics on this port (0: not at all); the same "
-        "port as --health-port serves all three paths",
+        help="serve Prometheus metrics on /metrics on this port (0: not at all), to bearer "
+        "tokens allowed to get /metrics (docs/operations.md); the same port as --health-port "
+        "serves all three paths, the probes without a token",
     )
     _leader_election_args(run)
     run.add_argument("--log-format", choices=["text", "json"], default="text")
@@ -185,10 +186,10 @@ async def _load_config(kubeconfig: str | None, settings: Settings) -> clients.Cl
     configuration = await clients.load_configuration(_kubeconfig_path(kubeconfig))
     # Every write takes a slot of its lane (WRITE_CONCURRENCY in all); the reports of
     # refused writes, one per reconcile worker at most, go outside them. So no write ever
-    # waits for a connection in normal operation.
-    return clients.connect(
-        configuration, write_connections=settings.reconcile_workers + WRITE_CONCURRENCY
-    )
+    # waits for a connection in normal operation; nor for the metrics' token reviews, which
+    # have connections of their own.
+    writes = settings.reconcile_workers + WRITE_CONCURRENCY + metrics_guard.REVIEWS_AT_ONCE
+    return clients.connect(configuration, write_connections=writes)
 
 
 def _elector(args: argparse.Namespace, apis: clients.Clients) -> leader.Elector:
@@ -262,15 +263,17 @@ async def _run(args: argparse.Namespace) -> int:
             settings,
             watch_api=apis.watch,
             lease=None if elector is None else (elector.namespace, elector.name),
+            guard_metrics=bool(args.metrics_port),
         )
         role = None if elector is None else lambda: "leader" if elector.leading else "standby"
         shared = args.metrics_port == args.health_port
+        guarded = metrics_guard.MetricsGuard(controller.kube, metrics.serve)
         probes = (
             health.HealthServer(
                 args.health_port,
                 controller.problems,
                 role,
-                extra={"/metrics": metrics.serve} if shared else None,
+                extra={metrics_guard.PATH: guarded} if shared else None,
             )
             if args.health_port
             else None
@@ -284,7 +287,7 @@ async def _run(args: argparse.Namespace) -> int:
                 await probes.start()
             if args.metrics_port and not shared:
                 metrics_site = await health.serve(
-                    web.Application(), {"/metrics": metrics.serve}, args.metrics_port
+                    web.Application(), {metrics_guard.PATH: guarded}, args.metrics_port
                 )
             # A SIGTERM during a long first list ends the process at once: it holds no
             # Lease and has made no writes.

@@ -56,10 +56,12 @@ class Controller:
         *,
         watch_api: ApiClient,
         lease: tuple[str, str] | None = None,
+        guard_metrics: bool = False,
     ) -> None:
         """``api`` carries the writes; ``watch_api`` the long-lived watches, so open
         watches can never take the connections a write needs (clients.py); ``lease``, with leader
-        election, the Lease's namespace and name, whose grants the start-up check asks for."""
+        election, the Lease's namespace and name, whose grants the start-up check asks for;
+        ``guard_metrics``: /metrics is served, so the check asks for the reviews' grants too."""
         self.settings = settings
         self.kube = Kube(api)
         self.queue: WorkQueue[Key] = WorkQueue(
@@ -109,7 +111,7 @@ class Controller:
         self._job_signatures: dict[Key, tuple[Any, ...]] = {}
         self._first_seen: dict[Key, float] = {}
         self._workers: list[asyncio.Task[None]] = []
-        self.preflight = Preflight(self.kube, settings.namespaces, lease)
+        self.preflight = Preflight(self.kube, settings.namespaces, lease, guard_metrics)
         self._rechecks: asyncio.Task[None] | None = None
         self._synced = False
         # Leader election (leader.py): a standby keeps its caches and makes no writes.

@@ -109,17 +109,29 @@ def lease_permissions(name: str) -> list[Permission]:
     ]
 
 
+# What serving /metrics behind the API server's authentication takes
+# (config/rbac/metrics_auth.yaml, app/metrics_guard.py): ask who a scraper's token is, and
+# whether they may get /metrics. Both are cluster-scoped.
+METRICS_AUTH: Final[tuple[Permission, ...]] = (
+    Permission("create", "tokenreviews", "authentication.k8s.io", cluster_scoped=True),
+    Permission("create", "subjectaccessreviews", "authorization.k8s.io", cluster_scoped=True),
+)
+
+
 def checks(
-    namespaces: Sequence[str], lease: tuple[str, str] | None = None
+    namespaces: Sequence[str], lease: tuple[str, str] | None = None, metrics: bool = False
 ) -> list[tuple[Permission, str]]:
-    """Each permission in each namespace served ("": all of them), cluster-scoped once, and
-    with leader election the Lease's (``lease``: its namespace and name)."""
+    """Each permission in each namespace served ("": all of them), cluster-scoped once, with
+    leader election the Lease's (``lease``: its namespace and name), and with ``metrics``
+    served the reviews that guard them."""
     scopes = list(namespaces) or [""]
     wanted = [(p, "") for p in REQUIRED if p.cluster_scoped] + [
         (p, ns) for ns in scopes for p in REQUIRED if not p.cluster_scoped
     ]
     if lease is not None:
         wanted += [(p, lease[0]) for p in lease_permissions(lease[1])]
+    if metrics:
+        wanted += [(p, "") for p in METRICS_AUTH]
     return wanted
 
 
@@ -164,11 +176,16 @@ class Preflight:
     """Runs the checks; ``problems`` is what they found last."""
 
     def __init__(
-        self, kube: Kube, namespaces: Sequence[str], lease: tuple[str, str] | None = None
+        self,
+        kube: Kube,
+        namespaces: Sequence[str],
+        lease: tuple[str, str] | None = None,
+        metrics: bool = False,
     ) -> None:
         self.kube = kube
         self.namespaces = tuple(namespaces)
         self.lease = lease
+        self.metrics = metrics
         self.problems: list[str] = ["start-up checks have not run yet"]
 
     async def run(self) -> list[str]:
@@ -184,7 +201,7 @@ class Preflight:
         return self.problems
 
     async def _missing_permissions(self) -> list[str]:
-        wanted = checks(self.namespaces, self.lease)
+        wanted = checks(self.namespaces, self.lease, self.metrics)
         answers: list[dict[str, Any]] = []
         # A batch at a time: many namespaces make hundreds of reviews, and all at once they
         # would queue for the write connections longer than a write may wait for one.

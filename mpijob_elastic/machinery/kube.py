@@ -43,6 +43,11 @@ _VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete
 _NAMED_WRITES = frozenset({"POST", "PUT", "PATCH"})
 _KINDS = {plural: kind for kind, (_, plural) in RESOURCES.items()} | {"nodes": "Node"}
 
+# The reviews: a POST the API server answers and stores nothing for (whether a token is
+# valid, whether someone may do something). The start-up check and the metrics' guard make
+# them; they are checks, not writes, in the log (docs/operations.md, "Only the leader writes").
+REVIEWS: Final = frozenset({"selfsubjectaccessreviews", "subjectaccessreviews", "tokenreviews"})
+
 MERGE_PATCH = "application/merge-patch+json"
 WRITE_TIMEOUT = 30
 
@@ -86,6 +91,11 @@ def request_labels(method: str, path: str) -> tuple[str, str]:
     else:
         verb = _VERBS.get(method, method.lower())
     return verb, kind_of(plural)
+
+
+def is_review(path: str) -> bool:
+    """Whether a request goes to a review resource (``REVIEWS``), which stores nothing."""
+    return path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1] in REVIEWS
 
 
 def collection_path(kind: str, namespace: str) -> str:
@@ -132,8 +142,9 @@ class Kube:
         data = json.loads(raw) if raw else {}
         if method != "GET":
             # Every request that can change the cluster, at debug level: which process of
-            # two wrote what (docs/operations.md, leader election).
-            log.debug("api write", extra={"method": method, "path": path, "code": response.status})
+            # two wrote what (docs/operations.md, leader election). A review changes nothing.
+            what = "api check" if is_review(path) else "api write"
+            log.debug(what, extra={"method": method, "path": path, "code": response.status})
         if not 200 <= response.status < 300:
             metrics.API_ERRORS.labels(str(response.status), *request_labels(method, path)).inc()
             raise ApiError(

@@ -67,6 +67,9 @@ def test_kustomize_default_renders_every_object(cluster: Cluster) -> None:
         ("ClusterRoleBinding", "mpijob-elastic-nodes"),
         ("Role", "mpijob-elastic-leader-election"),
         ("RoleBinding", "mpijob-elastic-leader-election"),
+        ("ClusterRole", "mpijob-elastic-metrics-auth"),
+        ("ClusterRoleBinding", "mpijob-elastic-metrics-auth"),
+        ("ClusterRole", "mpijob-elastic-metrics-reader"),
         ("Deployment", "mpijob-elastic"),
         ("Service", "mpijob-elastic-metrics"),
     }
@@ -82,6 +85,8 @@ def test_namespaced_overlay_binds_per_namespace(
     assert ("ClusterRole", "mpijob-elastic-controller") in found
     # Nodes belong to no namespace: their read stays bound cluster-wide.
     assert ("ClusterRoleBinding", "mpijob-elastic-nodes") in found
+    # The reviews that guard /metrics are cluster-scoped: bound cluster-wide too.
+    assert ("ClusterRoleBinding", "mpijob-elastic-metrics-auth") in found
     # The Lease stays in the controller's own namespace, whichever it watches.
     assert ("RoleBinding", "mpijob-elastic-leader-election") in found
     bindings = [
@@ -299,6 +304,9 @@ GRANTED = [
         (v, "poddisruptionbudgets.policy", "")
         for v in ("list", "watch", "create", "update", "delete")
     ],
+    # Who a scrape's token is, and whether they may get /metrics (metrics_guard.py).
+    ("create", "tokenreviews.authentication.k8s.io", ""),
+    ("create", "subjectaccessreviews.authorization.k8s.io", ""),
 ]
 DENIED = [
     # Read by name as a list narrowed to the name (mpijob_elastic/machinery/kube.py).

@@ -242,7 +242,7 @@ def test_a_rank_that_dies_under_a_live_pod_retires_its_worker(
 
 
 def test_an_idle_running_job_makes_no_request(
-    job: Job, start_controller: StartController, shells: RemoteShells
+    job: Job, start_controller: StartController, shells: RemoteShells, metrics_token: str
 ) -> None:
     """Ranks run, nothing changes: no reconcile (so no exec into the launcher, no write),
     where the launcher used to be read every 15 s."""
@@ -255,8 +255,8 @@ def test_an_idle_running_job_makes_no_request(
     for i in range(2):
         shells.start(names.worker_name(job.name, i))
     time.sleep(3)
-    before = Scrape(port).value("mpijob_elastic_reconciles_total", result="success")
+    before = Scrape(port, metrics_token).value("mpijob_elastic_reconciles_total", result="success")
     time.sleep(20)
-    after = Scrape(port).value("mpijob_elastic_reconciles_total", result="success")
+    after = Scrape(port, metrics_token).value("mpijob_elastic_reconciles_total", result="success")
     assert before > 0
     assert after == before

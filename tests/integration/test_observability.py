@@ -29,8 +29,12 @@ LISTED = family(metrics.RUNNING_TO_LISTED_SECONDS)
 
 
 class Scrape:
-    def __init__(self, port: int) -> None:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+    def __init__(self, port: int, token: str) -> None:
+        """/metrics as a Prometheus holding ``token`` reads it (metrics_guard.py)."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {token}"}
+        )
+        with urllib.request.urlopen(request, timeout=5) as answer:
             self.text = answer.read().decode()
         self.families = {f.name: f for f in text_string_to_metric_families(self.text)}
 
@@ -59,7 +63,7 @@ def entries(logs: list[dict[str, Any]], msg: str, job: str) -> list[dict[str, An
 
 
 def test_scale_out_and_in_seen_in_metrics_logs_and_kubectl(
-    cluster: Cluster, namespace: str, start_controller: StartController
+    cluster: Cluster, namespace: str, start_controller: StartController, metrics_token: str
 ) -> None:
     job = Job(cluster, namespace, "observed")
     port = free_port()
@@ -96,7 +100,7 @@ def test_scale_out_and_in_seen_in_metrics_logs_and_kubectl(
     bad.create(manifest)
     wait_for(lambda: (c := bad.condition("InvalidSpec")) and c["status"] == "True", 15, "refusal")
 
-    scrape = Scrape(port)
+    scrape = Scrape(port, metrics_token)
     for series in SERIES:
         assert series in scrape.families, f"{series} missing from /metrics"
     assert scrape.value(RECONCILES, result="success") > 0

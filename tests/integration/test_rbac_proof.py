@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic.app.preflight import REQUIRED, Permission
+from mpijob_elastic.app.preflight import METRICS_AUTH, REQUIRED, Permission
 from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster
-from tests.controller import free_port, wait_for
+from tests.controller import free_port, metrics_reader, wait_for
 from tests.integration.test_controller import Job, elastic_job
 from tests.manifests import CONFIG, load_documents
 
@@ -95,7 +95,9 @@ def run_as(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[RunAs]:
     started: list[Controller] = []
     role = f"proof-{namespace}"
 
-    def run(without: Permission | None, env: dict[str, str] | None = None) -> Controller:
+    def run(
+        without: Permission | None, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+    ) -> Controller:
         rules = [r for r in shipped_rules() if without is None or not matches(r, without)]
         assert without is None or len(rules) == len(shipped_rules()) - 1, without
         nodes = [r for r in rules if r["resources"] == ["nodes"]]
@@ -143,7 +145,7 @@ def run_as(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[RunAs]:
                     sys.executable, "-m", "mpijob_elastic.app.cli", "run",
                     "--kubeconfig", kubeconfig, "--namespaces", namespace,
                     "--kubectl-delivery", "none", "--log-format", "json",
-                    "--health-port", str(port),
+                    "--health-port", str(port), *args,
                 ],
                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
             )  # fmt: skip
@@ -398,6 +400,51 @@ def test_with_every_verb_every_scenario_succeeds(
         assert scenario(job, lambda: False), scenario.__name__
     assert "forbidden" not in controller.logs().lower()
     assert controller.readyz()[0] == 200
+
+
+def scrape(port: int, token: str) -> int:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {token}"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_serving_metrics_needs_the_reviews_of_config_rbac_metrics_auth(
+    cluster: Cluster, namespace: str, run_as: RunAs
+) -> None:
+    """With --metrics-port, the shipped roles above are not enough: the start-up check
+    names both reviews, and a scrape is refused (500, never the metrics) until the
+    metrics-auth ClusterRole is bound; then the controller turns ready on its own and
+    the scrape is served."""
+    token = metrics_reader(cluster, namespace, "scraper")
+    binding = f"{namespace}-{ACCOUNT}-metrics-auth"
+    try:
+        port = free_port()
+        controller = run_as(None, args=("--metrics-port", str(port)))
+        missing = [p.describe("") for p in METRICS_AUTH]
+        wait_for(
+            lambda: (r := controller.readyz())[0] == 503 and all(m in r[1] for m in missing),
+            60,
+            f"/readyz naming {missing}",
+        )
+        assert f"missing {len(missing)} permission(s): " in controller.readyz()[1]
+        assert scrape(port, token) == 500
+        assert "metrics scrape not reviewed" in controller.logs()
+        cluster.kubectl("apply", "-f", str(CONFIG / "rbac" / "metrics_auth.yaml"))
+        cluster.kubectl(
+            "create", "clusterrolebinding", binding, "--clusterrole=mpijob-elastic-metrics-auth",
+            f"--serviceaccount={namespace}:{ACCOUNT}",
+        )  # fmt: skip
+        # The check runs again every 30 s.
+        wait_for(lambda: controller.readyz()[0] == 200, 60, "/readyz ok once bound")
+        assert scrape(port, token) == 200
+    finally:
+        cluster.kubectl("delete", "clusterrolebinding", binding, check=False)
+        cluster.kubectl("delete", "clusterrolebinding", f"{namespace}-scraper", check=False)
 
 
 @pytest.fixture

@@ -9,7 +9,14 @@ import yaml
 
 from mpijob_elastic.app import preflight
 from mpijob_elastic.app.cli import own_service_account
-from mpijob_elastic.app.preflight import REQUIRED, Permission, checks, crd_problem, review
+from mpijob_elastic.app.preflight import (
+    METRICS_AUTH,
+    REQUIRED,
+    Permission,
+    checks,
+    crd_problem,
+    review,
+)
 from tests.cluster import ROOT
 
 RBAC = ROOT / "config" / "rbac"
@@ -59,6 +66,30 @@ def test_with_leader_election_the_lease_grants_are_asked_in_its_namespace_only()
         p.describe(ns) for p, ns in asked
     ]
     assert not [p for p, _ in checks(["a"]) if p.resource == "leases"]
+
+
+def test_serving_metrics_asks_for_the_reviews_the_shipped_role_grants_once() -> None:
+    rules = [
+        (verb, group, resource)
+        for doc in yaml.safe_load_all((RBAC / "metrics_auth.yaml").read_text())
+        if doc["kind"] == "ClusterRole"
+        for rule in doc["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    ]
+    assert sorted((p.verb, p.group, p.resource) for p in METRICS_AUTH) == sorted(rules)
+    asked = [(p, ns) for p, ns in checks(["a", "b"], metrics=True) if p in METRICS_AUTH]
+    assert asked == [(p, "") for p in METRICS_AUTH]
+    assert "create tokenreviews.authentication.k8s.io" in [p.describe(ns) for p, ns in asked]
+    assert review(*asked[0])["spec"]["resourceAttributes"] == {
+        "verb": "create",
+        "group": "authentication.k8s.io",
+        "resource": "tokenreviews",
+        "subresource": "",
+    }
+    # Without /metrics, nothing asks who scrapes.
+    assert not [p for p, _ in checks(["a"]) if p in METRICS_AUTH]
 
 
 def test_a_review_names_the_subresource_and_the_namespace() -> None:
