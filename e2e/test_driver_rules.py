@@ -270,7 +270,8 @@ def test_rule5_every_worker_killed_at_once_ends_the_job_as_the_docs_say(
         # kills the containers after the pods have left the API, so the driver may first
         # read the hosts unlisted and see only the last of them fail.
         failed = {e["host"] for e in run.driver_events(ev.RANK_FAILED) if e["ts"] >= step.started}
-        assert failed and failed <= listed, (failed, listed)
+        assert failed, run.driver_events()
+        assert failed <= listed, (failed, listed)
         fatal = run.driver_events(*ev.FATAL_EVENTS)
         assert fatal, run.driver_events()
         wait_for(
