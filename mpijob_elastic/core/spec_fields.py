@@ -91,7 +91,8 @@ def _run_policy_count(
         return None
     # bool is an int to Python, never to the API. Above int32 (68 years) a deadline is a
     # typo, and one beyond Python's datetime range would raise in every reconcile.
-    if as_int(value) is None or not minimum <= value <= _INT32_MAX:
+    count = as_int(value)
+    if count is None or not minimum <= count <= _INT32_MAX:
         errors.append(
             FieldError(
                 f"spec.runPolicy.{key}",
@@ -99,7 +100,7 @@ def _run_policy_count(
             )
         )
         return None
-    return value
+    return count
 
 
 def _seconds(
