@@ -62,7 +62,10 @@ def unsupported_version(job: Mapping[str, Any]) -> str | None:
 
 def check(job: Mapping[str, Any], spec: JobSpec | None) -> list[FieldError]:
     """Every warning about the job, in the order of its fields; the launcher's command is
-    compared with the bounds only once the spec is valid (``spec``)."""
+    compared with the bounds only once the spec is valid (``spec``). Any JSON at all:
+    it runs before ``parse`` has judged the job."""
+    if not isinstance(job, Mapping):
+        return []
     found = _annotations(job) + _unknown_fields(job)
     if spec is not None:
         found += launcher_command.check(spec)
