@@ -9,7 +9,7 @@ import math
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,24 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _whole(low: int, high: int | None = None) -> Callable[[str], int]:
+    """A whole-number flag of at least ``low`` (at most ``high``): a controller with no
+    reconcile worker, a job limit below 1 or a port that cannot be one would start and
+    do nothing useful."""
+    bounds = f"from {low} to {high}" if high is not None else f"of at least {low}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be a whole number {bounds}, got {text!r}")
+        return value
+
+    return parse
+
+
 def _settings_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kubectl-delivery",
@@ -77,7 +95,7 @@ def _settings_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-workers-per-job",
-        type=int,
+        type=_whole(1),
         default=DEFAULTS.max_workers_per_job,
         help="the most workers one job may ask for (Worker replicas and max-replicas); "
         "larger jobs get InvalidSpec",
@@ -157,16 +175,16 @@ def parser() -> argparse.ArgumentParser:
         help=f"manage only jobs with spec.runPolicy.managedBy: {names.MANAGED_BY} "
         "(to run beside training-operator 1.9)",
     )
-    run.add_argument("--workers", type=int, default=DEFAULTS.reconcile_workers)
+    run.add_argument("--workers", type=_whole(1), default=DEFAULTS.reconcile_workers)
     run.add_argument(
         "--health-port",
-        type=int,
+        type=_whole(0, 65535),
         default=0,
         help="serve /healthz and /readyz on this port (0: not at all)",
     )
     run.add_argument(
         "--metrics-port",
-        type=int,
+        type=_whole(0, 65535),
         default=0,
         help="serve Prometheus metrics on /metrics on this port (0: not at all); the same "
         "port as --health-port serves all three paths",

@@ -52,8 +52,7 @@ def render_children(job: dict[str, Any], settings: Settings) -> list[dict[str, A
 
 
 def _read(path: Path) -> str:
-    """The manifest's text, or SystemExit with one line naming the file (and the line of
-    a YAML error)."""
+    """The manifest's text, or SystemExit with one line naming the file."""
     try:
         return sys.stdin.read() if str(path) == "-" else path.read_text()
     except OSError as err:

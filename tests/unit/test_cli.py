@@ -215,3 +215,24 @@ def test_duration_flags_are_bounded(value: str, capsys: pytest.CaptureFixture[st
         f"argument --default-drain-seconds: must be a number of seconds from 0 to 31536000, "
         f"got '{value}'"
     ) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "bounds"),
+    [
+        ("--workers", "0", "of at least 1"),
+        ("--workers", "\u00b2", "of at least 1"),
+        ("--max-workers-per-job", "-5", "of at least 1"),
+        ("--health-port", "70000", "from 0 to 65535"),
+        ("--metrics-port", "http", "from 0 to 65535"),
+    ],
+)
+def test_whole_number_flags_are_bounded(
+    flag: str, value: str, bounds: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", flag, value])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: must be a whole number {bounds}, got {value!r}" in err
+    assert "Traceback" not in err
