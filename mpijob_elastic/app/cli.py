@@ -5,27 +5,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from aiohttp import web
 
-from mpijob_elastic.app import health, leader, logs, memory, metrics_guard
+from mpijob_elastic.app import health, leader, logs, memory, metrics_guard, render
 from mpijob_elastic.app.controller import Controller
 from mpijob_elastic.core import names
-from mpijob_elastic.core.actions import Create, Replace
-from mpijob_elastic.core.observe import Listed, observe
-from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
-from mpijob_elastic.core.spec import InvalidSpec, parse
+from mpijob_elastic.core.spec_fields import MAX_DURATION_SECONDS
 from mpijob_elastic.machinery import clients, metrics
-from mpijob_elastic.machinery.job_memory import JobMemory
 from mpijob_elastic.machinery.kube import Kube
 from mpijob_elastic.machinery.writer import WRITE_CONCURRENCY
 
@@ -36,6 +31,38 @@ TIMINGS = leader.Timings()
 # How long a leader told to stop lets its reconciles in flight finish before it cancels
 # them and releases the Lease: well inside the pod's 30 s termination grace period.
 SHUTDOWN_GRACE_SECONDS = 5.0
+
+
+def _seconds(text: str) -> float:
+    """A duration flag: what the annotations allow (spec_fields.py), so no default can
+    make a deadline that overflows."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= MAX_DURATION_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds from 0 to {MAX_DURATION_SECONDS}, got {text!r}"
+        )
+    return value
+
+
+def _whole(low: int, high: int | None = None) -> Callable[[str], int]:
+    """A whole-number flag of at least ``low`` (at most ``high``): a controller with no
+    reconcile worker, a job limit below 1 or a port that cannot be one would start and
+    do nothing useful."""
+    bounds = f"from {low} to {high}" if high is not None else f"of at least {low}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be a whole number {bounds}, got {text!r}")
+        return value
+
+    return parse
 
 
 def _settings_args(parser: argparse.ArgumentParser) -> None:
@@ -49,13 +76,13 @@ def _settings_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubectl-image", default=DEFAULTS.kubectl_image)
     parser.add_argument(
         "--default-drain-seconds",
-        type=float,
+        type=_seconds,
         default=DEFAULTS.default_drain_seconds,
         help=f"drain period for jobs without the {names.ANN_DRAIN_SECONDS} annotation",
     )
     parser.add_argument(
         "--default-scale-out-timeout-seconds",
-        type=float,
+        type=_seconds,
         default=DEFAULTS.default_scale_out_timeout_seconds,
         help="how long a new worker may take to run, for jobs without the "
         f"{names.ANN_SCALE_OUT_TIMEOUT} annotation (0: wait forever)",
@@ -68,7 +95,7 @@ def _settings_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-workers-per-job",
-        type=int,
+        type=_whole(1),
         default=DEFAULTS.max_workers_per_job,
         help="the most workers one job may ask for (Worker replicas and max-replicas); "
         "larger jobs get InvalidSpec",
@@ -148,16 +175,16 @@ def parser() -> argparse.ArgumentParser:
         help=f"manage only jobs with spec.runPolicy.managedBy: {names.MANAGED_BY} "
         "(to run beside training-operator 1.9)",
     )
-    run.add_argument("--workers", type=int, default=DEFAULTS.reconcile_workers)
+    run.add_argument("--workers", type=_whole(1), default=DEFAULTS.reconcile_workers)
     run.add_argument(
         "--health-port",
-        type=int,
+        type=_whole(0, 65535),
         default=0,
         help="serve /healthz and /readyz on this port (0: not at all)",
     )
     run.add_argument(
         "--metrics-port",
-        type=int,
+        type=_whole(0, 65535),
         default=0,
         help="serve Prometheus metrics on /metrics on this port (0: not at all), to bearer "
         "tokens allowed to get /metrics (docs/operations.md); the same port as --health-port "
@@ -178,12 +205,23 @@ def parser() -> argparse.ArgumentParser:
 
 def _kubeconfig_path(kubeconfig: str | None) -> str | None:
     """The kubeconfig to use, or None to use the pod's in-cluster ServiceAccount."""
+    if kubeconfig and not Path(kubeconfig).is_file():
+        raise SystemExit(f"mpijob-elastic run: --kubeconfig {kubeconfig}: no such file")
     path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
     return path if kubeconfig or Path(path).exists() else None
 
 
 async def _load_config(kubeconfig: str | None, settings: Settings) -> clients.Clients:
-    configuration = await clients.load_configuration(_kubeconfig_path(kubeconfig))
+    path = _kubeconfig_path(kubeconfig)
+    try:
+        configuration = await clients.load_configuration(path)
+    except clients.ConfigError as err:
+        where = (
+            f"kubeconfig {path}"
+            if path
+            else "no kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config), and in-cluster"
+        )
+        raise SystemExit(f"mpijob-elastic run: {where}: {err}") from None
     # Every write takes a slot of its lane (WRITE_CONCURRENCY in all); the reports of
     # refused writes, one per reconcile worker at most, go outside them. So no write ever
     # waits for a connection in normal operation; nor for the metrics' token reviews, which
@@ -283,12 +321,15 @@ async def _run(args: argparse.Namespace) -> int:
         try:
             # Up before the caches sync, so the liveness probe answers during a long first
             # list, and the metrics show the lists' progress.
-            if probes is not None:
-                await probes.start()
-            if args.metrics_port and not shared:
-                metrics_site = await health.serve(
-                    web.Application(), {metrics_guard.PATH: guarded}, args.metrics_port
-                )
+            try:
+                if probes is not None:
+                    await probes.start()
+                if args.metrics_port and not shared:
+                    metrics_site = await health.serve(
+                        web.Application(), {metrics_guard.PATH: guarded}, args.metrics_port
+                    )
+            except OSError as err:
+                raise SystemExit(f"mpijob-elastic run: cannot serve a port: {err}") from None
             # A SIGTERM during a long first list ends the process at once: it holds no
             # Lease and has made no writes.
             sync = asyncio.ensure_future(controller.sync())
@@ -315,64 +356,10 @@ async def _run(args: argparse.Namespace) -> int:
         await apis.close()
 
 
-def _running(pod: dict[str, Any]) -> dict[str, Any]:
-    """The status of a pod whose containers all run, as a kubelet would report it."""
-    containers = pod["spec"].get("containers") or []
-    return {
-        "phase": "Running",
-        "containerStatuses": [
-            {"name": c["name"], "ready": True, "state": {"running": {}}} for c in containers
-        ],
-    }
-
-
-def render_children(job: dict[str, Any], settings: Settings) -> list[dict[str, Any]]:
-    """Every child of a job once its workers run: the plans of a job starting up, replayed."""
-    job.setdefault("metadata", {}).setdefault("namespace", "default")
-    job["metadata"].setdefault("uid", "<uid>")
-    objects: dict[tuple[str, str], dict[str, Any]] = {}
-    now = datetime.now(UTC)
-    for _ in range(3):
-        pods = [{**o, "status": _running(o)} for (kind, _), o in objects.items() if kind == "Pod"]
-        views = {
-            kind: Listed(o for (k, _), o in objects.items() if k == kind) for kind, _ in objects
-        }
-        views["Pod"] = Listed(pods)
-        # Nothing was written, so there is nothing to remember: a fresh memory.
-        observed = observe(job, views.get, lambda _: None, JobMemory(), 0.0)
-        for action in plan_writes(observed, settings, now).actions:
-            if isinstance(action, Create | Replace):
-                objects[(action.obj["kind"], action.obj["metadata"]["name"])] = action.obj
-    return list(objects.values())
-
-
-def _render(args: argparse.Namespace) -> int:
-    text = sys.stdin.read() if str(args.file) == "-" else args.file.read_text()
-    jobs = [
-        d for d in yaml.safe_load_all(text) if isinstance(d, dict) and d.get("kind") == names.KIND
-    ]
-    if not jobs:
-        print(f"{args.file}: no {names.KIND} found", file=sys.stderr)
-        return 1
-    settings = _settings(args)
-    out: list[dict[str, Any]] = []
-    for job in jobs:
-        try:
-            parse(job, settings.default_drain_seconds)
-        except InvalidSpec as err:
-            name = job.get("metadata", {}).get("name", "?")
-            for error in err.errors:
-                print(f"MPIJob {name}: {error}", file=sys.stderr)
-            return 1
-        out += render_children(job, settings)
-    yaml.safe_dump_all(out, sys.stdout, sort_keys=False)
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "render":
-        return _render(args)
+        return render.run(args.file, _settings(args))
     logs.setup(args.log_format, args.log_level)
     return asyncio.run(_run(args))
 

@@ -14,7 +14,7 @@ ordered writes. Each decision has its own module:
 * ``host_rules.py``: which change of the host list Horovod's driver may see now, and who
   holds ranks (called once, in ``_hosts``).
 * ``reports.py``: the conditions and Events no other decision owns, the server's
-  refusals of our writes among them.
+  refusals of our writes among them, and the warnings ``spec_warnings.py`` finds.
 
 What this module itself decides is what the children are made of: the launcher Role grants
 exec on the workers the job controls and on those it creates in this turn (written once
@@ -43,6 +43,7 @@ from mpijob_elastic.core import (
     render,
     render_pods,
     reports,
+    spec_warnings,
 )
 from mpijob_elastic.core.actions import DELETE_MEMORY_SECONDS, Emit, Probe
 from mpijob_elastic.core.capacity import ScaleOut, Target
@@ -123,6 +124,7 @@ def _decide(turn: Turn) -> Desired:
     workers, launcher = split_pods(turn.job_name, turn.observed.pods)
     lifecycle.created(turn, workers, launcher)
     spec = lifecycle.read_spec(turn)
+    reports.spec_warnings(turn, spec_warnings.check(turn.job, spec))
     if spec is None:
         # Leave every child as it is: a typo must not cost the job its workers.
         return Desired({}, None, (), (), (), (), None)

@@ -1,12 +1,12 @@
 """What the job says about itself: conditions and Events that no other decision owns.
 
-Unsupported fields, membership changes (scaled up, replaced, retired), names held by
-someone else's objects, the ``Scaling`` condition (``WaitingForRanks`` while the
-host-list rules hold a change back), and every write the API server refused:
-the writer only remembers the server's refusal (``Observed.refused``), the job's condition
-and Event are decided here, as for every other condition. Each condition is set only when
-what a reader sees changes, and its Event goes with that change, so a refusal repeated
-every turn is reported once.
+Unsupported fields, warnings about the spec (``SpecWarnings``), membership changes
+(scaled up, replaced, retired), names held by someone else's objects, the ``Scaling``
+condition (``WaitingForRanks`` while the host-list rules hold a change back), and every
+write the API server refused: the writer only remembers the server's refusal
+(``Observed.refused``), the job's condition and Event are decided here, as for every
+other condition. Each condition is set only when what a reader sees changes, and its
+Event goes with that change, so a refusal repeated every turn is reported once.
 """
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ from mpijob_elastic.core.actions import Emit, Refusal
 from mpijob_elastic.core.capacity import Backoff
 from mpijob_elastic.core.drain import Victim
 from mpijob_elastic.core.membership import Membership
+from mpijob_elastic.core.shapes import FieldError
 from mpijob_elastic.core.spec import JobSpec
 from mpijob_elastic.core.status import (
     INVALID,
     POD_REJECTED,
     REFUSED,
     SCALING,
+    SPEC_WARNINGS,
     UNSUPPORTED,
     StatusBuilder,
 )
@@ -51,6 +53,21 @@ def unsupported(turn: Turn, spec: JobSpec) -> None:
             turn.event("Warning", "SchedulingPolicyIgnored", message)
     else:
         s.clear(UNSUPPORTED, "Supported", "every field in use is supported")
+
+
+def spec_warnings(turn: Turn, found: Sequence[FieldError]) -> None:
+    """``SpecWarnings`` True with every warning (spec_warnings.py) while there are any,
+    with a Warning Event when they change; False once there are none."""
+    s = turn.status
+    if found:
+        message = "; ".join(str(w) for w in found)
+        if s.set(SPEC_WARNINGS, True, SPEC_WARNINGS, message):
+            turn.event("Warning", SPEC_WARNINGS, message)
+    else:
+        s.clear(SPEC_WARNINGS, "NoWarnings", NO_WARNINGS)
+
+
+NO_WARNINGS = "no unknown field or annotation, and the launcher's command agrees with the bounds"
 
 
 def membership(

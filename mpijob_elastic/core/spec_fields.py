@@ -44,6 +44,12 @@ _DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 # range a number is a typo, and Python's str() of a huge int raises.
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
+# The longest duration an annotation may give, in seconds (365 days): a drain, a scale-out
+# or a stay below the minimum longer than a year is a typo, and a deadline computed from
+# a duration beyond Python's datetime range raised OverflowError in every reconcile. The
+# admission policy (config/admission/policy.yaml) holds the same bound.
+MAX_DURATION_SECONDS = 365 * 24 * 3600
+
 
 def _annotation_int(
     annotations: Mapping[str, Any],
@@ -83,16 +89,18 @@ def _run_policy_count(
     value = run_policy.get(key)
     if value is None:
         return None
-    # bool is an int to Python, never to the API.
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+    # bool is an int to Python, never to the API. Above int32 (68 years) a deadline is a
+    # typo, and one beyond Python's datetime range would raise in every reconcile.
+    count = as_int(value)
+    if count is None or not minimum <= count <= _INT32_MAX:
         errors.append(
             FieldError(
                 f"spec.runPolicy.{key}",
-                f"must be a whole number of at least {minimum}, got {show(value)}",
+                f"must be a whole number from {minimum} to {_INT32_MAX}, got {show(value)}",
             )
         )
         return None
-    return value
+    return count
 
 
 def _seconds(
@@ -110,9 +118,15 @@ def _seconds(
             )
         )
         return default
+    # float() of a long run of digits is inf, never an error.
     value = float(raw)
-    if not math.isfinite(value):
-        errors.append(FieldError(field, f"must be a finite number of seconds, got {show(raw)}"))
+    if not math.isfinite(value) or value > MAX_DURATION_SECONDS:
+        errors.append(
+            FieldError(
+                field,
+                f"must be at most {MAX_DURATION_SECONDS} seconds (365 days), got {show(raw)}",
+            )
+        )
         return default
     return value
 

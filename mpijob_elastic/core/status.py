@@ -18,7 +18,8 @@ from mpijob_elastic.core.workers import Worker
 
 Obj = dict[str, Any]
 
-# Condition types: the v1 ones, plus Scaling, InvalidSpec and WriteRefused. The True ones
+# Condition types: the v1 ones, plus Scaling, InvalidSpec, Unsupported, SpecWarnings and
+# WriteRefused. The True ones
 # are kept in this order after the False ones (StatusBuilder.build), so that the last
 # condition, which `kubectl get mpijob` shows as the job's state, is the latest stage of
 # its lifecycle that holds: a jsonPath cannot filter on status and then take the last.
@@ -32,11 +33,13 @@ FAILED = "Failed"
 SUSPENDED = "Suspended"
 RESTARTING = "Restarting"
 UNSUPPORTED = "Unsupported"
+SPEC_WARNINGS = "SpecWarnings"
 POD_REJECTED = "PodTemplateRejected"
 CONDITION_ORDER = (
     CREATED,
     INVALID,
     UNSUPPORTED,
+    SPEC_WARNINGS,
     REFUSED,
     SCALING,
     RUNNING,

@@ -44,15 +44,25 @@ USER_AGENT = f"{FIELD_MANAGER}/{importlib.metadata.version('mpijob-elastic')}"
 WRITE_CONNECT_TIMEOUT_SECONDS = 10.0
 
 
+class ConfigError(Exception):
+    """The configuration could not be loaded; the message is one line."""
+
+
 async def load_configuration(kubeconfig: str | None) -> Any:
     """The kubeconfig's current context, or the pod's ServiceAccount when None."""
     configuration = Configuration()
-    if kubeconfig:
-        await kube_config.load_kube_config(
-            config_file=kubeconfig, client_configuration=configuration
-        )
-    else:
-        kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    try:
+        if kubeconfig:
+            await kube_config.load_kube_config(
+                config_file=kubeconfig, client_configuration=configuration
+            )
+        else:
+            kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    # The loaders raise their own ConfigException, but also whatever a broken file makes
+    # the YAML parser or their dict lookups raise: all of it means "cannot load".
+    except Exception as err:
+        message = " ".join(str(err).split()) or type(err).__name__
+        raise ConfigError(message) from err
     return configuration
 
 

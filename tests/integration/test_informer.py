@@ -23,7 +23,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.config import new_client_from_config
 
-from mpijob_elastic.app.cli import render_children
+from mpijob_elastic.app.render import render_children
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.machinery.informer import WATCH_IDLE_SECONDS, EventHandler, Informer, Obj
 from mpijob_elastic.machinery.store import LAST_APPLIED

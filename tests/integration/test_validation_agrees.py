@@ -37,6 +37,13 @@ class Verdict:
     messages: frozenset[str] = frozenset()
 
 
+def annotated(key: str, value: str) -> dict[str, Any]:
+    """An elastic job (a minimum, for below-min-timeout-seconds) with one annotation set."""
+    job = mpijob("j", 2, min_replicas="1", max_replicas="4")
+    job["metadata"]["annotations"][key] = value
+    return job
+
+
 # (id, job, whether the policy's message must be one of the controller's word for word).
 # Out-of-range Worker counts are only compared by field: the controller does not refuse
 # the spec, it keeps the job's size with a ReplicasOutOfRange condition saying so.
@@ -66,6 +73,21 @@ ROWS: list[tuple[str, dict[str, Any], bool]] = [
     ("min-empty", mpijob("j", 2, min_replicas=""), True),
     ("max-0", mpijob("j", 0, max_replicas="0"), True),
     ("min-above-max", mpijob("j", 3, min_replicas="4", max_replicas="2"), True),
+    # Durations (issue 24): 2**63 once passed both and made every reconcile raise.
+    ("drain-2**63", annotated(names.ANN_DRAIN_SECONDS, "9223372036854775808"), True),
+    ("drain-a-year", annotated(names.ANN_DRAIN_SECONDS, "31536000"), False),
+    ("drain-a-year-and-a-bit", annotated(names.ANN_DRAIN_SECONDS, "31536000.5"), True),
+    ("drain-padded", annotated(names.ANN_DRAIN_SECONDS, "0000000000031536000.0"), False),
+    ("drain-400-digits", annotated(names.ANN_DRAIN_SECONDS, "9" * 400), False),
+    ("drain-fraction", annotated(names.ANN_DRAIN_SECONDS, "2.50"), False),
+    ("drain-words", annotated(names.ANN_DRAIN_SECONDS, "30s"), True),
+    ("drain-empty", annotated(names.ANN_DRAIN_SECONDS, ""), True),
+    ("drain-negative", annotated(names.ANN_DRAIN_SECONDS, "-1"), True),
+    ("scale-out-2**63", annotated(names.ANN_SCALE_OUT_TIMEOUT, "9223372036854775808"), True),
+    ("scale-out-nan", annotated(names.ANN_SCALE_OUT_TIMEOUT, "nan"), True),
+    ("below-min-2**63", annotated(names.ANN_BELOW_MIN_TIMEOUT, "9223372036854775808"), True),
+    ("below-min-1e3", annotated(names.ANN_BELOW_MIN_TIMEOUT, "1e3"), True),
+    ("below-min-hour", annotated(names.ANN_BELOW_MIN_TIMEOUT, "3600"), False),
 ]
 
 

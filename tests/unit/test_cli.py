@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,159 @@ def test_leader_election_that_could_not_work_is_refused_at_start(
     args = ["run", "--kubeconfig", kubeconfig(tmp_path), "--leader-elect", *namespace, *flags]
     with pytest.raises(SystemExit, match=needle):
         main(args)
+
+
+def fails_with(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one line a failing command prints, and that it fails: a SystemExit's message
+    (printed by Python, without a traceback) or a non-zero return with stderr."""
+    try:
+        code: object = main(argv)
+        err = capsys.readouterr().err
+    except SystemExit as exit_:
+        code, err = exit_.code, str(exit_.code)
+    assert code not in (0, None), err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+def test_render_of_a_missing_file_or_a_directory_names_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "job.yaml"
+    assert fails_with(["render", str(missing)], capsys) == (
+        f"{missing}: cannot read: No such file or directory"
+    )
+    assert (
+        fails_with(["render", str(tmp_path)], capsys) == f"{tmp_path}: cannot read: Is a directory"
+    )
+    binary = tmp_path / "job.bin"
+    binary.write_bytes(b"kind: MPIJob\n\xff")
+    assert fails_with(["render", str(binary)], capsys) == f"{binary}: not UTF-8 text (byte 13)"
+
+
+def test_render_of_broken_yaml_names_the_file_and_the_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("kind: MPIJob\nmetadata:\n  name: x\n   bad: indent\n")
+    assert fails_with(["render", str(path)], capsys) == (
+        f"{path}: line 4, column 7: mapping values are not allowed here"
+    )
+    path.write_text("kind: MPIJob\nspec: [1, 2\n")
+    assert fails_with(["render", str(path)], capsys).startswith(f"{path}: line 3, column 1: ")
+
+
+def test_render_refuses_v2beta1_naming_who_serves_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = yaml.safe_load(SAMPLE.read_text())
+    job["apiVersion"] = "kubeflow.org/v2beta1"
+    path = tmp_path / "v2.yaml"
+    path.write_text(yaml.safe_dump(job))
+    assert fails_with(["render", str(path)], capsys) == (
+        f"{path}: MPIJob elastic-horovod: apiVersion kubeflow.org/v2beta1 is not served by "
+        "mpijob-elastic, which runs kubeflow.org/v1 MPIJobs only; kubeflow.org/v2beta1 MPIJobs "
+        "are run by the Kubeflow MPI Operator v2 (github.com/kubeflow/mpi-operator)"
+    )
+    assert capsys.readouterr().out == "", "no children printed as if it were v1"
+
+
+def test_render_warns_on_stderr_and_still_renders(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = yaml.safe_load(SAMPLE.read_text())
+    job["metadata"]["annotations"]["mpijob-elastic.io/min-replica"] = "1"
+    job["spec"]["mpiReplicaSpecs"]["Worker"]["replica"] = 3
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    assert main(["render", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [
+        "MPIJob elastic-horovod: warning: metadata.annotations[mpijob-elastic.io/min-replica]: "
+        "unknown annotation, ignored; did you mean mpijob-elastic.io/min-replicas?",
+        "MPIJob elastic-horovod: warning: spec.mpiReplicaSpecs.Worker.replica: unknown field, "
+        "ignored; did you mean replicas?",
+    ]
+    assert len(list(yaml.safe_load_all(out))) == 9
+
+
+def test_render_of_a_job_whose_metadata_is_not_an_object(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("apiVersion: kubeflow.org/v1\nkind: MPIJob\nmetadata: 5\nspec: {}\n")
+    assert main(["render", str(path)]) == 1
+    assert "MPIJob ?: metadata: must be an object, got 5" in capsys.readouterr().err
+
+
+def test_run_with_a_missing_or_broken_kubeconfig_says_so_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nope"
+    assert fails_with(["run", "--kubeconfig", str(missing)], capsys) == (
+        f"mpijob-elastic run: --kubeconfig {missing}: no such file"
+    )
+    broken = tmp_path / "broken"
+    broken.write_text("clusters: [\n")
+    assert fails_with(["run", "--kubeconfig", str(broken)], capsys).startswith(
+        f"mpijob-elastic run: kubeconfig {broken}: while parsing a flow node"
+    )
+    empty = tmp_path / "empty"
+    empty.write_text("{}\n")
+    assert fails_with(["run", "--kubeconfig", str(empty)], capsys) == (
+        f"mpijob-elastic run: kubeconfig {empty}: Invalid kube-config file. Expected key "
+        f"current-context in {empty}"
+    )
+    # No kubeconfig anywhere and not in a pod.
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert fails_with(["run"], capsys) == (
+        "mpijob-elastic run: no kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config), and "
+        "in-cluster: Service host/port is not set."
+    )
+
+
+def test_a_port_in_use_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = fails_with(
+            ["run", "--kubeconfig", kubeconfig(tmp_path), "--health-port", str(port)], capsys
+        )
+    assert line.startswith("mpijob-elastic run: cannot serve a port: "), line
+    assert str(port) in line
+
+
+@pytest.mark.parametrize("value", ["9223372036854775808", "-1", "nan", "soon"])
+def test_duration_flags_are_bounded(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["render", str(SAMPLE), "--default-drain-seconds", value])
+    assert exit_.value.code == 2
+    assert (
+        f"argument --default-drain-seconds: must be a number of seconds from 0 to 31536000, "
+        f"got '{value}'"
+    ) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "bounds"),
+    [
+        ("--workers", "0", "of at least 1"),
+        ("--workers", "\u00b2", "of at least 1"),
+        ("--max-workers-per-job", "-5", "of at least 1"),
+        ("--health-port", "70000", "from 0 to 65535"),
+        ("--metrics-port", "http", "from 0 to 65535"),
+    ],
+)
+def test_whole_number_flags_are_bounded(
+    flag: str, value: str, bounds: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", flag, value])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: must be a whole number {bounds}, got {value!r}" in err
+    assert "Traceback" not in err

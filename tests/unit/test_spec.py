@@ -474,7 +474,35 @@ def test_annotation_messages_show_what_was_written() -> None:
 def test_drain_seconds_too_large_to_be_finite() -> None:
     job = make_job(2, annotations={names.ANN_DRAIN_SECONDS: "9" * 400})
     assert [m.split(", got")[0] for m in messages_of(job)] == [
-        f"{DRAIN}: must be a finite number of seconds"
+        f"{DRAIN}: must be at most 31536000 seconds (365 days)"
+    ]
+
+
+@pytest.mark.parametrize(
+    "key",
+    [names.ANN_DRAIN_SECONDS, names.ANN_SCALE_OUT_TIMEOUT, names.ANN_BELOW_MIN_TIMEOUT],
+)
+def test_durations_beyond_a_year_are_refused_by_name(key: str) -> None:
+    # 2**63 passed parsing once, and every reconcile then raised OverflowError.
+    annotations = {names.ANN_MIN_REPLICAS: "1", key: "9223372036854775808"}
+    assert messages_of(make_job(2, annotations=annotations)) == [
+        f"metadata.annotations[{key}]: must be at most 31536000 seconds (365 days), "
+        'got "9223372036854775808"'
+    ]
+    annotations[key] = "31536000"
+    parse(make_job(2, annotations=annotations), 30)
+
+
+@pytest.mark.parametrize(
+    ("key", "minimum"),
+    [("activeDeadlineSeconds", 1), ("ttlSecondsAfterFinished", 0), ("backoffLimit", 0)],
+)
+def test_run_policy_counts_beyond_int32_are_refused_by_name(key: str, minimum: int) -> None:
+    job = make_job(2)
+    job["spec"]["runPolicy"] = {key: 2**63 - 1}
+    assert messages_of(job) == [
+        f"spec.runPolicy.{key}: must be a whole number from {minimum} to 2147483647, "
+        "got 9223372036854775807"
     ]
 
 

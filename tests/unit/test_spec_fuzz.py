@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import HealthCheck, currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
-from mpijob_elastic.core import names, render, render_pods
+from mpijob_elastic.core import names, render, render_pods, spec_warnings
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
 from mpijob_elastic.core.spec import InvalidSpec, JobSpec, parse
 
@@ -186,6 +186,9 @@ def check(job: Any) -> None:
         invalid = err
     if currently_in_test_context():
         event("rejected" if invalid else "accepted")  # see --hypothesis-show-statistics
+    # The warnings are looked for in every turn, valid spec or not (spec_warnings.py).
+    warnings = spec_warnings.check(job, None if invalid else spec)
+    assert all(w.field and w.message for w in warnings), warnings
     if invalid is not None:
         assert invalid.errors, "InvalidSpec without a field"
         assert all(e.field and e.message for e in invalid.errors), invalid.errors
