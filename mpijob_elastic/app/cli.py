@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from mpijob_elastic.app import health, leader, logs, memory
+from mpijob_elastic.app import build, health, leader, logs, memory
 from mpijob_elastic.app.controller import Controller
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Create, Replace
@@ -137,6 +137,7 @@ def _leader_election_args(run: argparse.ArgumentParser) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mpijob-elastic", description=__doc__)
+    p.add_argument("--version", action="version", version=build.describe(os.environ))
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the controller")
@@ -250,6 +251,7 @@ async def _lead(controller: Controller, elector: leader.Elector, stop: asyncio.E
 
 async def _run(args: argparse.Namespace) -> int:
     settings = _settings(args)
+    metrics.build(build.version(), build.commit(os.environ))
     apis = await _load_config(args.kubeconfig, settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -257,6 +259,8 @@ async def _run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         elector = _elector(args, apis) if args.leader_elect else None
+        if elector is None:
+            metrics.IS_LEADER.set(1)  # the only replica: it reconciles from the start
         controller = Controller(
             apis.write,
             settings,
