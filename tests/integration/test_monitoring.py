@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tomllib
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -228,7 +229,8 @@ def test_dashboard_queries_and_rules_on_a_scraped_controller(
         == 2
     )
     assert scrape.value(family(metrics.IS_LEADER)) == 1
-    assert scrape.value(f"{family(metrics.BUILD_INFO)}", version="0.1.0") == 1
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert scrape.value(family(metrics.BUILD_INFO), version=version) == 1
     held_refused = {"namespace": namespace, "type": "WriteRefused", "reason": "AlreadyExists"}
     conditions, _ = families(metrics.JOB_DETAILS)
     assert scrape.value(conditions, **held_refused) == 1

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import platform
+import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 
-from mpijob_elastic.app import leader
+from mpijob_elastic.app import build, leader
 from mpijob_elastic.app.cli import main
 
 SAMPLE = Path(__file__).resolve().parents[2] / "config" / "samples" / "elastic-mpijob.yaml"
@@ -79,3 +81,25 @@ def test_leader_election_that_could_not_work_is_refused_at_start(
     args = ["run", "--kubeconfig", kubeconfig(tmp_path), "--leader-elect", *namespace, *flags]
     with pytest.raises(SystemExit, match=needle):
         main(args)
+
+
+def test_version_names_the_package_the_commit_when_known_and_python(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    python = platform.python_version()
+    # The version is pyproject.toml's, as installed.
+    version = tomllib.loads(SAMPLE.parents[2].joinpath("pyproject.toml").read_text())["project"][
+        "version"
+    ]
+    monkeypatch.delenv(build.COMMIT_ENV, raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"mpijob-elastic {version} (Python {python})\n"
+    monkeypatch.setenv(build.COMMIT_ENV, "1a2b3c4d5e6f\n")
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert (
+        capsys.readouterr().out
+        == f"mpijob-elastic {version} (commit 1a2b3c4d5e6f, Python {python})\n"
+    )
