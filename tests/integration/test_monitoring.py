@@ -28,6 +28,7 @@ from tests.cluster import ROOT, Cluster
 from tests.controller import StartController, free_port, wait_for
 from tests.integration.test_controller import Job, elastic_job
 from tests.integration.test_faults import create, sleeping_pod, wait_refused
+from tests.integration.test_leader_election import became_leader, elected, holder, identity
 from tests.integration.test_observability import Scrape
 from tests.metric_names import families, family, total
 
@@ -293,3 +294,25 @@ def test_dashboard_queries_and_rules_on_a_scraped_controller(
         if a["labels"]["alertname"] == "MPIJobWritesRefused"
     ]
     assert refused["labels"]["namespace"] == namespace
+
+
+@pytest.mark.usefixtures("crd")
+def test_is_leader_is_1_on_the_lease_holder_only_and_moves_with_it(
+    cluster: Cluster, namespace: str, start_controller: StartController
+) -> None:
+    ports = [free_port(), free_port()]
+    # /metrics on the health port: one server per replica.
+    procs = [
+        start_controller(namespace, args=(*elected(namespace, p), "--metrics-port", str(p)))
+        for p in ports
+    ]
+    ids = [identity(p) for p in procs]
+    lead = wait_for(lambda: holder(cluster, namespace) in ids and holder(cluster, namespace))
+    first = ids.index(lead)
+    wait_for(lambda: became_leader(procs[first]), what="the holder to log that it leads")
+    leading = family(metrics.IS_LEADER)
+    assert [Scrape(p).value(leading) for p in ports] == [float(i == first) for i in range(2)]
+
+    procs[first].stop()
+    wait_for(lambda: became_leader(procs[1 - first]), 60, "the standby to take the lease")
+    assert Scrape(ports[1 - first]).value(leading) == 1
