@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Emit
+from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec import InvalidSpec, parse
 from mpijob_elastic.core.times import parse_time
 from mpijob_elastic.core.workers import discovered_hosts
@@ -250,6 +251,8 @@ class _JobDetails(Collector):
     def __init__(self, jobs: _JobStates) -> None:
         self._jobs = jobs
         self.config_map: Callable[[str, str], Mapping[str, Any] | None] = lambda _ns, _n: None
+        # The controller's, so a job reads here as its turns read it (core/lifecycle.py).
+        self.settings = Settings()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         conditions = GaugeMetricFamily(
@@ -279,8 +282,15 @@ class _JobDetails(Collector):
         yield workers
 
     def _workers(self, job: Mapping[str, Any], ns: str, name: str) -> list[tuple[str, int]]:
+        s = self.settings
         try:
-            spec = parse(job, 0.0)
+            spec = parse(
+                job,
+                s.default_drain_seconds,
+                max_workers=s.max_workers_per_job,
+                default_scale_out_timeout=s.default_scale_out_timeout_seconds,
+                protected_service_account=s.own_service_account,
+            )
         except InvalidSpec:
             return []  # the job's InvalidSpec condition says why
         config_map = self.config_map(ns, names.config_map_name(name)) or {}

@@ -14,6 +14,7 @@ from prometheus_client import REGISTRY
 from mpijob_elastic.app import leader
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Emit
+from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.status import CONDITION_ORDER, SUSPENDED, StatusBuilder
 from mpijob_elastic.core.times import format_precise_time
 from mpijob_elastic.machinery import metrics
@@ -336,3 +337,16 @@ def test_is_leader_follows_the_elector_and_build_info_names_the_build() -> None:
     python = platform.python_version()
     labels = {"version": "9.9.9", "commit": "abc", "python": python}
     assert sample(family(metrics.BUILD_INFO), **labels) == 1
+
+
+def test_job_details_read_a_job_with_the_controllers_settings() -> None:
+    """A job larger than the default limit reads as the controller reads it."""
+    big = make_job(Settings().max_workers_per_job + 1, name="big")
+    details = metrics._JobDetails(metrics._JobStates())
+    details._jobs.jobs = lambda: [big]
+    assert not list(details.collect())[1].samples
+    details.settings = Settings(max_workers_per_job=Settings().max_workers_per_job + 1)
+    _, workers = details.collect()
+    assert {s.labels["count"]: s.value for s in workers.samples}["desired"] == (
+        Settings().max_workers_per_job + 1
+    )
