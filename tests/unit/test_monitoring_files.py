@@ -55,4 +55,5 @@ def test_every_alert_reads_series_the_controller_serves() -> None:
         assert named, r["alert"]
         assert named <= served(), (r["alert"], named - served())
         assert r["labels"]["severity"] in ("critical", "warning")
-        assert r["annotations"]["summary"] and r["annotations"]["description"]
+        assert r["annotations"]["summary"]
+        assert r["annotations"]["description"]
