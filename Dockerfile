@@ -25,6 +25,12 @@ COPY mpijob_elastic ./mpijob_elastic
 # A regular (non-editable) install, so the sources can go and the image keeps only the package.
 RUN pip install --no-deps --no-build-isolation . && rm -rf /src
 
+# The commit the image is built from, for `mpijob-elastic --version` and the
+# mpijob_elastic_build_info metric (app/build.py); empty when the build does not say. Last,
+# so a new commit rebuilds no layer above.
+ARG COMMIT=""
+ENV MPIJOB_ELASTIC_COMMIT=${COMMIT}
+
 # The same numeric user the Deployment's runAsUser names, so runAsNonRoot can verify it.
 RUN useradd --uid 65532 --user-group --no-create-home --shell /usr/sbin/nologin mpijob-elastic
 USER 65532:65532

@@ -123,3 +123,8 @@ served=$(k get --raw "/api/v1/namespaces/$ns/services/mpijob-elastic-metrics:met
 grep -qF 'the server has asked for the client to provide credentials' <<<"$served" ||
   { log "the metrics Service answered: $served"; exit 1; }
 log "2 replicas ready, $leader leads, its /metrics (401 without a token, 403 without the role) declares every series"
+# The leader says it leads, and names the commit its image was built from (hack/images.sh
+# passes it; docs/operations.md, "Version").
+grep -qxF 'mpijob_elastic_is_leader 1.0' <<<"$metrics" || { log "is_leader is not 1 on $leader"; exit 1; }
+grep -qE '^mpijob_elastic_build_info\{.*commit="[0-9a-f]{7,}' <<<"$metrics" ||
+  { log "no commit in the build_info of $leader"; exit 1; }

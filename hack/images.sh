@@ -82,8 +82,11 @@ build() {
   echo "$tag"
 }
 
+# The commit goes into the image (app/build.py) but not into the content tag: an image of
+# the same sources is reused, and says the commit it was first built from.
+commit=$(git -C "$repo_root" describe --always --dirty --abbrev=12 2>/dev/null || true)
 controller=$(build controller mpijob-elastic Dockerfile --build-arg "BASE_IMAGE=$python_base" \
-  -- requirements.lock pyproject.toml README.md mpijob_elastic)
+  --build-arg "COMMIT=$commit" -- requirements.lock pyproject.toml README.md mpijob_elastic)
 launcher=$(build launcher mpijob-elastic/mock-launcher e2e/images/launcher/Dockerfile \
   --build-arg "BASE_IMAGE=$python_base" --build-arg "KUBECTL_IMAGE=$kubectl_base" \
   -- e2e/images/launcher e2e/mockhorovod)

@@ -16,6 +16,11 @@ def family(metric: Collector) -> str:
     return collected.name
 
 
+def families(metric: Collector) -> list[str]:
+    """The family names of a collector that yields several."""
+    return [collected.name for collected in metric.collect()]
+
+
 def total(counter: Collector) -> str:
     return f"{family(counter)}_total"
 

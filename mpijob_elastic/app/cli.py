@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from mpijob_elastic.app import health, leader, logs, memory, metrics_guard, render
+from mpijob_elastic.app import build, health, leader, logs, memory, metrics_guard, render
 from mpijob_elastic.app.controller import Controller
 from mpijob_elastic.core import names
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
@@ -164,6 +164,7 @@ def _leader_election_args(run: argparse.ArgumentParser) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mpijob-elastic", description=__doc__)
+    p.add_argument("--version", action="version", version=build.describe(os.environ))
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the controller")
@@ -289,6 +290,7 @@ async def _lead(controller: Controller, elector: leader.Elector, stop: asyncio.E
 
 async def _run(args: argparse.Namespace) -> int:
     settings = _settings(args)
+    metrics.build(build.version(), build.commit(os.environ))
     apis = await _load_config(args.kubeconfig, settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -296,6 +298,8 @@ async def _run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         elector = _elector(args, apis) if args.leader_elect else None
+        if elector is None:
+            metrics.IS_LEADER.set(1)  # the only replica: it reconciles from the start
         controller = Controller(
             apis.write,
             settings,

@@ -69,6 +69,8 @@ class Controller:
         )
         metrics.QUEUE_DEPTH.set_function(lambda: len(self.queue))
         metrics.JOBS.jobs = self._managed_jobs
+        metrics.JOB_DETAILS.config_map = lambda ns, name: self._cached("ConfigMap", ns, name)
+        metrics.JOB_DETAILS.settings = settings
         self.latency = metrics.HostListLatency()
         self.caches = Caches()
         self.handover = Caches()

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from mpijob_elastic.core.times import format_precise_time
+from mpijob_elastic.machinery import metrics
 from mpijob_elastic.machinery.kube import ApiError, Kube
 
 log = logging.getLogger("mpijob_elastic.app.leader")
@@ -197,6 +198,8 @@ class Elector:
         # When the last successful write of the Lease was sent (monotonic seconds).
         self._renewed_at = 0.0
         self.leading = False
+        # Read at each scrape, so it is never out of step with the flag the workers obey.
+        metrics.IS_LEADER.set_function(lambda: 1.0 if self.leading else 0.0)
 
     def _lease(self, record: Record) -> Obj:
         metadata: Obj = {"name": self.name, "namespace": self.namespace}

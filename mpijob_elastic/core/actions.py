@@ -81,6 +81,9 @@ class Emit:
     type: str
     reason: str
     message: str
+    # The workers the Event reports, by change ("replaced", "retired", ...), for the
+    # metrics (machinery/metrics.py counts them as the Event is sent).
+    counts: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

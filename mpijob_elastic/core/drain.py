@@ -130,19 +130,26 @@ def _step(
 
 def _report(turn: Turn, spec: JobSpec, marking: list[Leaving], due: list[Victim]) -> None:
     if marking:
+        # Workers on nodes going away (relocate) are the ones moved, not dropped.
+        leaving = turn.observed.leaving_nodes
+        moved = sum(1 for m in marking if m.worker.node in leaving)
         turn.event(
             "Normal",
             "Draining",
             f"draining worker pods {describe(marking)}"
             f": removed from discover_hosts.sh, deleting each once its ranks have left, "
             f"within {spec.drain_seconds:g}s",
+            (("relocated", moved),) if moved else (),
         )
     if not due:
         return
+    whys = [_gone_why(v) for v in due]
     turn.event(
         "Normal",
         "WorkerDeleted",
-        "deleted worker pods " + ", ".join(f"{v.worker.name} ({_gone_why(v)})" for v in due),
+        "deleted worker pods "
+        + ", ".join(f"{v.worker.name} ({why})" for v, why in zip(due, whys, strict=True)),
+        (("drained", whys.count(_RANKS_LEFT)), ("drain_timed_out", whys.count(_DRAIN_OVER))),
     )
     if spec.drain_seconds == 0 and any(v.deadline is not None for v in due):
         turn.event(
@@ -153,12 +160,16 @@ def _report(turn: Turn, spec: JobSpec, marking: list[Leaving], due: list[Victim]
         )
 
 
+_RANKS_LEFT = "its ranks have left"
+_DRAIN_OVER = "drain over"
+
+
 def _gone_why(victim: Victim) -> str:
     if victim.deadline is None:
         return "no rank could run there"
     if victim.grace_seconds is not None:
-        return "its ranks have left"
-    return "drain over"
+        return _RANKS_LEFT
+    return _DRAIN_OVER
 
 
 def read_launcher(

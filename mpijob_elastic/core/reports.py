@@ -94,6 +94,7 @@ def membership(
             "WorkerReplaced",
             f"created worker pods {', '.join(new[growth:])} "
             "in place of workers that failed or left",
+            (("replaced", len(new[growth:])),),
         )
 
 
@@ -114,6 +115,7 @@ def _retired(turn: Turn, spec: JobSpec, m: Membership) -> None:
             "WorkerRetired",
             f"worker pods {', '.join(names.worker_name(spec.name, i) for i in dead)} lost "
             f"their ranks while listed in discover_hosts.sh; {tail}",
+            (("retired", len(dead)),),
         )
     if going:
         turn.event(
@@ -123,6 +125,7 @@ def _retired(turn: Turn, spec: JobSpec, m: Membership) -> None:
             "being deleted while listed in discover_hosts.sh (evicted, preempted or "
             "deleted): their ranks may still leave gracefully, but if the grace period "
             f"ends first, {tail}",
+            (("retired", len(going)),),
         )
 
 

@@ -60,8 +60,10 @@ class Turn:
         config_map = self.observed.config_map or {}
         return (config_map.get("metadata") or {}).get("annotations") or {}
 
-    def event(self, type_: str, reason: str, message: str) -> None:
-        self.events.append(Emit(type_, reason, message))
+    def event(
+        self, type_: str, reason: str, message: str, counts: tuple[tuple[str, int], ...] = ()
+    ) -> None:
+        self.events.append(Emit(type_, reason, message, counts))
 
     def requeue(self, seconds: float) -> None:
         """Come back after ``seconds`` at the latest."""

@@ -17,6 +17,7 @@ from typing import Any
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Emit
 from mpijob_elastic.core.times import format_time
+from mpijob_elastic.machinery import metrics
 from mpijob_elastic.machinery.kube import ApiError, Kube
 
 log = logging.getLogger("mpijob_elastic.machinery.writer")
@@ -40,6 +41,8 @@ class EventRecorder:
         """Send the Event in the background: the job's next turn must not wait for it
         (a worker that turned Running while its creator's ScaledUp Event was being sent
         waited for that round trip before its host list was written)."""
+        # Counted as the turn reports it, whether or not the Event's create goes through.
+        metrics.event_sent(event)
         task = asyncio.create_task(self._emit_bounded(job, event), name="event")
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)

@@ -137,6 +137,9 @@ class Informer:
         ns = f"/namespaces/{namespace}" if namespace else ""
         self._path = f"{api_path}{ns}/{plural}"
         self._kind = kind_of(plural)
+        # Exported at 0 from the start: a rate over a series made at its first increment
+        # misses that increment (metrics.py).
+        metrics.WATCH_RESTARTS.labels(self._kind)
         self._selector: list[tuple[str, str]] = (
             [("labelSelector", label_selector)] if label_selector else []
         )

@@ -11,6 +11,7 @@ docs/operations.md lists the series and what each means.
 
 from __future__ import annotations
 
+import platform
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -31,6 +32,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from mpijob_elastic.core import names
+from mpijob_elastic.core.actions import Emit
+from mpijob_elastic.core.settings import Settings
+from mpijob_elastic.core.spec import InvalidSpec, parse
 from mpijob_elastic.core.times import parse_time
 from mpijob_elastic.core.workers import discovered_hosts
 
@@ -97,6 +101,31 @@ RUNNING_TO_LISTED_SECONDS = Histogram(
     buckets=_FAST,
 )
 
+BUILD_INFO = Gauge(
+    f"{PREFIX}_build_info",
+    "Always 1: the controller's version, the commit it was built from ('' when unknown) and "
+    "the Python running it.",
+    ["version", "commit", "python"],
+)
+IS_LEADER = Gauge(
+    f"{PREFIX}_is_leader",
+    "1 while this replica holds the Lease and reconciles (or runs without leader election), "
+    "0 on a standby.",
+)
+JOB_TRANSITIONS = Counter(
+    f"{PREFIX}_job_transitions",
+    "Jobs whose accepted status write turned a condition: created, succeeded, failed, "
+    "suspended, resumed (Suspended turned False), relocating (Scaling turned Relocating).",
+    ["transition"],
+)
+WORKER_CHANGES = Counter(
+    f"{PREFIX}_worker_changes",
+    "Workers named by the jobs' Events: replaced, retired, relocated (marked to drain off a "
+    "node that is going away), drained (deleted once its ranks left), drain_timed_out "
+    "(deleted when the drain period ran out).",
+    ["change"],
+)
+
 
 # Children made once: every result and direction is exported from the start (a rate over
 # a series that appears only at its first increment misses that increment), and a hot
@@ -106,6 +135,19 @@ _RECONCILED = {
     for result in ("success", "requeue", "error")
 }
 _SCALED = {direction: SCALE_OPERATIONS.labels(direction) for direction in ("out", "in")}
+_TRANSITIONS = {
+    t: JOB_TRANSITIONS.labels(t)
+    for t in ("created", "succeeded", "failed", "suspended", "resumed", "relocating")
+}
+_CHANGES = {
+    c: WORKER_CHANGES.labels(c)
+    for c in ("replaced", "retired", "relocated", "drained", "drain_timed_out")
+}
+
+
+def build(version: str, commit: str) -> None:
+    """The process's build, once at start (app/cli.py)."""
+    BUILD_INFO.labels(version, commit, platform.python_version()).set(1)
 
 
 def reconciled(result: str, seconds: float) -> None:
@@ -137,6 +179,43 @@ def scale_direction(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> st
     return {"ScalingUp": "out", "ScalingDown": "in"}.get(after or "")
 
 
+def _true(status: Mapping[str, Any] | None) -> dict[str, str]:
+    """The job's True conditions: type -> reason."""
+    return {
+        str(c.get("type")): str(c.get("reason", ""))
+        for c in (status or {}).get("conditions") or []
+        if isinstance(c, Mapping) and c.get("status") == "True"
+    }
+
+
+def transitions(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[str]:
+    """The lifecycle steps a status write takes: conditions that turn, read from the status
+    planned from and the one written. A restarted controller plans from the status on the
+    server, so a step it had written already is not counted again."""
+    before, after = _true(old), _true(new)
+    taken = [
+        step
+        for step, condition in (
+            ("created", "Created"),
+            ("succeeded", "Succeeded"),
+            ("failed", "Failed"),
+            ("suspended", "Suspended"),
+        )
+        if condition in after and condition not in before
+    ]
+    if "Suspended" in before and "Suspended" not in after:
+        taken.append("resumed")
+    if after.get("Scaling") == "Relocating" != before.get("Scaling"):
+        taken.append("relocating")
+    return taken
+
+
+def event_sent(event: Emit) -> None:
+    """An Event of a job's turn, handed to the recorder: the workers it names, counted."""
+    for change, workers in event.counts:
+        _CHANGES[change].inc(workers)
+
+
 class _JobStates(Collector):
     """``mpijob_elastic_jobs{namespace,state}``, counted from the job cache at scrape time."""
 
@@ -161,6 +240,69 @@ class _JobStates(Collector):
 
 JOBS = _JobStates()
 REGISTRY.register(JOBS)
+
+
+class _JobDetails(Collector):
+    """Per job, at scrape time, from the caches: its True conditions by type and reason
+    (``mpijob_elastic_job_conditions``), and for each job that is neither finished nor
+    suspended its workers listed in ``discover_hosts.sh``, its Worker replicas and its
+    ``min-replicas`` (``mpijob_elastic_job_workers{count}``)."""
+
+    def __init__(self, jobs: _JobStates) -> None:
+        self._jobs = jobs
+        self.config_map: Callable[[str, str], Mapping[str, Any] | None] = lambda _ns, _n: None
+        # The controller's, so a job reads here as its turns read it (core/lifecycle.py).
+        self.settings = Settings()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        conditions = GaugeMetricFamily(
+            f"{PREFIX}_job_conditions",
+            "MPIJobs this controller manages with a condition True, by namespace, condition "
+            "type and reason (WriteRefused: the API server refuses the job's writes).",
+            labels=["namespace", "type", "reason"],
+        )
+        workers = GaugeMetricFamily(
+            f"{PREFIX}_job_workers",
+            "Workers of each job neither finished nor suspended: listed (in "
+            "discover_hosts.sh), desired (Worker replicas), min (min-replicas, elastic jobs "
+            "only). The job's label is mpijob: Prometheus keeps job for the scrape job.",
+            labels=["namespace", "mpijob", "count"],
+        )
+        tally: Tally[tuple[str, str, str]] = Tally()
+        for job in self._jobs.jobs():
+            ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+            true = _true(job.get("status"))
+            tally.update((ns, t, reason) for t, reason in true.items())
+            if not {"Succeeded", "Failed", "Suspended"} & true.keys():
+                for count, value in self._workers(job, ns, name):
+                    workers.add_metric([ns, name, count], value)
+        for labels, n in sorted(tally.items()):
+            conditions.add_metric(list(labels), n)
+        yield conditions
+        yield workers
+
+    def _workers(self, job: Mapping[str, Any], ns: str, name: str) -> list[tuple[str, int]]:
+        s = self.settings
+        try:
+            spec = parse(
+                job,
+                s.default_drain_seconds,
+                max_workers=s.max_workers_per_job,
+                default_scale_out_timeout=s.default_scale_out_timeout_seconds,
+                protected_service_account=s.own_service_account,
+            )
+        except InvalidSpec:
+            return []  # the job's InvalidSpec condition says why
+        config_map = self.config_map(ns, names.config_map_name(name)) or {}
+        found = [
+            ("listed", len(discovered_hosts(config_map.get("data")))),
+            ("desired", spec.worker.replicas),
+        ]
+        return found + ([("min", spec.bounds.min)] if spec.bounds.min is not None else [])
+
+
+JOB_DETAILS = _JobDetails(JOBS)
+REGISTRY.register(JOB_DETAILS)
 
 
 class HostListLatency:
@@ -217,6 +359,8 @@ def status_written(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> Non
     direction = scale_direction(old, new)
     if direction is not None:
         _SCALED[direction].inc()
+    for step in transitions(old, new):
+        _TRANSITIONS[step].inc()
 
 
 def observe_write(written: Mapping[str, Any], latency: HostListLatency) -> None:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import platform
 import socket
+import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 
-from mpijob_elastic.app import leader
+from mpijob_elastic.app import build, leader
 from mpijob_elastic.app.cli import main
 
 SAMPLE = Path(__file__).resolve().parents[2] / "config" / "samples" / "elastic-mpijob.yaml"
@@ -236,3 +238,25 @@ def test_whole_number_flags_are_bounded(
     err = capsys.readouterr().err
     assert f"argument {flag}: must be a whole number {bounds}, got {value!r}" in err
     assert "Traceback" not in err
+
+
+def test_version_names_the_package_the_commit_when_known_and_python(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    python = platform.python_version()
+    # The version is pyproject.toml's, as installed.
+    version = tomllib.loads(SAMPLE.parents[2].joinpath("pyproject.toml").read_text())["project"][
+        "version"
+    ]
+    monkeypatch.delenv(build.COMMIT_ENV, raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"mpijob-elastic {version} (Python {python})\n"
+    monkeypatch.setenv(build.COMMIT_ENV, "1a2b3c4d5e6f\n")
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert (
+        capsys.readouterr().out
+        == f"mpijob-elastic {version} (commit 1a2b3c4d5e6f, Python {python})\n"
+    )

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import platform
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
 
+from mpijob_elastic.app import leader
 from mpijob_elastic.core import names
+from mpijob_elastic.core.actions import Emit
+from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.status import CONDITION_ORDER, SUSPENDED, StatusBuilder
 from mpijob_elastic.core.times import format_precise_time
 from mpijob_elastic.machinery import metrics
@@ -18,6 +22,7 @@ from mpijob_elastic.machinery.kube import request_labels
 from mpijob_elastic.machinery.workqueue import WorkQueue
 from mpijob_elastic.machinery.write_health import WRITE_STALL_SECONDS, WriteHealth
 from tests.metric_names import every_family, family, total
+from tests.unit.simulation import make_job
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -234,3 +239,114 @@ def test_docs_list_every_series_the_registry_holds() -> None:
     counters = {m.name for m in REGISTRY.collect() if m.type == "counter"}
     scraped = {f"{f}_total" if f in counters else f for f in every_family()}
     assert ours == scraped
+
+
+def conditions(**true: str) -> dict[str, object]:
+    """A status whose conditions are True with these reasons (type=reason)."""
+    return {"conditions": [{"type": t, "status": "True", "reason": r} for t, r in true.items()]}
+
+
+def test_transitions_are_the_conditions_a_status_write_turns() -> None:
+    running = conditions(Created="MPIJobCreated", Running="MPIJobRunning")
+    assert metrics.transitions(None, conditions(Created="MPIJobCreated")) == ["created"]
+    assert metrics.transitions(running, {**running}) == []
+    done = conditions(Created="MPIJobCreated", Succeeded="MPIJobSucceeded")
+    assert metrics.transitions(running, done) == ["succeeded"]
+    failed = conditions(Created="MPIJobCreated", Failed="MPIJobFailed")
+    assert metrics.transitions(running, failed) == ["failed"]
+    suspended = conditions(Created="MPIJobCreated", Suspended="WaitingForCapacity")
+    assert metrics.transitions(running, suspended) == ["suspended"]
+    # Resumed: Suspended turned False (or went), the job runs again.
+    assert metrics.transitions(suspended, running) == ["resumed"]
+    moving = conditions(Created="MPIJobCreated", Scaling="Relocating")
+    assert metrics.transitions(running, moving) == ["relocating"]
+    assert metrics.transitions(moving, moving) == []
+    # A controller that restarts plans from the status on the server: nothing again.
+    assert metrics.transitions(done, done) == []
+
+
+def test_accepted_status_writes_and_sent_events_move_the_lifecycle_counters() -> None:
+    transitions = total(metrics.JOB_TRANSITIONS)
+    created, succeeded = (
+        sample(transitions, transition="created"),
+        sample(transitions, transition="succeeded"),
+    )
+    metrics.status_written(None, conditions(Created="MPIJobCreated"))
+    metrics.status_written(
+        conditions(Created="MPIJobCreated"),
+        conditions(Created="MPIJobCreated", Succeeded="MPIJobSucceeded"),
+    )
+    assert sample(transitions, transition="created") == created + 1
+    assert sample(transitions, transition="succeeded") == succeeded + 1
+
+    changes = total(metrics.WORKER_CHANGES)
+    before = {c: sample(changes, change=c) for c in ("replaced", "drained", "drain_timed_out")}
+    metrics.event_sent(Emit("Normal", "WorkerReplaced", "m", (("replaced", 2),)))
+    metrics.event_sent(
+        Emit("Normal", "WorkerDeleted", "m", (("drained", 1), ("drain_timed_out", 0)))
+    )
+    metrics.event_sent(Emit("Normal", "ScaledUp", "m"))
+    after = {c: sample(changes, change=c) for c in before}
+    assert after == {
+        "replaced": before["replaced"] + 2,
+        "drained": before["drained"] + 1,
+        "drain_timed_out": before["drain_timed_out"],
+    }
+
+
+def test_job_details_count_conditions_and_the_workers_of_running_jobs() -> None:
+    elastic = make_job(3, name="a", annotations={names.ANN_MIN_REPLICAS: "2"})
+    elastic["status"] = conditions(Created="MPIJobCreated", Running="MPIJobRunning")
+    fixed = make_job(1, name="b")
+    fixed["status"] = conditions(Created="MPIJobCreated", WriteRefused="AlreadyExists")
+    finished = make_job(2, name="c", annotations={names.ANN_MIN_REPLICAS: "1"})
+    finished["status"] = conditions(Created="MPIJobCreated", Succeeded="MPIJobSucceeded")
+    broken = make_job(2, name="d", annotations={names.ANN_MIN_REPLICAS: "x"})
+    details = metrics._JobDetails(metrics._JobStates())
+    details._jobs.jobs = lambda: [elastic, fixed, finished, broken]
+    maps = {"a-config": config_map("a-worker-0", "a-worker-1")}
+    details.config_map = lambda _ns, name: maps.get(name)
+    found_conditions, workers = details.collect()
+    counted = {tuple(s.labels.values()): s.value for s in found_conditions.samples}
+    assert counted == {
+        ("ns", "Created", "MPIJobCreated"): 3,
+        ("ns", "Running", "MPIJobRunning"): 1,
+        ("ns", "WriteRefused", "AlreadyExists"): 1,
+        ("ns", "Succeeded", "MPIJobSucceeded"): 1,
+    }
+    # The finished job has none; the one whose spec does not parse neither (InvalidSpec
+    # says why); a job without min-replicas has no min.
+    listed = {(s.labels["mpijob"], s.labels["count"]): s.value for s in workers.samples}
+    assert listed == {
+        ("a", "listed"): 2,
+        ("a", "desired"): 3,
+        ("a", "min"): 2,
+        ("b", "listed"): 0,
+        ("b", "desired"): 1,
+    }
+
+
+def test_is_leader_follows_the_elector_and_build_info_names_the_build() -> None:
+    elector = leader.Elector(None, "ns", "lease", "me", leader.Timings())  # type: ignore[arg-type]
+    assert sample(family(metrics.IS_LEADER)) == 0
+    elector.leading = True
+    assert sample(family(metrics.IS_LEADER)) == 1
+    elector.leading = False
+    assert sample(family(metrics.IS_LEADER)) == 0
+    metrics.build("9.9.9", "abc")
+    python = platform.python_version()
+    labels = {"version": "9.9.9", "commit": "abc", "python": python}
+    assert sample(family(metrics.BUILD_INFO), **labels) == 1
+
+
+def test_job_details_read_a_job_with_the_controllers_settings() -> None:
+    """A job larger than the default limit reads as the controller reads it."""
+    big = make_job(Settings().max_workers_per_job + 1, name="big")
+    details = metrics._JobDetails(metrics._JobStates())
+    details._jobs.jobs = lambda: [big]
+    assert not list(details.collect())[1].samples
+    details.settings = Settings(max_workers_per_job=Settings().max_workers_per_job + 1)
+    _, workers = details.collect()
+    assert {s.labels["count"]: s.value for s in workers.samples}["desired"] == (
+        Settings().max_workers_per_job + 1
+    )

@@ -7,7 +7,7 @@ import dataclasses
 from datetime import timedelta
 
 from mpijob_elastic.core import host_rules, names
-from mpijob_elastic.core.actions import AnnotatePod, Create, DeletePod
+from mpijob_elastic.core.actions import AnnotatePod, Create, DeletePod, Emit
 from mpijob_elastic.core.nodes import DEFAULT_LEAVING_TAINTS, leaving, slim
 from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.ranks import RankSnapshot
@@ -60,6 +60,8 @@ def test_workers_on_a_going_node_leave_gracefully_and_are_replaced() -> None:
     )
     marks = [a.name for a in p.of_type(AnnotatePod) if names.ANN_DRAINING_SINCE in a.annotations]
     assert marks == ["job-worker-1"]
+    (draining,) = [e for e in p.of_type(Emit) if e.reason == "Draining"]
+    assert draining.counts == (("relocated", 1),)
     assert not p.of_type(DeletePod)
     assert not p.of_type(Create)
     c.apply(p)

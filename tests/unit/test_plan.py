@@ -16,6 +16,7 @@ from mpijob_elastic.core.actions import (
     AnnotatePod,
     Create,
     DeletePod,
+    Emit,
     Probe,
     Replace,
     WriteStatus,
@@ -179,6 +180,9 @@ def test_scale_in_drains_then_deletes_once_then_revokes() -> None:
         "job-worker-2",
         "job-worker-3",
     ]
+    # What the metrics count of it: three drains that ran their full length.
+    (deleted,) = [e for e in p.of_type(Emit) if e.reason == "WorkerDeleted"]
+    assert deleted.counts == (("drained", 0), ("drain_timed_out", 3))
     c.apply(p)
     # The cache has not caught up yet: no second delete.
     assert not c.plan().of_type(DeletePod)
@@ -318,6 +322,10 @@ def test_failed_worker_leaves_discovery_and_is_replaced() -> None:
     assert [d.name for d in p.of_type(DeletePod)] == ["job-worker-1"]
     # The replacement is created at once, beside the failed pod, under a name never used.
     assert [a.obj["metadata"]["name"] for a in p.of_type(Create)] == ["job-worker-2"]
+    # What the metrics count of it (machinery/metrics.py): one worker retired, one replaced.
+    counted = {e.reason: e.counts for e in p.of_type(Emit)}
+    assert counted["WorkerRetired"] == (("retired", 1),)
+    assert counted["WorkerReplaced"] == (("replaced", 1),)
     c.apply(p)
     assert discovered(cm(c)) == ["job-worker-0"]
     assert cm(c)["metadata"]["annotations"][names.ANN_RETIRED_WORKERS] == "1"
