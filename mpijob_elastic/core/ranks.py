@@ -50,6 +50,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from mpijob_elastic.core import names
+
 # The command run in the launcher. `exit 0`: a process that ends while cat reads makes
 # cat fail, which says nothing about the others.
 PROBE_COMMAND = ("/bin/sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null; exit 0")
@@ -144,9 +146,9 @@ def remote_shell_hosts(output: bytes, job: str) -> frozenset[str] | None:
     Horovod's start-up interface probe (``horovod.runner.task_fn``) holds no rank and is
     not counted: its end must not read as ranks lost. None when no process runs our
     remote shell at all: then the launcher reaches its workers some other way (or runs no
-    ranks), and an empty set would wrongly say every rank has left. Only hosts named
-    after ``job`` count (its workers, its launcher): on KWOK an exec runs on the test
-    machine and sees every job's processes.
+    ranks), and an empty set would wrongly say every rank has left. Only the job's own
+    pod names count, matched whole (job ``a``'s prefix also starts job ``a-b``'s workers):
+    on KWOK an exec runs on the test machine and sees every job's processes.
     """
     args = [a.split() for a in output.decode("utf-8", "replace").split("\0")]
     found = False
@@ -163,9 +165,14 @@ def remote_shell_hosts(output: bytes, job: str) -> frozenset[str] | None:
                 after = [t for a in args[i + 1 : i + 3] for t in a]
                 host, command = (after[0], after[1:]) if after else ("", [])
             host = host.strip("'\"")
-            if not host.startswith(f"{job}-"):
+            if not _own_pod(host, job):
                 continue
             found = True
             if not any("horovod.runner.task_fn" in t for t in command):
                 hosts.add(host)
     return frozenset(hosts) if found else None
+
+
+def _own_pod(host: str, job: str) -> bool:
+    index = host.removeprefix(f"{job}{names.WORKER_INFIX}")
+    return host == names.launcher_name(job) or (index != host and index.isascii() and index.isdigit())

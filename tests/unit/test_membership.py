@@ -140,6 +140,12 @@ def test_remote_shell_hosts_reads_every_form_horovod_and_mpirun_use() -> None:
     assert remote_shell_hosts(b"", "job") is None
     # Another job's shells (KWOK runs every exec on one machine) say nothing of this one.
     assert remote_shell_hosts(output, "other") is None
+    # Nor do those of a job whose name starts with this one's: "job" is not "job-worker"'s
+    # job "job-worker" (nor "elastic" the e2e suite's "elastic-horovod").
+    longer = b"/bin/sh\0/etc/mpi/kubexec.sh\0job-worker-worker-0\0orted\0"
+    longer += b"/bin/sh\0/etc/mpi/kubexec.sh\0job-x-worker-1\0orted\0"
+    assert remote_shell_hosts(longer, "job") is None
+    assert remote_shell_hosts(longer, "job-worker") == frozenset({"job-worker-worker-0"})
 
 
 def test_the_start_up_interface_probe_is_no_rank() -> None:
