@@ -175,4 +175,6 @@ def remote_shell_hosts(output: bytes, job: str) -> frozenset[str] | None:
 
 def _own_pod(host: str, job: str) -> bool:
     index = host.removeprefix(f"{job}{names.WORKER_INFIX}")
-    return host == names.launcher_name(job) or (index != host and index.isascii() and index.isdigit())
+    return host == names.launcher_name(job) or (
+        index != host and index.isascii() and index.isdigit()
+    )
