@@ -29,8 +29,12 @@ lock: venv
 	$(VENV)/bin/pip-compile $(LOCK_FLAGS) --extra test --extra dev \
 	  --constraint requirements.lock -o requirements-dev.lock pyproject.toml
 
+# The Kubernetes binaries, and Prometheus's promtool and server for the monitoring tests:
+# built once from their Go modules into the versioned cache, progress on stderr.
 binaries:
 	@hack/build-binaries.sh >/dev/null
+	@hack/build-promtool.sh promtool >/dev/null
+	@hack/build-promtool.sh prometheus >/dev/null
 
 cluster-up: binaries
 	@hack/cluster-up.sh
