@@ -24,7 +24,8 @@ cleanup() {
     log "failed; the controller's log follows"
     k -n $ns logs -l app.kubernetes.io/name=mpijob-elastic --prefix --tail=60 >&2 || true
     h uninstall $release -n $ns --wait --timeout=120s >/dev/null 2>&1 || true
-    k delete namespace $ns crd/mpijobs.kubeflow.org --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1 || true
+    k delete namespace $ns --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1 || true
+    k delete crd mpijobs.kubeflow.org --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1 || true
   fi
   log "done in $((SECONDS - total))s"
   exit $rc
@@ -76,7 +77,7 @@ log "helm upgrade $release under a running elastic job"
 
 # Uninstall: every object the chart made goes. Helm keeps the CRD by design (crds/ is
 # never deleted: deleting it would delete every MPIJob), and the namespace, which the
-# chart did not create; in it, only the Lease the controller made, released (no holder).
+# chart did not create; in it, only the Lease the controller made.
 log "helm uninstall $release"
 h uninstall $release -n $ns --cascade=foreground --wait --timeout=120s >/dev/null
 left=$(k get clusterrole,clusterrolebinding,validatingadmissionpolicy,validatingadmissionpolicybinding \
