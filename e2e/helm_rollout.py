@@ -50,7 +50,7 @@ def job(launcher_image: str, worker_image: str) -> dict[str, Any]:
 
 
 def pods(cluster: Cluster, namespace: str, selector: str) -> dict[str, dict[str, Any]]:
-    """Name -> (uid, restart counts) of the pods the selector picks."""
+    """Name -> (uid, restart counts) of the pods the selector picks, but those going."""
     out = cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
     return {
         p["metadata"]["name"]: {
@@ -58,6 +58,7 @@ def pods(cluster: Cluster, namespace: str, selector: str) -> dict[str, dict[str,
             "restarts": sum(s["restartCount"] for s in p["status"].get("containerStatuses", [])),
         }
         for p in json.loads(out)["items"]
+        if "deletionTimestamp" not in p["metadata"]
     }
 
 
