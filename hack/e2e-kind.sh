@@ -11,7 +11,10 @@
 # with the launcher as a real pod: kubectl from the kubectl-delivery init container,
 # /etc/mpi mounted by the kubelet, ranks started in real worker containers through
 # kubexec.sh. Afterwards the
-# controller is uninstalled and the cluster stopped (KEEP_CLUSTER=1 keeps both).
+# controller is uninstalled, the Helm chart's run follows on the same cluster
+# (hack/e2e-kind-helm.sh: install, PodDisruptionBudget, upgrade under a running job,
+# uninstall) and the cluster is stopped (KEEP_CLUSTER=1 keeps the cluster and the kustomize
+# install, and skips the chart's run).
 set -euo pipefail
 log_name=e2e-kind
 # shellcheck source=kind/lib.sh
@@ -23,31 +26,35 @@ kubeconfig=$("$kind_hack/kind-up.sh")
 eval "$("$kind_hack/images.sh" | sed 's/^/export /')"
 BIN_DIR=$(PATH="/usr/local/go/bin:$PATH" "$kind_hack/build-binaries.sh")
 export PATH="$BIN_DIR:$PATH"
+# Built now (about 80 s the first time), so that a build failure stops the run early.
+PATH="/usr/local/go/bin:$PATH" "$kind_hack/build-helm.sh" >/dev/null
 k() { kubectl --kubeconfig "$kubeconfig" "$@"; }
 
 overlay=$(mktemp -d)
 forward=""
+installed=0
+uninstall() {
+  log "uninstalling the controller"
+  installed=0
+  k delete clusterrolebinding e2e-metrics-reader --ignore-not-found >/dev/null 2>&1 || true
+  k delete -k "$overlay" --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1 || return 1
+  # The uninstall takes everything the install made: nothing named for us may be left.
+  left=$(k get crd,clusterrole,clusterrolebinding,validatingadmissionpolicy,validatingadmissionpolicybinding,namespace \
+    -o name 2>/dev/null | grep -E 'mpijob' || true)
+  [ -z "$left" ] || { log "the uninstall left: $left"; return 1; }
+}
 cleanup() {
   local rc=$?
   if [ -n "$forward" ]; then kill "$forward" 2>/dev/null || true; fi
-  if [ $rc != 0 ]; then
+  if [ $rc != 0 ] && [ $installed = 1 ]; then
     log "failed; the controller's log follows"
     # Both replicas: the leader has the story, the standby says whether it took over.
     k -n mpijob-elastic-system logs -l app.kubernetes.io/name=mpijob-elastic --prefix --tail=60 >&2 || true
   fi
   if [ "${KEEP_CLUSTER:-}" = 1 ]; then
-    log "KEEP_CLUSTER=1: the controller stays installed; kubeconfig $kubeconfig"
+    log "KEEP_CLUSTER=1: the cluster stays up; kubeconfig $kubeconfig"
   else
-    log "uninstalling the controller"
-    k delete clusterrolebinding e2e-metrics-reader --ignore-not-found >/dev/null 2>&1 || true
-    k delete -k "$overlay" --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1 || rc=1
-    # The uninstall takes everything the install made: nothing named for us may be left.
-    left=$(k get crd,clusterrole,clusterrolebinding,validatingadmissionpolicy,validatingadmissionpolicybinding,namespace \
-      -o name 2>/dev/null | grep -E 'mpijob' || true)
-    if [ -n "$left" ]; then
-      log "the uninstall left: $left"
-      rc=1
-    fi
+    if [ $installed = 1 ]; then uninstall || rc=1; fi
     "$kind_hack/kind-down.sh" || rc=1
   fi
   rm -rf "$overlay"
@@ -58,6 +65,7 @@ trap cleanup EXIT
 
 log "installing config/default (controller $MPIJOB_ELASTIC_IMAGE, kubectl ${E2E_KUBECTL_IMAGE:-default})"
 write_install_overlay "$overlay"
+installed=1
 k apply -k "$overlay" >/dev/null
 start=$SECONDS
 k -n mpijob-elastic-system rollout status deployment/mpijob-elastic --timeout=180s >&2
@@ -128,3 +136,11 @@ log "2 replicas ready, $leader leads, its /metrics (401 without a token, 403 wit
 grep -qxF 'mpijob_elastic_is_leader 1.0' <<<"$metrics" || { log "is_leader is not 1 on $leader"; exit 1; }
 grep -qE '^mpijob_elastic_build_info\{.*commit="[0-9a-f]{7,}' <<<"$metrics" ||
   { log "no commit in the build_info of $leader"; exit 1; }
+
+if [ "${KEEP_CLUSTER:-}" = 1 ]; then
+  log "KEEP_CLUSTER=1: the kustomize install stays; the Helm chart's run is skipped"
+  exit 0
+fi
+uninstall
+# The same install as a Helm chart, on the same cluster (it cleans up after itself).
+"$kind_hack/e2e-kind-helm.sh" "$kubeconfig"

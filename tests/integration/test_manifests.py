@@ -72,7 +72,32 @@ def test_kustomize_default_renders_every_object(cluster: Cluster) -> None:
         ("ClusterRole", "mpijob-elastic-metrics-reader"),
         ("Deployment", "mpijob-elastic"),
         ("Service", "mpijob-elastic-metrics"),
+        ("PodDisruptionBudget", "mpijob-elastic"),
     }
+
+
+def test_a_drain_never_takes_both_replicas(cluster: Cluster) -> None:
+    """The controller's own PodDisruptionBudget covers its pods and leaves one up; the
+    replicas spread across nodes, but a one-node cluster still runs both."""
+    rendered = cluster.kubectl("kustomize", str(CONFIG / "default")).stdout
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(rendered) if d}
+    deployment = docs[("Deployment", "mpijob-elastic")]
+    budget = docs[("PodDisruptionBudget", "mpijob-elastic")]
+    pod = deployment["spec"]["template"]
+    assert deployment["spec"]["replicas"] == 2
+    assert budget["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    assert budget["spec"] == {
+        "minAvailable": 1,
+        "selector": {"matchLabels": pod["metadata"]["labels"]},
+    }
+    assert pod["spec"]["topologySpreadConstraints"] == [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": pod["metadata"]["labels"]},
+        }
+    ]
 
 
 def test_namespaced_overlay_binds_per_namespace(
