@@ -29,12 +29,13 @@ lock: venv
 	$(VENV)/bin/pip-compile $(LOCK_FLAGS) --extra test --extra dev \
 	  --constraint requirements.lock -o requirements-dev.lock pyproject.toml
 
-# The Kubernetes binaries, and Prometheus's promtool and server for the monitoring tests:
+# The Kubernetes binaries, Prometheus's promtool and server (the monitoring tests) and helm:
 # built once from their Go modules into the versioned cache, progress on stderr.
 binaries:
 	@hack/build-binaries.sh >/dev/null
 	@hack/build-promtool.sh promtool >/dev/null
 	@hack/build-promtool.sh prometheus >/dev/null
+	@hack/build-helm.sh >/dev/null
 
 cluster-up: binaries
 	@hack/cluster-up.sh
