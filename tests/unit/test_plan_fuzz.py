@@ -35,6 +35,7 @@ from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec import InvalidSpec, parse
 from mpijob_elastic.machinery.job_memory import JobMemory
 from tests.unit.simulation import running_status
+from tests.unit.test_spec_fuzz import paths as every_path
 
 SAMPLE = Path(__file__).resolve().parents[2] / "config" / "samples" / "elastic-mpijob.yaml"
 SETTINGS = Settings()
@@ -125,15 +126,9 @@ def plan(job: Obj, children: dict[str, list[Obj]]) -> Any:
     return plan_writes(observed, SETTINGS, NOW)
 
 
-def paths(value: Any, prefix: Path_ = ()) -> list[Path_]:
-    found: list[Path_] = [] if prefix in FIXED or not prefix else [prefix]
-    if isinstance(value, dict):
-        for key, child in value.items():
-            found += paths(child, (*prefix, key))
-    elif isinstance(value, list):
-        for i, child in enumerate(value):
-            found += paths(child, (*prefix, i))
-    return found
+def paths(value: Any) -> list[Path_]:
+    """Every path into ``value`` a mutation may hit: the fixed ones are walked through."""
+    return [p for p in every_path(value) if p and p not in FIXED]
 
 
 def field(path: Path_) -> str:
