@@ -10,7 +10,8 @@ brand-new pod. So a worker's name is its membership in Horovod's eyes, and:
   job's ConfigMap, written in the same update that drops the name from the host list, so
   a restart cannot forget one.
 * A worker that left through our drain (unlisted first, deleted after its ranks left)
-  was removed gracefully by Horovod and its name may be reused.
+  was removed gracefully by Horovod and its name may be reused; but a drain victim whose
+  rank ended in failure is not taken back by a scale-out meanwhile (``choose_members``).
 * New workers take the lowest index that no pod of the job holds, that is not retired
   and that the user has not named for removal: names stay short and, after graceful
   scale-ins, familiar.
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from mpijob_elastic.core.workers import Worker, worker_index
 
@@ -139,7 +140,29 @@ class Facts:
 def choose_members(
     job_name: str, workers: Sequence[Worker], target: int, main: str | None, facts: Facts
 ) -> Membership:
-    """Decide the job's members: ``target`` workers, ``main`` their main container."""
+    """Decide the job's members: ``target`` workers, ``main`` their main container.
+
+    A worker unlisted by a scale-in whose rank then ended in failure (``facts.lost``) is
+    not taken back by a scale-out: it is retired, deleted and replaced under a fresh name.
+    Its old rank's end was judged while unlisted (no blacklist), but keeping it lists a
+    name that the next turn, reading it among the lost while listed, would retire anyway:
+    a host listed and deleted at once, whose rank never starts (seen on kind).
+    """
+    chosen = _choose(job_name, workers, target, main, facts)
+    lost = frozenset(facts.lost)
+    taken_back = frozenset(
+        w.index for w in chosen.keep if w.name in lost and w.name not in facts.listed
+    )
+    if not taken_back:
+        return chosen
+    facts = replace(facts, retired=frozenset(facts.retired) | taken_back)
+    again = _choose(job_name, workers, target, main, facts)
+    return replace(again, newly_retired=again.newly_retired | taken_back)
+
+
+def _choose(
+    job_name: str, workers: Sequence[Worker], target: int, main: str | None, facts: Facts
+) -> Membership:
     listed, retired, named = facts.listed, facts.retired, facts.named
     # Every pod blocks its name; only those not being deleted can stay or leave.
     held = {w.index for w in workers}

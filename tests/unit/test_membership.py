@@ -88,6 +88,20 @@ def test_a_worker_gone_while_listed_is_retired_one_never_listed_is_not() -> None
     assert m.new_indexes == (1,)
 
 
+def test_a_scale_in_victim_whose_rank_failed_is_not_taken_back_by_a_scale_out() -> None:
+    # 3 -> 2 unlisted worker 2; its rank ended non-zero; then 3 again (rule 8, kind).
+    listed = {"job-worker-0", "job-worker-1"}
+    m = members([pod(0), pod(1), pod(2)], 3, listed=listed, lost={"job-worker-2"})
+    assert [w.name for w in m.keep] == ["job-worker-0", "job-worker-1"]
+    assert [w.name for w in m.replace] == ["job-worker-2"]
+    assert m.newly_retired == {2}
+    assert m.new_indexes == (3,)
+    # Its rank gone without a failure, it is taken back under its name.
+    m = members([pod(0), pod(1), pod(2)], 3, listed=listed)
+    assert [w.name for w in m.keep] == ["job-worker-0", "job-worker-1", "job-worker-2"]
+    assert m.newly_retired == frozenset()
+
+
 def test_a_listed_worker_that_is_only_not_ready_is_not_retired() -> None:
     w = pod(1)
     w.pod["status"]["containerStatuses"][0]["ready"] = False
