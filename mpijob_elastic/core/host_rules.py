@@ -245,7 +245,10 @@ def for_job(
         now,
         draining={
             i.worker.name: i.worker.draining_since for i in m.leaving if i.worker.name not in listed
-        },
+        }
+        # A drained worker a scale-out takes back (unmarked at once or not): its name is
+        # not listed again while its old rank runs (rule 8; seen on kind). Any read counts.
+        | {w.name: w.draining_since or long_ago for w in m.keep if w.name not in listed},
         minimum=spec.bounds.min or 0,
         fixed_holder=launcher_listed and own in listed and (seen is None or own in seen),
     )
