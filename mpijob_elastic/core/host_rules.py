@@ -10,8 +10,9 @@ rule is a way the real driver (0.28.1, reference section 4a) ends or stalls the 
    been running for ``COMMIT_SECONDS`` (they have joined the reset and committed since),
    or ``SETTLE_SECONDS`` after its main container started (a rank that never comes: the
    driver has given up on it by then); after a rewrite that removed hosts, nothing changes
-   until their ranks have left. Only hosts that can no longer be listed (gone, failed,
-   terminating) leave meanwhile.
+   until their ranks have left, and a removed host a scale-out takes back is not listed
+   again before then (the driver judges an exit by host at exit time). Only hosts that
+   can no longer be listed (gone, failed, terminating) leave meanwhile.
 2. **A rank-holder stays.** The driver refuses a reset whose host set holds no host of
    the ranks' current assignment ("No hosts from previous set remaining") and ends the
    job. So while a listed worker holds ranks and no host of the new list does, one of the
