@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from mpijob_elastic.core import (
@@ -40,6 +40,7 @@ from mpijob_elastic.core import (
     host_list,
     lifecycle,
     names,
+    notices,
     render,
     render_pods,
     reports,
@@ -56,6 +57,7 @@ from mpijob_elastic.core.membership import (
     format_indexes,
     parse_indexes,
 )
+from mpijob_elastic.core.notices import Stop
 from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec import JobSpec
@@ -96,6 +98,9 @@ class Desired:
     rank_holders: frozenset[str] = frozenset()
     # The ranks ConfigMap to create if missing; its data is the launcher's (ranks.py).
     ranks: Obj | None = None
+    # Each pod's notice (notices.py), by name: a pod not named has none. None: the
+    # notices are left as they are (a frozen or finished job).
+    notices: Mapping[str, str] | None = None
 
 
 def desired(observed: Observed, settings: Settings, now: datetime) -> Desired:
@@ -136,7 +141,9 @@ def _decide(turn: Turn) -> Desired:
         deletes = lifecycle.clean_up(turn, spec, workers, launcher)
         return Desired({}, None, (), (), (), deletes, None, obsolete=(BUDGET,), delete_job=expired)
     if lifecycle.suspended_by_user(turn, spec):
-        return _stopped(turn, spec, workers, launcher, {})
+        # Not delayed: the pods' grace periods are all the notice gives.
+        stop = Stop("suspend", "runPolicy.suspend is true")
+        return _stopped(turn, spec, workers, launcher, {}, stop)
     return _scale(turn, spec, workers, launcher, restarts)
 
 
@@ -146,15 +153,17 @@ def _stopped(
     workers: Sequence[Worker],
     launcher: Mapping[str, Any] | None,
     state: Mapping[str, str],
+    stop: Stop | None,
 ) -> Desired:
     """A suspended job: no launcher, no workers; the job, its ConfigMap (carrying
-    ``state``) and RBAC kept."""
+    ``state``) and RBAC kept. ``stop``: the notice its pods get as they go."""
+    found = notices.for_pods(turn, spec, workers, launcher, {}, stop)
     deletes = lifecycle.stop(turn, spec, workers, launcher)
     turn.status.fields["elastic"] = {"listed": 0, "draining": 0, "retired": "", **_bounds(spec)}
     # A new launcher is a new Horovod job with an empty blacklist: names are fresh again.
     data = render.config_data(spec, turn.settings, [], [])
     objects = _objects(turn, spec, [], data, state)
-    return Desired(objects, None, (), (), (), deletes, None, obsolete=(BUDGET,))
+    return Desired(objects, None, (), (), (), deletes, None, obsolete=(BUDGET,), notices=found)
 
 
 @dataclass(frozen=True)
@@ -184,7 +193,7 @@ def _scale(
     if size.suspension is not None and size.out.given_up:
         # The attempt to resume failed: release what it got, wait out the backoff.
         state = lifecycle.suspend(turn, spec, size.suspension, size.out.backoff, 0)
-        return _stopped(turn, spec, workers, launcher, state)
+        return _stopped(turn, spec, workers, launcher, state, None)
     m = _members(turn, spec, workers, size)
     create_now = list(m.new_indexes[:POD_WRITES_PER_TURN])
     if len(m.new_indexes) > len(create_now):
@@ -193,15 +202,19 @@ def _scale(
     below_since = None
     if size.suspension is None:
         below_since = capacity.below_min_since(turn, spec, launcher, len(hosts.listed))
+    stop = None
     if below_since is not None and capacity.below_min_too_long(turn, spec, below_since):
-        suspension = Suspension(turn.now, lifecycle.intent(turn.job, spec))
-        state = lifecycle.suspend(turn, spec, suspension, None, len(hosts.listed))
-        return _stopped(turn, spec, workers, launcher, state)
+        decided = below_since + timedelta(seconds=spec.below_min_timeout)
+        stop = notices.below_min(spec, decided, len(hosts.listed))
+        if lifecycle.stop_at(turn, spec, decided) is None:
+            suspension = Suspension(turn.now, lifecycle.intent(turn.job, spec))
+            state = lifecycle.suspend(turn, spec, suspension, None, len(hosts.listed))
+            return _stopped(turn, spec, workers, launcher, state, stop)
     old_data = (turn.observed.config_map or {}).get("data")
     # A worker the host-list rules keep listed waits: its drain has not begun.
     leaving = [i for i in m.leaving if i.worker.name not in hosts.rules.held]
     victims = drain.drain(turn, spec, leaving, listed_hosts(old_data), launcher)
-    members = _Members(m, create_now, hosts, victims)
+    members = _Members(m, create_now, hosts, victims, stop)
     return _children(turn, spec, launcher, size, members, restarts, below_since)
 
 
@@ -246,6 +259,8 @@ class _Members:
     create_now: Sequence[int]
     hosts: host_list.Hosts
     victims: Sequence[Victim]
+    # A job-stopping notice the controller posted (a suspension in its window).
+    stop: Stop | None
 
 
 def _children(
@@ -325,6 +340,7 @@ def _children(
         obsolete=obsolete,
         rank_holders=members.hosts.rules.holders,
         ranks=render.ranks_config_map(spec),
+        notices=notices.running(turn, spec, launcher, m, victims, members.stop),
     )
 
 

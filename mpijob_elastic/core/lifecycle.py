@@ -20,6 +20,12 @@
   out the scale-out backoff (``capacity.py``). A user who changes the job (its spec, or
   ``min-replicas``) gets a new attempt at once. The state lives in annotations of the
   job's ConfigMap, so a restart keeps the clock and the suspension.
+* The checkpoint window: a suspension below the minimum, the one full stop the controller
+  decides, first posts a job-stopping notice to every pod (notices.py) and goes ahead
+  ``mpijob-elastic.io/checkpoint-seconds`` later (0: at once), so the training can save a
+  checkpoint; the job's requeue brings the turn back then, no timer. Back at its minimum
+  in the window, the job runs on and the notice is removed. A user's runPolicy.suspend
+  and a deletion of the job are never delayed.
 """
 
 from __future__ import annotations
@@ -330,6 +336,16 @@ def suspend(
     if backoff is not None:
         state[names.ANN_SCALE_OUT_BACKOFF] = backoff.format()
     return state
+
+
+def stop_at(turn: Turn, spec: JobSpec, decided: datetime) -> datetime | None:
+    """When a stop the controller decided at ``decided`` goes ahead, while its checkpoint
+    window runs (the turn comes back then); None once it is over."""
+    at = decided + timedelta(seconds=spec.checkpoint_seconds)
+    if turn.now >= at:
+        return None
+    turn.requeue((at - turn.now).total_seconds())
+    return at
 
 
 def stop(

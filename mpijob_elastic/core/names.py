@@ -50,6 +50,19 @@ ANN_REMOVE_WORKERS: Final = "mpijob-elastic.io/remove-workers"
 # How long a running elastic job may have fewer than min-replicas workers listed before it
 # is suspended until capacity returns (unset or 0: never).
 ANN_BELOW_MIN_TIMEOUT: Final = "mpijob-elastic.io/below-min-timeout-seconds"
+# How long a stop the controller decides (a suspension below the minimum) waits after
+# its notice, for the training to checkpoint (notices.py; 0: no wait).
+ANN_CHECKPOINT_SECONDS: Final = "mpijob-elastic.io/checkpoint-seconds"
+
+# Notices to the training (notices.py): the controller's current notice for a pod, on every
+# launcher and worker pod, shown to its containers as the file NOTICE_MOUNT/NOTICE_FILE by a
+# downwardAPI volume (empty when there is none). A template's own volume mounted at
+# NOTICE_MOUNT takes precedence: the file is then NOTICE_FALLBACK_MOUNT/NOTICE_FILE.
+ANN_NOTICE: Final = "mpijob-elastic.io/notice"
+NOTICE_VOLUME: Final = "mpijob-elastic-notice"
+NOTICE_MOUNT: Final = "/etc/mpijob-elastic"
+NOTICE_FALLBACK_MOUNT: Final = "/var/run/mpijob-elastic"
+NOTICE_FILE: Final = "notice"
 
 # State the controller keeps on the objects it owns, so a restart resumes where it was.
 ANN_DRAINING_SINCE: Final = "mpijob-elastic.io/draining-since"

@@ -18,6 +18,9 @@ from mpijob_elastic.core.spec import JobSpec, ReplicaSpec
 
 CONFIG_VOLUME = "mpi-job-config"
 KUBECTL_VOLUME = "mpi-job-kubectl"
+# The main container of a job's pods: where its notice file is (names.NOTICE_MOUNT, or
+# the fallback where the template mounts a volume of its own there).
+NOTICE_ENV = "MPIJOB_ELASTIC_NOTICE_FILE"
 # PID 1 of a worker container whose template has no command (v1 gave it `sleep 365d`).
 # The ranks are not its children: `kubectl exec` starts them beside it in the container.
 # On SIGTERM (pod deleted, evicted, preempted) a `sleep` ignores the signal and the ranks
@@ -101,6 +104,24 @@ def _mount(container: Obj, name: str, path: str) -> None:
     container.setdefault("volumeMounts", []).append({"name": name, "mountPath": path})
 
 
+def _notice_file(pod_spec: Obj, main: Obj) -> None:
+    """The pod's notice (notices.py) as a file in the main container, where the ranks
+    run: a downwardAPI volume of its annotation, which the kubelet rewrites when the
+    annotation changes and which needs no API token (``automountServiceAccountToken:
+    false`` does not matter). A container that mounts a volume of its own at the notice's
+    path keeps it, and gets the file at the fallback path instead; the env variable names
+    the path either way."""
+    field_path = f"metadata.annotations['{names.ANN_NOTICE}']"
+    item = {"path": names.NOTICE_FILE, "fieldRef": {"fieldPath": field_path}}
+    pod_spec.setdefault("volumes", []).append(
+        {"name": names.NOTICE_VOLUME, "downwardAPI": {"items": [item]}}
+    )
+    paths = {str(m.get("mountPath", "")).rstrip("/") for m in main.get("volumeMounts") or []}
+    mount = names.NOTICE_FALLBACK_MOUNT if names.NOTICE_MOUNT in paths else names.NOTICE_MOUNT
+    _mount(main, names.NOTICE_VOLUME, mount)
+    _set_env(main, {NOTICE_ENV: f"{mount}/{names.NOTICE_FILE}"})
+
+
 def worker_pod(spec: JobSpec, index: int) -> Obj:
     pod = _pod(
         spec,
@@ -118,6 +139,7 @@ def worker_pod(spec: JobSpec, index: int) -> Obj:
         # Arguments meant for the image's entrypoint would become the script's $0, $1...;
         # v1 replaced them with its sleep's argument as well.
         main.pop("args", None)
+    _notice_file(pod_spec, main)
     return pod
 
 
@@ -206,6 +228,7 @@ def launcher_pod(spec: JobSpec, settings: Settings, hash_: str, min_workers: int
     main = containers[main_container_index(spec, containers)]
     _mount(main, CONFIG_VOLUME, names.CONFIG_MOUNT)
     _default_env(main, LAUNCHER_ENV)
+    _notice_file(pod_spec, main)
     if not requests_gpu(spec.launcher.template):
         # Keep a GPU-less launcher from grabbing the node's GPUs through the NVIDIA runtime,
         # whatever the template says (as v1 did).

@@ -37,6 +37,9 @@ from mpijob_elastic.core.spec_fields import (
 )
 
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
+# mpijob-elastic.io/checkpoint-seconds unset: a minute to save a checkpoint, enough to
+# write a model's weights to a volume; a suspension below the minimum waits that long.
+DEFAULT_CHECKPOINT_SECONDS = 60.0
 
 
 class InvalidSpec(Exception):
@@ -102,6 +105,8 @@ class JobSpec:
     remove: frozenset[str] = frozenset()
     # 0: never suspended for lack of capacity (lifecycle.py).
     below_min_timeout: float = 0.0
+    # How long a stop the controller decides waits after its notice (notices.py).
+    checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS
     # runPolicy.suspend: the user suspended the job.
     suspend: bool = False
     # runPolicy: None where unset (no deadline, no TTL, no limit on launcher restarts).
@@ -244,6 +249,9 @@ def parse(
     )
     remove = _remove_workers(annotations, name, errors)
     below_min_timeout = _below_min_timeout(annotations, bounds, errors)
+    checkpoint = _seconds(
+        annotations, names.ANN_CHECKPOINT_SECONDS, DEFAULT_CHECKPOINT_SECONDS, errors
+    )
     _check_name(name, worker, bounds, errors)
     main = _main_container(spec, worker, errors)
     account = _launcher_account(launcher, errors)
@@ -267,6 +275,7 @@ def parse(
         scale_out_timeout=scale_out_timeout,
         remove=remove,
         below_min_timeout=below_min_timeout,
+        checkpoint_seconds=checkpoint,
         suspend=run_policy.suspend,
         active_deadline_seconds=run_policy.deadline,
         ttl_seconds_after_finished=run_policy.ttl,

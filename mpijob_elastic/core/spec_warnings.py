@@ -34,6 +34,7 @@ USER_ANNOTATIONS = (
     names.ANN_SCALE_OUT_TIMEOUT,
     names.ANN_REMOVE_WORKERS,
     names.ANN_BELOW_MIN_TIMEOUT,
+    names.ANN_CHECKPOINT_SECONDS,
 )
 SUFFIXES = tuple(a.removeprefix(PREFIX) for a in USER_ANNOTATIONS)
 ROLES = ("Launcher", "Worker")

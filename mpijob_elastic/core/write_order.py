@@ -8,6 +8,12 @@ refused, so every write may rely on the phases above it having landed:
 
 1. ``ServiceAccount``, then ``PodDisruptionBudget``: the budget before any worker it
    protects exists.
+   Then ``notices``: each pod's notice to the training (notices.py) set, changed or
+   removed, before anything of this turn happens to the pod: a scale-in victim reads its
+   notice before the host list drops it, a pod of a suspended job before its delete. The
+   patch carries the pod's observed resourceVersion like every pod patch; a later patch
+   of the same pod in the same turn (``config hash``, ``pod marks``) then carries none:
+   the notice's patch landing proved that view current, and its own write changed it.
 2. ``ConfigMap``: victims leave the host lists before anything happens to them; a worker
    is listed only once the Role we wrote grants exec on it (``desired.py``). Then
    ``ranks ConfigMap``: the job's ranks ConfigMap, created empty (only its existence is
@@ -44,6 +50,7 @@ Only drift is written: a settled job yields no writes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -73,6 +80,7 @@ STEPS = (
     "claims",
     "ServiceAccount",
     "PodDisruptionBudget",
+    "notices",
     "ConfigMap",
     "ranks ConfigMap",
     "obsolete",
@@ -226,6 +234,32 @@ def _ranks_emptied(want: Desired, observed: Observed) -> list[Action]:
     return [Replace({k: v for k, v in report.items() if k != "data"})]
 
 
+def _notices(want: Desired, observed: Observed) -> list[AnnotatePod]:
+    """Each pod's notice where it is not as wanted."""
+    if want.notices is None:
+        return []
+    writes = []
+    for pod in observed.pods:
+        meta = pod["metadata"]
+        if meta.get("uid") in observed.deleting:
+            continue
+        has = (meta.get("annotations") or {}).get(names.ANN_NOTICE)
+        wanted = want.notices.get(meta["name"])
+        if has != wanted:
+            writes.append(
+                AnnotatePod(meta["name"], {names.ANN_NOTICE: wanted}, _resource_version(pod))
+            )
+    return writes
+
+
+def _after(writes: list[Action], noticed: set[str]) -> list[Action]:
+    """``writes``, those to pods whose notice this turn wrote without a resourceVersion."""
+    return [
+        replace(w, resource_version="") if isinstance(w, AnnotatePod) and w.name in noticed else w
+        for w in writes
+    ]
+
+
 def _pod_marks(want: Desired, observed: Observed, now: datetime) -> list[Action]:
     """The workers' drain marks to set or clear, and their rank-holder labels (in the
     same patch where a worker gets both)."""
@@ -273,15 +307,18 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
         if v.action == "delete"
     ]
     deletes += [DeletePod(w.name, w.uid) for w in want.deletes]
+    notices = _notices(want, observed)
+    noticed = {n.name for n in notices}
     children = _phases(
         [
             ("ServiceAccount", ensure("ServiceAccount")),
             ("PodDisruptionBudget", ensure("PodDisruptionBudget")),
+            ("notices", list(notices)),
             ("ConfigMap", ensure("ConfigMap")),
             ("ranks ConfigMap", _ranks_create(want, observed)),
             ("obsolete", _obsolete(want, observed)),
-            ("config hash", _refresh_launcher(want, observed)),
-            ("pod marks", _pod_marks(want, observed, now)),
+            ("config hash", _after(_refresh_launcher(want, observed), noticed)),
+            ("pod marks", _after(_pod_marks(want, observed, now), noticed)),
             ("deletes", deletes),
             ("creates", [Create(pod) for pod in want.new_pods]),
             ("Role", ensure("Role")),

@@ -141,7 +141,8 @@ def slim_pod(obj: Obj) -> Obj:
         **_pick(obj, ("apiVersion", "kind")),
         "metadata": slim({"metadata": obj.get("metadata")})["metadata"],
         "spec": {
-            **_pick(spec, ("nodeName",)),
+            # The grace period: a notice's deadline where nothing else gives one.
+            **_pick(spec, ("nodeName", "terminationGracePeriodSeconds")),
             "containers": [
                 _pick(c, ("name", "readinessProbe")) for c in spec.get("containers") or ()
             ],

@@ -107,6 +107,8 @@ def test_below_the_minimum_the_job_is_suspended_and_resumes(
     manifest = elastic_job(job.name, 2, min_replicas="2")
     annotations = manifest["metadata"]["annotations"]
     annotations[names.ANN_BELOW_MIN_TIMEOUT] = "3"
+    # No checkpoint window: tests/integration/test_notices.py has it.
+    annotations[names.ANN_CHECKPOINT_SECONDS] = "0"
     annotations[names.ANN_SCALE_OUT_TIMEOUT] = "5"
     job.create(manifest)
     job.wait_hosts(2)

@@ -88,6 +88,9 @@ ROWS: list[tuple[str, dict[str, Any], bool]] = [
     ("below-min-2**63", annotated(names.ANN_BELOW_MIN_TIMEOUT, "9223372036854775808"), True),
     ("below-min-1e3", annotated(names.ANN_BELOW_MIN_TIMEOUT, "1e3"), True),
     ("below-min-hour", annotated(names.ANN_BELOW_MIN_TIMEOUT, "3600"), False),
+    ("checkpoint-0", annotated(names.ANN_CHECKPOINT_SECONDS, "0"), False),
+    ("checkpoint-words", annotated(names.ANN_CHECKPOINT_SECONDS, "1m"), True),
+    ("checkpoint-2**63", annotated(names.ANN_CHECKPOINT_SECONDS, "9223372036854775808"), True),
 ]
 
 

@@ -1251,13 +1251,14 @@ def _request(action: Action, job: str) -> Request | None:
 
 
 def phase_requests(p: Writes, job: str) -> dict[Request, int]:
-    """Which phase of the plan each of its requests belongs to."""
-    return {
-        request: index
-        for index, phase in enumerate(p.phases)
-        for action in phase.writes
-        if (request := _request(action, job)) is not None
-    }
+    """Which phase of the plan each of its requests belongs to; a pod patched twice (its
+    notice, then its mark) by the first, whose acceptance the second waits for."""
+    found: dict[Request, int] = {}
+    for index, phase in enumerate(p.phases):
+        for action in phase.writes:
+            if (request := _request(action, job)) is not None:
+                found.setdefault(request, index)
+    return found
 
 
 def resting(p: Writes, pods: list[Obj]) -> bool:

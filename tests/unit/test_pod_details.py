@@ -204,6 +204,7 @@ def test_the_users_mpi_variables_are_kept_and_ours_fill_the_gaps() -> None:
         ("OMPI_MCA_plm_rsh_agent", {"configMapKeyRef": {"name": "c", "key": "k"}}),
         ("MINE", "1"),
         ("I_MPI_HYDRA_BOOTSTRAP_EXEC", "/etc/mpi/kubexec.sh"),
+        ("MPIJOB_ELASTIC_NOTICE_FILE", "/etc/mpijob-elastic/notice"),
         ("NVIDIA_VISIBLE_DEVICES", ""),
         ("NVIDIA_DRIVER_CAPABILITIES", ""),
     ]

@@ -260,8 +260,11 @@ def test_worker_pod_mounts_kubexec_and_idles_in_the_default_command() -> None:
     container = pod["spec"]["containers"][0]
     assert container["command"] == render_pods.WORKER_COMMAND
     assert "args" not in container
-    assert container["volumeMounts"] == [{"name": "mpi-job-config", "mountPath": "/etc/mpi"}]
-    (volume,) = pod["spec"]["volumes"]
+    assert container["volumeMounts"] == [
+        {"name": "mpi-job-config", "mountPath": "/etc/mpi"},
+        {"name": "mpijob-elastic-notice", "mountPath": "/etc/mpijob-elastic"},
+    ]
+    volume, _ = pod["spec"]["volumes"]
     assert volume["configMap"]["items"] == [
         {"key": "kubexec.sh", "path": "kubexec.sh", "mode": 0o555}
     ]

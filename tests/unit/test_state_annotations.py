@@ -54,8 +54,9 @@ def test_every_annotation_of_ours_is_a_setting_a_pod_mark_or_state() -> None:
         names.ANN_SCALE_OUT_TIMEOUT,
         names.ANN_REMOVE_WORKERS,
         names.ANN_BELOW_MIN_TIMEOUT,
+        names.ANN_CHECKPOINT_SECONDS,
     }
-    on_pods = {names.ANN_DRAINING_SINCE, names.ANN_CONFIG_HASH}
+    on_pods = {names.ANN_DRAINING_SINCE, names.ANN_CONFIG_HASH, names.ANN_NOTICE}
     state = set(names.STATE_ANNOTATIONS)
     defined = [v for k, v in vars(names).items() if k.startswith("ANN_")]
     assert sorted(defined) == sorted(settings | on_pods | state)

@@ -19,11 +19,13 @@ from tests.unit.simulation import Cluster, make_job
 BUDGET = ("PodDisruptionBudget", "job-workers")
 
 
-def elastic_job(scale_out_timeout: str | None = None) -> Cluster:
+def elastic_job(scale_out_timeout: str | None = None, checkpoint: str = "0") -> Cluster:
+    """No checkpoint window by default: the window is tested in test_notices.py."""
     annotations = {
         names.ANN_MIN_REPLICAS: "2",
         names.ANN_MAX_REPLICAS: "8",
         names.ANN_BELOW_MIN_TIMEOUT: "30",
+        names.ANN_CHECKPOINT_SECONDS: checkpoint,
     }
     if scale_out_timeout is not None:
         annotations[names.ANN_SCALE_OUT_TIMEOUT] = scale_out_timeout

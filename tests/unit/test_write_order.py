@@ -29,6 +29,7 @@ DOCUMENTED = (
     "claims",
     "ServiceAccount",
     "PodDisruptionBudget",
+    "notices",
     "ConfigMap",
     "ranks ConfigMap",
     "obsolete",
@@ -81,6 +82,7 @@ BELONGS: dict[str, Callable[[Action], bool]] = {
     "claims": lambda a: isinstance(a, Claim),
     "ServiceAccount": _object("ServiceAccount"),
     "PodDisruptionBudget": _object("PodDisruptionBudget"),
+    "notices": _annotates(names.ANN_NOTICE),
     "ConfigMap": lambda a: _object("ConfigMap")(a) and not _ranks(a),
     "ranks ConfigMap": lambda a: isinstance(a, Create) and _ranks(a),
     "obsolete": lambda a: isinstance(a, DeleteObject) and a.kind == "PodDisruptionBudget",
@@ -140,13 +142,21 @@ def test_every_plan_of_a_job_s_life_follows_the_order() -> None:
         "status",
         "events",
     ]
-    # Scaling down: the host list, then the launcher's refresh, then the victim's mark,
-    # each its own phase.
+    # Scaling down: the victim's notice, the host list, then the launcher's refresh, then
+    # the victim's mark, each its own phase.
     c.set_replicas(1)
     shrink = c.plan()
     steps = [phase.step for phase in shrink.phases]
-    assert steps[:3] == ["ConfigMap", "config hash", "pod marks"], steps
+    assert steps[:4] == ["notices", "ConfigMap", "config hash", "pod marks"], steps
+    (notice,) = shrink.phases[0].writes
+    assert isinstance(notice, AnnotatePod)
+    assert notice.name == "job-worker-1"
+    assert str(notice.annotations[names.ANN_NOTICE]).startswith("worker-leaving ")
+    # The mark on the pod the notice just patched carries no resourceVersion.
+    (mark,) = shrink.phases[3].writes
+    assert isinstance(mark, AnnotatePod)
+    assert mark.resource_version == ""
     c.apply(shrink)
     c.converge()
     seen = {phase.step for p in c.plans for phase in p.phases}
-    assert {"launcher", "deletes", "config hash", "pod marks"} <= seen
+    assert {"notices", "launcher", "deletes", "config hash", "pod marks"} <= seen
