@@ -29,6 +29,9 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import NamedTuple
 
@@ -92,6 +95,30 @@ def time_left(path: str | None = None, now: datetime | None = None) -> float | N
         return None
     now = now or datetime.now(UTC)
     return max((found.deadline - now).total_seconds(), 0.0)
+
+
+def on_job_stopping(
+    save: Callable[[Notice], object], path: str | None = None, every: float = 1.0
+) -> threading.Thread:
+    """Call ``save(notice)`` from a daemon thread once for each job-stopping notice that
+    appears (a notice removed and posted again is a new one). For rank 0: below the
+    minimum, Horovod holds the ranks in a reset (no commits) until hosts return, so a
+    check after ``state.commit()`` would not run before the suspension."""
+
+    def watch() -> None:
+        done = None
+        while True:
+            found = read_notice(path)
+            if found is not None and found.job_stopping and found != done:
+                done = found
+                save(found)
+            elif found is None or not found.job_stopping:
+                done = None
+            time.sleep(every)
+
+    thread = threading.Thread(target=watch, name="mpijob-elastic-notice", daemon=True)
+    thread.start()
+    return thread
 
 
 def main() -> int:

@@ -7,6 +7,7 @@ import ast
 import importlib.util
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
@@ -74,6 +75,29 @@ def test_the_path_comes_from_the_environment(
     path.write_text(format_notice("job-stopping", T, "suspend", "runPolicy.suspend is true"))
     monkeypatch.setenv(helper.ENV, str(path))
     assert helper.should_checkpoint() is True
+
+
+def test_a_thread_saves_once_per_job_stopping_notice(tmp_path: Path) -> None:
+    helper = load()
+    path = tmp_path / "notice"
+    path.write_text(format_notice("worker-leaving", T, "scale-in", "removed"))
+    saved: list[str] = []
+    helper.on_job_stopping(lambda n: saved.append(n.cause), str(path), every=0.01)
+    time.sleep(0.1)
+    assert saved == []
+    path.write_text(format_notice("job-stopping", T, "below-min", "only 1"))
+    deadline = time.monotonic() + 5
+    while not saved and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    assert saved == ["below-min"], "once, however often it is read"
+    path.write_text("")
+    time.sleep(0.1)
+    path.write_text(format_notice("job-stopping", T, "below-min", "only 1"))
+    deadline = time.monotonic() + 5
+    while len(saved) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert saved == ["below-min", "below-min"], "posted again: a new notice"
 
 
 def test_as_a_command_it_exits_0_only_when_the_job_stops(tmp_path: Path) -> None:
