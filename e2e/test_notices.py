@@ -1,0 +1,189 @@
+"""End to end: a notice reaches the training's containers (issue 22).
+
+A spot-interruption taint on the launcher's node gives every pod of the job a
+``job-stopping`` notice (docs/formats.md, "The notice"); removing the taint removes it.
+On kind (``E2E_IN_CLUSTER=1``, hack/e2e-kind.sh) the kubelet writes it into the
+``downwardAPI`` file ``/etc/mpijob-elastic/notice`` of the real containers, and the helper
+``contrib/mpijob_elastic_notice.py``, run inside them on its own (``python3 -`` from
+stdin), reads it: this measures the kubelet's refresh, annotation → file. KWOK has no
+kubelet, so there the test checks what the API server holds (the annotation, the volume in
+the pod spec) and nothing of the file.
+
+The job has no elastic bounds, so nothing moves off the tainted node: the notice is the
+only change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from mpijob_elastic.core import names
+from mpijob_elastic.core.notices import parse_notice
+from tests.cluster import ROOT, Cluster
+from tests.controller import ControllerProcess, wait_for
+from tests.manifests import AdmissionPolicy, create_namespace, mpijob
+
+IN_CLUSTER = os.environ.get("E2E_IN_CLUSTER") == "1"
+HELPER = ROOT / "contrib" / "mpijob_elastic_notice.py"
+TAINT = "aws-node-termination-handler/spot-itn"
+NOTICE_FILE = f"{names.NOTICE_MOUNT}/{names.NOTICE_FILE}"
+
+
+@pytest.fixture(scope="module")
+def e2e_namespace(cluster: Cluster, admission_policy: AdmissionPolicy) -> Iterator[str]:
+    name = create_namespace(cluster, admission_policy.namespace_labels)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def controller(
+    cluster: Cluster, e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControllerProcess | None]:
+    if IN_CLUSTER:
+        yield None  # deployed from config/default by hack/e2e-kind.sh
+        return
+    proc = ControllerProcess(
+        cluster, (e2e_namespace,), tmp_path_factory.mktemp("controller") / "controller.log"
+    )
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+def job_manifest(name: str) -> dict[str, Any]:
+    job = mpijob(name, 2)
+    specs = job["spec"]["mpiReplicaSpecs"]
+    if IN_CLUSTER:
+        launcher = specs["Launcher"]["template"]["spec"]["containers"][0]
+        launcher["image"] = os.environ["E2E_LAUNCHER_IMAGE"]
+        launcher["command"] = ["sleep", "3600"]
+        specs["Worker"]["template"]["spec"]["containers"][0]["image"] = os.environ[
+            "E2E_WORKER_IMAGE"
+        ]
+    for role in ("Launcher", "Worker"):
+        # The file needs no API token.
+        specs[role]["template"]["spec"]["automountServiceAccountToken"] = False
+    return job
+
+
+class Pods:
+    def __init__(self, cluster: Cluster, ns: str, job: str) -> None:
+        self.cluster, self.ns, self.job = cluster, ns, job
+
+    def get(self) -> dict[str, dict[str, Any]]:
+        selector = f"{names.LABEL_GROUP}={names.GROUP},{names.LABEL_JOB}={self.job}"
+        selector = selector.replace(",", "%2C").replace("=", "%3D")
+        listed = self.cluster.raw(
+            "GET", f"/api/v1/namespaces/{self.ns}/pods?labelSelector={selector}"
+        )
+        return {p["metadata"]["name"]: p for p in (listed or {}).get("items", [])}
+
+    def notices(self) -> dict[str, str | None]:
+        return {
+            n: (p["metadata"].get("annotations") or {}).get(names.ANN_NOTICE)
+            for n, p in self.get().items()
+        }
+
+    def read_file(self, pod: str) -> str:
+        return self.cluster.kubectl(
+            "exec", "-n", self.ns, pod, "--", "cat", NOTICE_FILE, check=False
+        ).stdout
+
+
+def watch_files(
+    pods: Pods, names_: list[str], want: dict[str, str], seen: dict[str, float]
+) -> None:
+    """Record when each pod's file first holds ``want[pod]``, reading it in a loop."""
+
+    def one(pod: str) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and pod not in seen:
+            if pods.read_file(pod) == want.get(pod, "\0"):
+                seen[pod] = time.monotonic()
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=one, args=(p,), daemon=True) for p in names_]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def test_a_spot_taint_on_the_launcher_s_node_reaches_every_container(
+    cluster: Cluster, e2e_namespace: str, controller: ControllerProcess | None
+) -> None:
+    name = "noticed"
+    cluster.kubectl("apply", "-n", e2e_namespace, "-f", "-", input=json.dumps(job_manifest(name)))
+    pods = Pods(cluster, e2e_namespace, name)
+    launcher = names.launcher_name(name)
+
+    def running() -> bool:
+        found = pods.get()
+        return len(found) == 3 and all(
+            (p.get("status") or {}).get("phase") == "Running" for p in found.values()
+        )
+
+    wait_for(running, 180, "the launcher and both workers running")
+    every = sorted(pods.get())
+    for obj in pods.get().values():
+        volume = next(v for v in obj["spec"]["volumes"] if v["name"] == names.NOTICE_VOLUME)
+        assert "downwardAPI" in volume
+    if IN_CLUSTER:
+        assert all(pods.read_file(p) == "" for p in every), "no notice: an empty file"
+    node = pods.get()[launcher]["spec"]["nodeName"]
+    try:
+        tainted = time.monotonic()
+        cluster.kubectl("taint", "node", node, f"{TAINT}=:NoSchedule")
+        annotated: dict[str, float] = {}
+
+        def all_annotated() -> bool:
+            for pod, text in pods.notices().items():
+                if text and pod not in annotated:
+                    annotated[pod] = time.monotonic()
+            return set(annotated) == set(every)
+
+        wait_for(all_annotated, 30, "every pod annotated")
+        texts = pods.notices()
+        found = parse_notice(texts[launcher])
+        assert found is not None
+        assert (found[0], found[2]) == ("job-stopping", "launcher-node-leaving")
+        assert len(set(texts.values())) == 1, texts
+        lines = [f"taint -> annotation: {max(annotated.values()) - tainted:.2f}s (last pod)"]
+        if IN_CLUSTER:
+            seen: dict[str, float] = {}
+            watch_files(pods, every, {p: str(texts[p]) for p in every}, seen)
+            assert set(seen) == set(every), f"files seen {seen}, annotations {annotated}"
+            delays = [seen[p] - annotated[p] for p in every]
+            lines.append(
+                f"annotation -> file visible: {min(delays):.2f}-{max(delays):.2f}s "
+                f"over {len(every)} pods"
+            )
+            # The helper, copied in on its own, reads it in a real container.
+            for pod in (launcher, every[-1]):
+                done = cluster.kubectl(
+                    "exec", "-i", "-n", e2e_namespace, pod, "--", "python3", "-",
+                    input=HELPER.read_text(), check=False,
+                )  # fmt: skip
+                assert done.returncode == 0, (done.stdout, done.stderr)
+                assert done.stdout.startswith("job-stopping launcher-node-leaving in "), done
+    finally:
+        cluster.kubectl("taint", "node", node, f"{TAINT}-", check=False)
+    untainted = time.monotonic()
+    wait_for(lambda: not any(pods.notices().values()), 30, "every notice removed")
+    lines.append(f"untaint -> annotations removed: {time.monotonic() - untainted:.2f}s")
+    if IN_CLUSTER:
+        cleared: dict[str, float] = {}
+        removed = time.monotonic()
+        watch_files(pods, every, dict.fromkeys(every, ""), cleared)
+        assert set(cleared) == set(every)
+        lines.append(f"annotations removed -> files empty: {max(cleared.values()) - removed:.2f}s")
+    print("\nFIGURE " + "\nFIGURE ".join(lines))
+    cluster.kubectl("delete", "mpijob", name, "-n", e2e_namespace, "--wait=false")
