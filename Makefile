@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: test unit integration e2e e2e-kind lint demo bench bench-kind bench-kind-drain bench-planning binaries cluster-up cluster-down venv lock clean
+.PHONY: test unit integration e2e e2e-kind lint demo bench bench-kind bench-kind-drain bench-planning bench-spot binaries cluster-up cluster-down venv lock clean
 
 # The exact versions, with hashes, of requirements-dev.lock; the image installs
 # requirements.lock (its runtime subset) the same way. The project itself goes on top
@@ -117,6 +117,11 @@ bench-kind-drain: venv binaries
 	  --worker-image "$$E2E_WORKER_IMAGE"
 
 # How long one plan holds the event loop, for jobs up to the worker cap (no cluster).
+# Issue 22: training progress lost per stop on a seeded spot trace, with notices and
+# without (docs/benchmarks.md); the local KWOK cluster, about 6 minutes.
+bench-spot: venv binaries
+	@$(PY) -m bench.spot $(BENCH_SPOT_ARGS)
+
 bench-planning: venv
 	@$(PY) -m bench.planning
 
