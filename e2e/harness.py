@@ -161,6 +161,11 @@ class ElasticRun:
         return self.workdir / "etc-mpi"
 
     @property
+    def notice_file(self) -> Path:
+        """The launcher's notice file: the kubelet stand-in writes it on KWOK."""
+        return self.workdir / "notice"
+
+    @property
     def driver_log(self) -> Path:
         return self.workdir / "driver.jsonl"
 
@@ -214,7 +219,11 @@ class ElasticRun:
                 self.job,
                 "--log-file",
                 str(self.volume_log),
-                *([] if self.in_cluster else ["--dir", str(self.etc_mpi)]),
+                *(
+                    []
+                    if self.in_cluster
+                    else ["--dir", str(self.etc_mpi), "--notice-file", str(self.notice_file)]
+                ),
             ],
             self.workdir / "volume.out",
         )
@@ -250,6 +259,8 @@ class ElasticRun:
                 str(self.workdir / "stop"),
                 "--work-dir",
                 str(self.workdir / "ranks"),
+                "--notice-file",
+                str(self.notice_file),
             ],
             self.workdir / "driver.out",
             env,

@@ -14,6 +14,10 @@ any grace period) leaving the API.
 
     python -m e2e.kubelet_volume --kubeconfig K --namespace NS --job NAME [--dir DIR]
 
+With ``--notice-file`` it also writes the launcher's notice annotation there, as the
+kubelet writes its ``downwardAPI`` file (docs/formats.md, "The notice"): empty when there
+is none, rewritten when the pod object changes.
+
 Without ``--dir`` it only observes: on a cluster with real kubelets (kind) the files are
 theirs to write, and this process just records the timeline.
 """
@@ -43,8 +47,16 @@ MODES = {names.KUBEXEC: 0o555, names.HOSTFILE: 0o444, names.DISCOVER_HOSTS: 0o55
 
 
 class Volume:
-    def __init__(self, job: str, directory: Path | None, log_file: Path | None) -> None:
+    def __init__(
+        self,
+        job: str,
+        directory: Path | None,
+        log_file: Path | None,
+        notice_file: Path | None = None,
+    ) -> None:
         self.job = job
+        self.notice_file = notice_file
+        self.notice: str | None = None
         self.dir = directory
         self.log_file = log_file
         self.config: dict[str, str] | None = None
@@ -79,6 +91,7 @@ class Volume:
                 # Any update of the pod object makes the kubelet sync it now.
                 self.launcher_version = pod["metadata"]["resourceVersion"]
                 self.wake.set()
+                self.write_notice(pod)
             return
         if type_ == DELETED:
             # The end of a terminating pod, which a grace period can put well after the
@@ -92,6 +105,18 @@ class Volume:
         elif not gone and phase == "Running" and name not in self.running:
             self.running.add(name)
             self.log("pod_running", pod=name)
+
+    def write_notice(self, pod: dict[str, Any]) -> None:
+        if self.notice_file is None:
+            return
+        text = (pod["metadata"].get("annotations") or {}).get(names.ANN_NOTICE) or ""
+        if text == self.notice:
+            return
+        tmp = self.notice_file.with_name(f".{self.notice_file.name}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, self.notice_file)
+        self.notice = text
+        self.log("notice_synced", notice=text)
 
     def sync(self, trigger: str) -> None:
         if self.dir is None or self.config is None or self.launcher_version is None:
@@ -129,6 +154,7 @@ async def main_async(args: argparse.Namespace) -> None:
         args.job,
         Path(args.dir) if args.dir else None,
         Path(args.log_file) if args.log_file else None,
+        Path(args.notice_file) if args.notice_file else None,
     )
     selector = f"{names.LABEL_JOB}={args.job}"
     informers = [
@@ -165,6 +191,7 @@ def main() -> None:
     parser.add_argument("--job", required=True)
     parser.add_argument("--dir", help="the local /etc/mpi; without it, only observe")
     parser.add_argument("--log-file")
+    parser.add_argument("--notice-file", help="the launcher's notice file; without it, none")
     asyncio.run(main_async(parser.parse_args()))
 
 

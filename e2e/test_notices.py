@@ -23,7 +23,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import yaml
 
+from e2e.harness import ElasticRun, in_cluster_job
+from e2e.mockhorovod import events as ev
 from mpijob_elastic.core import names
 from mpijob_elastic.core.notices import parse_notice
 from tests.cluster import ROOT, Cluster
@@ -34,6 +37,7 @@ IN_CLUSTER = os.environ.get("E2E_IN_CLUSTER") == "1"
 HELPER = ROOT / "contrib" / "mpijob_elastic_notice.py"
 TAINT = "aws-node-termination-handler/spot-itn"
 NOTICE_FILE = f"{names.NOTICE_MOUNT}/{names.NOTICE_FILE}"
+SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -199,4 +203,139 @@ def test_a_spot_taint_on_the_launcher_s_node_reaches_every_container(
         assert set(cleared) == set(every)
         lines.append(f"annotations removed -> files empty: {max(cleared.values()) - removed:.2f}s")
     print("\nFIGURE " + "\nFIGURE ".join(lines))
+    cluster.kubectl("delete", "mpijob", name, "-n", e2e_namespace, "--wait=false")
+
+
+FULL = "example.com/full=:NoSchedule"
+CHECKPOINT_IN_POD = "/ckpt/step"
+
+
+def nodes(cluster: Cluster) -> list[str]:
+    listed = json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    return [n["metadata"]["name"] for n in listed]
+
+
+def checkpointed_job(name: str, checkpoint: str, launcher_node: str) -> dict[str, Any]:
+    """An elastic job at its minimum of 2 whose driver keeps a checkpoint (checkpoint.py).
+    On kind the checkpoint is a hostPath on the launcher's node, which the next launcher
+    (pinned there) mounts again: a volume that outlives the launcher, as a user's would."""
+    job: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
+    args = ("-np", "2", "--min-np", "2", "--max-np", "3", "--checkpoint-file", checkpoint)
+    if IN_CLUSTER:
+        in_cluster_job(job, os.environ["E2E_LAUNCHER_IMAGE"], os.environ["E2E_WORKER_IMAGE"], args)
+        spec = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+        spec["nodeSelector"] = {"kubernetes.io/hostname": launcher_node}
+        spec["volumes"] = [
+            {"name": "ckpt", "hostPath": {"path": f"/tmp/{name}-ckpt", "type": "DirectoryOrCreate"}}
+        ]
+        spec["containers"][0]["volumeMounts"] = [{"name": "ckpt", "mountPath": "/ckpt"}]
+    job["metadata"]["name"] = name
+    job["metadata"]["annotations"].update(
+        {
+            names.ANN_MIN_REPLICAS: "2",
+            names.ANN_MAX_REPLICAS: "3",
+            names.ANN_DRAIN_SECONDS: "15",
+            names.ANN_BELOW_MIN_TIMEOUT: "3",
+            names.ANN_CHECKPOINT_SECONDS: "8",
+        }
+    )
+    return job
+
+
+def test_a_suspension_below_the_minimum_keeps_the_training_s_progress(
+    cluster: Cluster,
+    e2e_namespace: str,
+    controller: ControllerProcess | None,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The mock training honours the notice: the driver (rank 0's notice thread, the
+    mock's steps being its commits) saves its step while a job-stopping notice is up; the
+    job suspends after the checkpoint window; capacity returns; the new launcher resumes
+    from the saved step, at most one commit behind where the training stopped."""
+    workdir = tmp_path_factory.mktemp("checkpoint")
+    name = "resumed"
+    every = nodes(cluster)
+    checkpoint = CHECKPOINT_IN_POD if IN_CLUSTER else str(workdir / "checkpoint")
+    run = ElasticRun(
+        cluster,
+        e2e_namespace,
+        checkpointed_job(name, checkpoint, every[0]),
+        workdir,
+        driver_args=("-np", "2", "--min-np", "2", "--max-np", "3", "--checkpoint-file", checkpoint),
+        in_cluster=IN_CLUSTER,
+    )
+    launcher = names.launcher_name(name)
+    pods = Pods(cluster, e2e_namespace, name)
+    first: list[dict[str, Any]] = []
+    try:
+        run.submit()
+        run.start_launcher()
+        run.wait_for_size(2, timeout=120)
+        (loaded,) = run.driver_events(ev.CHECKPOINT_LOADED)
+        assert loaded["step"] == 0, "a first run starts from scratch"
+        old_uid = pods.get()[launcher]["metadata"]["uid"]
+        time.sleep(5)  # some training
+        for node in every:
+            cluster.kubectl("taint", "node", node, FULL, "--overwrite")
+        lost_worker = names.worker_name(name, 1)
+        run.kubectl("delete", "pod", lost_worker, "--grace-period=0", "--force")
+
+        def noticed() -> float | None:
+            found = parse_notice(pods.notices().get(launcher))
+            return time.time() if found is not None and found[2] == "below-min" else None
+
+        noticed_at = wait_for(noticed, 30, "the job-stopping notice")
+
+        def saved() -> list[dict[str, Any]]:
+            records = run.driver_events()
+            if records:
+                first[:] = records
+            return ev.of_kind(records, ev.CHECKPOINT_SAVED)
+
+        wait_for(saved, 20, "the checkpoint saved on the notice")
+
+        def stopped() -> bool:
+            saved()  # on kind the launcher's log goes with it: keep reading it
+            return launcher not in pods.get() or bool(
+                pods.get()[launcher]["metadata"].get("deletionTimestamp")
+            )
+
+        wait_for(stopped, 30, "the launcher stopped after the window")
+        if not IN_CLUSTER:
+            run.close()  # the kubelet's SIGTERM to the driver
+            first[:] = run.driver_events()
+    finally:
+        for node in every:
+            cluster.kubectl("taint", "node", node, "example.com/full-", check=False)
+    checkpoints = ev.of_kind(first, ev.CHECKPOINT_SAVED)
+    last_saved = checkpoints[-1]["step"]
+    assert {c["cause"] for c in checkpoints} == {"below-min"}
+    first_saved = checkpoints[0]["ts"] - noticed_at
+
+    def back() -> bool:
+        pod = pods.get().get(launcher) or {}
+        return (
+            pod.get("metadata", {}).get("uid") not in (None, old_uid)
+            and (pod.get("status") or {}).get("phase") == "Running"
+        )
+
+    wait_for(back, 120, "a new launcher running")
+    if not IN_CLUSTER:
+        run.start_launcher()
+    # On KWOK the record goes on in the same file; on kind it is the new launcher's log.
+    runs = 1 if IN_CLUSTER else 2
+    resumed = wait_for(
+        lambda: run.driver_events(ev.CHECKPOINT_LOADED)[runs - 1 :], 60, "a resumed run"
+    )
+    assert resumed[0]["step"] == last_saved > 0
+    exits = ev.of_kind(first, ev.DRIVER_EXIT)
+    stopped_at = exits[0]["step"] if exits else last_saved
+    assert stopped_at - resumed[0]["step"] <= 1, "at most one commit lost"
+    print(
+        f"\nFIGURE notice -> checkpoint written: {first_saved:.2f}s; stopped at step "
+        f"{stopped_at}, resumed from {resumed[0]['step']}"
+    )
+    run.wait_for_size(2, timeout=120)
+    run.finish()
+    run.close()
     cluster.kubectl("delete", "mpijob", name, "-n", e2e_namespace, "--wait=false")

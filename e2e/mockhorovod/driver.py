@@ -49,6 +49,7 @@ from typing import Any, TextIO
 
 from e2e.mockhorovod import RANK_STARTED_MARKER, REMOVED_MARK
 from e2e.mockhorovod import events as ev
+from e2e.mockhorovod.checkpoint import Checkpoint, notice_path
 
 DEFAULT_DISCOVERY_SCRIPT = "/etc/mpi/discover_hosts.sh"
 DEFAULT_RSH_AGENT = "/etc/mpi/kubexec.sh"
@@ -242,6 +243,9 @@ class DriverConfig:
     start_timeout: float = DEFAULT_START_TIMEOUT
     # horovodrun's --network-interface: given, there is no probe and one host is enough.
     network_interface: str | None = None
+    # The training's checkpoint and the notice that asks for it (checkpoint.py).
+    checkpoint_file: str | None = None
+    notice_file: str | None = None
     command: tuple[str, ...] = ()
 
     def validate(self) -> None:
@@ -370,6 +374,9 @@ class Driver:
         self._own_work_dir = False
         self._t0 = 0.0
         self._stop_event = asyncio.Event()
+        self._checkpoint: Checkpoint | None = None
+        # The step the run started from (a checkpoint), before its own commits.
+        self._step_base = 0
         self._stop_reason: str | None = None
         self._listed: dict[str, int] | None = None
         self._order: list[str] = []
@@ -466,6 +473,10 @@ class Driver:
         )
         exit_code = EXIT_FATAL
         reason = "error"
+        if cfg.checkpoint_file:
+            self._checkpoint = Checkpoint(Path(cfg.checkpoint_file), notice_path(cfg.notice_file))
+            self._step_base = self._checkpoint.load()
+            self.emit(ev.CHECKPOINT_LOADED, step=self._step_base, path=cfg.checkpoint_file)
         clock = asyncio.create_task(self._commit_clock())
         try:
             exit_code, reason = await self._loop()
@@ -485,6 +496,7 @@ class Driver:
                 hosts_removed=self._hosts_removed,
                 ranks_started=self._ranks_started,
                 commits=self._commits,
+                step=self._step_base + self._commits,
             )
             if self._own_work_dir and self._work_dir is not None:
                 shutil.rmtree(self._work_dir, ignore_errors=True)
@@ -833,6 +845,17 @@ class Driver:
             if loop.time() > origin + (tick + 1) * interval:  # fell behind: skip, never burst
                 tick = int((loop.time() - origin) // interval)
             self._commit()
+            self._checkpoint_tick()
+
+    def _checkpoint_tick(self) -> None:
+        """Rank 0's notice thread (checkpoint.py): the last commit's step saved while the
+        job is stopping."""
+        if self._checkpoint is None:
+            return
+        step = self._step_base + self._commits
+        saved = self._checkpoint.tick(step)
+        if saved is not None:
+            self.emit(ev.CHECKPOINT_SAVED, step=step, cause=saved[0], deadline=saved[1])
 
     def _world(self) -> list[Rank]:
         return [rank for entry in self._hosts.values() for rank in entry.ranks.values()]
@@ -1468,6 +1491,13 @@ def build_parser() -> argparse.ArgumentParser:
     mk.add_argument("--run-seconds", type=float, default=0.0, help="0 runs until stopped")
     mk.add_argument("--stop-file", help="the job finishes when this file exists")
     mk.add_argument("--log-file", help="also append the event lines here")
+    mk.add_argument(
+        "--checkpoint-file",
+        help="the training's step: resumed from if it exists, saved on a job-stopping notice",
+    )
+    mk.add_argument(
+        "--notice-file", help="the controller's notice (default: $MPIJOB_ELASTIC_NOTICE_FILE)"
+    )
     mk.add_argument("--work-dir", help="where per-rank stop files live (default: a temp dir)")
     mk.add_argument("--stop-grace", type=float, default=5.0, help="SIGTERM to SIGKILL, seconds")
     mk.add_argument(
@@ -1525,6 +1555,8 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         gloo_timeout=ns.gloo_timeout_seconds,
         start_timeout=ns.start_timeout,
         network_interface=ns.network_interface,
+        checkpoint_file=ns.checkpoint_file,
+        notice_file=ns.notice_file,
         command=tuple(command),
     )
     config.validate()

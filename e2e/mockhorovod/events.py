@@ -43,6 +43,9 @@ RESET_COMPLETED: Final = "reset_completed"
 RESET_FAILED: Final = "reset_failed"
 GLOO_TIMEOUT: Final = "gloo_timeout"
 JOB_FAILED: Final = "job_failed"
+# The training's checkpoint (checkpoint.py): loaded at the start, saved on a notice.
+CHECKPOINT_LOADED: Final = "checkpoint_loaded"
+CHECKPOINT_SAVED: Final = "checkpoint_saved"
 
 ALL_EVENTS: Final = frozenset(
     {
@@ -78,6 +81,8 @@ ALL_EVENTS: Final = frozenset(
         RESET_FAILED,
         GLOO_TIMEOUT,
         JOB_FAILED,
+        CHECKPOINT_LOADED,
+        CHECKPOINT_SAVED,
     }
 )
 
