@@ -242,18 +242,46 @@ def checkpointed_job(name: str, checkpoint: str, launcher_node: str) -> dict[str
     return job
 
 
-def test_a_suspension_below_the_minimum_keeps_the_training_s_progress(
+def resume(run: ElasticRun, pods: Pods, old_uid: str) -> list[dict[str, Any]]:
+    """The new launcher's run, once it has loaded the checkpoint: its event, in a list."""
+    launcher = names.launcher_name(run.job)
+
+    def back() -> bool:
+        pod = pods.get().get(launcher) or {}
+        return (
+            pod.get("metadata", {}).get("uid") not in (None, old_uid)
+            and (pod.get("status") or {}).get("phase") == "Running"
+        )
+
+    wait_for(back, 120, "a new launcher running")
+    if not IN_CLUSTER:
+        run.start_launcher()
+    # On KWOK the record goes on in the same file; on kind it is the new launcher's log.
+    runs = 1 if IN_CLUSTER else 2
+    found: list[dict[str, Any]] = wait_for(
+        lambda: run.driver_events(ev.CHECKPOINT_LOADED)[runs - 1 :], 60, "a resumed run"
+    )
+    return found
+
+
+@pytest.mark.parametrize("cause", ["below-min", "launcher-node-leaving"])
+def test_a_stop_keeps_the_training_s_progress(
     cluster: Cluster,
     e2e_namespace: str,
     controller: ControllerProcess | None,
     tmp_path_factory: pytest.TempPathFactory,
+    cause: str,
 ) -> None:
     """The mock training honours the notice: the driver (rank 0's notice thread, the
-    mock's steps being its commits) saves its step while a job-stopping notice is up; the
-    job suspends after the checkpoint window; capacity returns; the new launcher resumes
-    from the saved step, at most one commit behind where the training stopped."""
+    mock's steps being its commits) saves its step while a job-stopping notice is up.
+
+    ``below-min``: a worker lost with no capacity left; the job suspends after the
+    checkpoint window; capacity returns. ``launcher-node-leaving``: a spot taint on the
+    launcher's node, then the reclaim (the launcher force-deleted), then the node back.
+    Either way the new launcher resumes from the saved step, at most one commit behind
+    where the training stopped."""
     workdir = tmp_path_factory.mktemp("checkpoint")
-    name = "resumed"
+    name = f"resumed-{cause.split('-')[0]}"
     every = nodes(cluster)
     checkpoint = CHECKPOINT_IN_POD if IN_CLUSTER else str(workdir / "checkpoint")
     run = ElasticRun(
@@ -275,14 +303,18 @@ def test_a_suspension_below_the_minimum_keeps_the_training_s_progress(
         assert loaded["step"] == 0, "a first run starts from scratch"
         old_uid = pods.get()[launcher]["metadata"]["uid"]
         time.sleep(5)  # some training
-        for node in every:
-            cluster.kubectl("taint", "node", node, FULL, "--overwrite")
-        lost_worker = names.worker_name(name, 1)
-        run.kubectl("delete", "pod", lost_worker, "--grace-period=0", "--force")
+        if cause == "below-min":
+            for node in every:
+                cluster.kubectl("taint", "node", node, FULL, "--overwrite")
+            lost_worker = names.worker_name(name, 1)
+            run.kubectl("delete", "pod", lost_worker, "--grace-period=0", "--force")
+        else:
+            node = pods.get()[launcher]["spec"]["nodeName"]
+            cluster.kubectl("taint", "node", node, f"{TAINT}=:NoSchedule", "--overwrite")
 
         def noticed() -> float | None:
             found = parse_notice(pods.notices().get(launcher))
-            return time.time() if found is not None and found[2] == "below-min" else None
+            return time.time() if found is not None and found[2] == cause else None
 
         noticed_at = wait_for(noticed, 30, "the job-stopping notice")
 
@@ -293,6 +325,10 @@ def test_a_suspension_below_the_minimum_keeps_the_training_s_progress(
             return ev.of_kind(records, ev.CHECKPOINT_SAVED)
 
         wait_for(saved, 20, "the checkpoint saved on the notice")
+        if cause != "below-min":
+            time.sleep(3)  # the training goes on, saving at every commit, until the reclaim
+            saved()
+            run.kubectl("delete", "pod", launcher, "--grace-period=0", "--force")
 
         def stopped() -> bool:
             saved()  # on kind the launcher's log goes with it: keep reading it
@@ -306,33 +342,19 @@ def test_a_suspension_below_the_minimum_keeps_the_training_s_progress(
             first[:] = run.driver_events()
     finally:
         for node in every:
-            cluster.kubectl("taint", "node", node, "example.com/full-", check=False)
+            for taint in ("example.com/full-", f"{TAINT}-"):
+                cluster.kubectl("taint", "node", node, taint, check=False)
     checkpoints = ev.of_kind(first, ev.CHECKPOINT_SAVED)
     last_saved = checkpoints[-1]["step"]
-    assert {c["cause"] for c in checkpoints} == {"below-min"}
+    assert {c["cause"] for c in checkpoints} == {cause}
     first_saved = checkpoints[0]["ts"] - noticed_at
-
-    def back() -> bool:
-        pod = pods.get().get(launcher) or {}
-        return (
-            pod.get("metadata", {}).get("uid") not in (None, old_uid)
-            and (pod.get("status") or {}).get("phase") == "Running"
-        )
-
-    wait_for(back, 120, "a new launcher running")
-    if not IN_CLUSTER:
-        run.start_launcher()
-    # On KWOK the record goes on in the same file; on kind it is the new launcher's log.
-    runs = 1 if IN_CLUSTER else 2
-    resumed = wait_for(
-        lambda: run.driver_events(ev.CHECKPOINT_LOADED)[runs - 1 :], 60, "a resumed run"
-    )
+    resumed = resume(run, pods, old_uid)
     assert resumed[0]["step"] == last_saved > 0
     exits = ev.of_kind(first, ev.DRIVER_EXIT)
     stopped_at = exits[0]["step"] if exits else last_saved
     assert stopped_at - resumed[0]["step"] <= 1, "at most one commit lost"
     print(
-        f"\nFIGURE notice -> checkpoint written: {first_saved:.2f}s; stopped at step "
+        f"\nFIGURE {cause}: notice -> checkpoint written: {first_saved:.2f}s; stopped at step "
         f"{stopped_at}, resumed from {resumed[0]['step']}"
     )
     run.wait_for_size(2, timeout=120)
