@@ -1,5 +1,5 @@
 """`make demo`: an elastic MPIJob scaled 2 -> 4 -> 1 -> 3 on a local cluster, then a node
-with workers drained, explained.
+with workers drained and a spot reclaim notice reaching the training, explained.
 
 python -m e2e.demo [--keep]
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from e2e.harness import ElasticRun, Step, describe_moves, spread_workers
+from e2e.harness import DRIVER_ARGS, ElasticRun, Step, describe_moves, spread_workers
 from e2e.mockhorovod import events as ev
 from mpijob_elastic.core import names
 from tests.cluster import HACK, ROOT, Cluster, binaries_dir
@@ -89,12 +89,17 @@ def demo(cluster: Cluster, workdir: Path) -> None:
         {workdir / "controller.log"}). The MPIJob CRD has a scale subresource, and a
         ValidatingAdmissionPolicy keeps Worker replicas within the job's bounds.
     """)
-    run = ElasticRun(cluster, NAMESPACE, sample(), workdir / "launcher")
+    # The mock training keeps a checkpoint, saved on a job-stopping notice (step 8).
+    checkpoint = ("--checkpoint-file", str(workdir / "checkpoint"))
+    run = ElasticRun(
+        cluster, NAMESPACE, sample(), workdir / "launcher", driver_args=DRIVER_ARGS + checkpoint
+    )
     try:
         _submit_and_grow(run)
         _shrink_and_regrow(run)
         _refuse(cluster, run)
         _drain_node(run)
+        _notice(run)
         _finish(run)
     finally:
         run.close()
@@ -213,9 +218,50 @@ def _drain_node(run: ElasticRun) -> None:
     """)
 
 
+def _notice(run: ElasticRun) -> None:
+    """Section 8: a spot reclaim notice on the launcher's node reaches the training."""
+    section("8. A spot reclaim notice: the training hears first")
+    node = run.launcher_node()
+    assert node is not None
+    taint = "aws-node-termination-handler/spot-itn"
+    say(f"""
+        The launcher's node {node} gets the AWS node termination handler's spot
+        interruption taint: in about 2 minutes the node is reclaimed, and the launcher,
+        Horovod's driver, with it. Horovod's in-memory state does not survive that. The
+        controller gives every pod of the job a job-stopping notice, the annotation
+        {names.ANN_NOTICE}, which the kubelet writes to {names.NOTICE_MOUNT}/notice in
+        the containers; rank 0 saves a checkpoint on it
+        (contrib/mpijob_elastic_notice.py: should_checkpoint()). Here the mock driver
+        plays rank 0 and the kubelet stand-in writes the file.
+          kubectl taint node {node} {taint}=:NoSchedule
+    """)
+    step = run.begin(f"kubectl taint node {node} {taint}")
+    launcher = names.launcher_name(run.job)
+    try:
+        run.kubectl("taint", "node", node, f"{taint}=:NoSchedule")
+        saved = wait_for(lambda: run.driver_events(ev.CHECKPOINT_SAVED), 30, "the checkpoint")
+        pod = json.loads(run.kubectl("get", "pod", launcher, "-o", "json"))
+        notice = pod["metadata"]["annotations"][names.ANN_NOTICE]
+        say(f"""
+              the launcher's notice: {notice}
+              the file the driver read: {run.notice_file.read_text()}
+              checkpoint saved: step {saved[0]["step"]},
+                {saved[0]["ts"] - step.started:.2f}s after the taint
+        """)
+    finally:
+        run.kubectl("taint", "node", node, f"{taint}-", check=False)
+    wait_for(lambda: not run.notice_file.read_text(), 30, "the notice removed")
+    say("""
+        The node stays after all (the taint is removed): the notice is removed, and the
+        file is empty again. Had it gone, the restarted launcher would resume from the
+        saved step, losing at most the steps of one commit interval
+        (e2e/test_notices.py, docs/spot.md).
+    """)
+
+
 def _finish(run: ElasticRun) -> None:
-    """Section 8: the job succeeds."""
-    section("8. The training finishes")
+    """Section 9: the job succeeds."""
+    section("9. The training finishes")
     code = run.finish()
     wait_for(lambda: "Succeeded" in run.kubectl("get", "mpijob", run.job), 30, "Succeeded")
     say(f"  The driver exited {code}, so the launcher pod ended, and the job:")
