@@ -125,6 +125,11 @@ def for_pods(
     for pod in pods:
         if turn.gone(pod.uid):
             continue
+        current = _current(pod)
+        if pod.terminating and current is not None:
+            # Its stop is under way: the notice it was given stays, deadline and all.
+            found[pod.name] = current
+            continue
         if stop is not None:
             wanted: tuple[str, datetime, str, str] | None = (
                 JOB_STOPPING,
@@ -136,10 +141,7 @@ def for_pods(
             wanted = _worker_leaving(turn, spec, pod, leaving)
         else:
             wanted = None
-        current = _current(pod)
         if wanted is None:
-            if current is not None and pod.terminating:
-                found[pod.name] = current  # its cause went through: it keeps it
             continue
         old = parse_notice(current)
         # Kept while its kind and cause hold: the deadline the training read stays.

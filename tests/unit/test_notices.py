@@ -94,6 +94,20 @@ def test_a_scale_in_victim_gets_its_notice_before_it_is_unlisted_and_keeps_its_d
     assert notice(c, "job-launcher") is None
 
 
+def test_a_terminating_pod_keeps_the_notice_it_was_given() -> None:
+    c = elastic(3)
+    c.set_replicas(2)
+    c.apply(c.plan())
+    text = notice(c, "job-worker-2")
+    pod = c.get("Pod", "job-worker-2")
+    assert pod is not None
+    pod["metadata"]["deletionTimestamp"] = format_time(c.now + timedelta(seconds=30))
+    p = c.plan()
+    assert "notices" not in [ph.step for ph in p.phases], "no second notice for its delete"
+    c.apply(p)
+    assert notice(c, "job-worker-2") == text
+
+
 def test_a_victim_taken_back_loses_its_notice() -> None:
     c = elastic(3)
     c.set_replicas(2)
