@@ -158,8 +158,12 @@ def test_the_users_env_is_kept_on_the_created_pods(
     assert env == [
         *((e["name"], e["value"]) for e in mine),
         ("OMPI_MCA_plm_rsh_agent", "/etc/mpi/kubexec.sh"),
+        ("MPIJOB_ELASTIC_NOTICE_FILE", "/etc/mpijob-elastic/notice"),
         ("NVIDIA_VISIBLE_DEVICES", ""),
         ("NVIDIA_DRIVER_CAPABILITIES", ""),
     ]
     (pod,) = job.pods().values()
-    assert pod["spec"]["containers"][0]["env"] == worker_env
+    assert pod["spec"]["containers"][0]["env"] == [
+        *worker_env,
+        {"name": "MPIJOB_ELASTIC_NOTICE_FILE", "value": "/etc/mpijob-elastic/notice"},
+    ]
