@@ -206,6 +206,7 @@ def _scale(
     if below_since is not None and capacity.below_min_too_long(turn, spec, below_since):
         decided = below_since + timedelta(seconds=spec.below_min_timeout)
         stop = notices.below_min(spec, decided, len(hosts.listed))
+        notices.announce(turn, spec, launcher, stop)
         if lifecycle.stop_at(turn, spec, decided) is None:
             suspension = Suspension(turn.now, lifecycle.intent(turn.job, spec))
             state = lifecycle.suspend(turn, spec, suspension, None, len(hosts.listed))

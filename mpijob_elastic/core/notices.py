@@ -94,6 +94,22 @@ def below_min(spec: JobSpec, decided: datetime, listed: int) -> Stop:
     return Stop("below-min", message, decided + timedelta(seconds=spec.checkpoint_seconds))
 
 
+def announce(turn: Turn, spec: JobSpec, launcher: Mapping[str, Any] | None, stop: Stop) -> None:
+    """The Event of a stop the controller decided, in the turn that posts its notice (the
+    launcher does not carry it yet): the job says why it has not stopped at once."""
+    found = parse_notice(_current(Worker(-1, launcher))) if launcher is not None else None
+    if found is not None and found[:1] == (JOB_STOPPING,) and found[2] == stop.cause:
+        return
+    due = format_time(stop.deadline) if stop.deadline is not None else "now"
+    turn.event(
+        "Normal",
+        "StopNoticed",
+        f"job-stopping notice ({stop.cause}) posted to every pod: {stop.message}; stopping "
+        f"at {due}, {spec.checkpoint_seconds:g}s to checkpoint "
+        f"({names.ANN_CHECKPOINT_SECONDS})",
+    )
+
+
 def running(
     turn: Turn,
     spec: JobSpec,

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from mpijob_elastic.core import names, render_pods
-from mpijob_elastic.core.actions import AnnotatePod, DeletePod, Writes
+from mpijob_elastic.core.actions import AnnotatePod, DeletePod, Emit, Writes
 from mpijob_elastic.core.notices import format_notice, parse_notice
 from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.spec import DEFAULT_CHECKPOINT_SECONDS, InvalidSpec, parse
@@ -200,10 +200,13 @@ def test_a_suspension_below_the_minimum_waits_its_checkpoint_window_after_the_no
     assert text is not None
     assert text.startswith(f"job-stopping {due} below-min only 1 of the min-replicas 2 workers")
     assert p.requeue_after == pytest.approx(60)
+    (emit,) = [e for e in p.of_type(Emit) if e.reason == "StopNoticed"]
+    assert f"stopping at {due}, 60s to checkpoint" in emit.message
     c.apply(p)
     c.tick(59)
     p = c.plan()
     assert not p.of_type(DeletePod)
+    assert not [e for e in p.of_type(Emit) if e.reason == "StopNoticed"], "once"
     c.apply(p)
     assert notice(c, "job-launcher") == text, "the notice stays as it was"
     c.tick(1)
