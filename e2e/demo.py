@@ -242,12 +242,12 @@ def _notice(run: ElasticRun) -> None:
         saved = wait_for(lambda: run.driver_events(ev.CHECKPOINT_SAVED), 30, "the checkpoint")
         pod = json.loads(run.kubectl("get", "pod", launcher, "-o", "json"))
         notice = pod["metadata"]["annotations"][names.ANN_NOTICE]
-        say(f"""
-              the launcher's notice: {notice}
-              the file the driver read: {run.notice_file.read_text()}
-              checkpoint saved: step {saved[0]["step"]},
-                {saved[0]["ts"] - step.started:.2f}s after the taint
-        """)
+        print(f"  the launcher's notice:    {notice}")
+        print(f"  the file the driver read: {run.notice_file.read_text()}")
+        print(
+            f"  checkpoint saved: step {saved[0]['step']}, "
+            f"{saved[0]['ts'] - step.started:.2f}s after the taint"
+        )
     finally:
         run.kubectl("taint", "node", node, f"{taint}-", check=False)
     wait_for(lambda: not run.notice_file.read_text(), 30, "the notice removed")
