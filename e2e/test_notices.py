@@ -11,6 +11,10 @@ the pod spec) and nothing of the file.
 
 The job has no elastic bounds, so nothing moves off the tainted node: the notice is the
 only change.
+
+Then the mock training honours the notice across a stop (below the minimum; the
+launcher's node tainted, then reclaimed): it saves its step on the notice and the next
+launcher resumes from it, at most one commit behind (e2e/README.md).
 """
 
 from __future__ import annotations
