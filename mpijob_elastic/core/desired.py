@@ -40,6 +40,7 @@ from mpijob_elastic.core import (
     host_list,
     lifecycle,
     names,
+    podgroups,
     render,
     render_pods,
     reports,
@@ -60,7 +61,7 @@ from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec import JobSpec
 from mpijob_elastic.core.times import format_precise_time
-from mpijob_elastic.core.turn import BUDGET, POD_WRITES_PER_TURN, Turn
+from mpijob_elastic.core.turn import BUDGET, GANG, POD_WRITES_PER_TURN, Turn
 from mpijob_elastic.core.workers import Worker, discovered_hosts, listed_hosts, split_pods
 
 Obj = dict[str, Any]
@@ -134,7 +135,9 @@ def _decide(turn: Turn) -> Desired:
         expired = lifecycle.expired(turn, spec)
         # A finished job's clean-up may take more pods than one turn writes.
         deletes = lifecycle.clean_up(turn, spec, workers, launcher)
-        return Desired({}, None, (), (), (), deletes, None, obsolete=(BUDGET,), delete_job=expired)
+        return Desired(
+            {}, None, (), (), (), deletes, None, obsolete=(BUDGET, GANG), delete_job=expired
+        )
     if lifecycle.suspended_by_user(turn, spec):
         return _stopped(turn, spec, workers, launcher, {})
     return _scale(turn, spec, workers, launcher, restarts)
@@ -154,7 +157,7 @@ def _stopped(
     # A new launcher is a new Horovod job with an empty blacklist: names are fresh again.
     data = render.config_data(spec, turn.settings, [], [])
     objects = _objects(turn, spec, [], data, state)
-    return Desired(objects, None, (), (), (), deletes, None, obsolete=(BUDGET,))
+    return Desired(objects, None, (), (), (), deletes, None, obsolete=(BUDGET, GANG))
 
 
 @dataclass(frozen=True)
@@ -270,7 +273,12 @@ def _children(
     )
     if size.suspension is not None:
         needed = spec.bounds.min or 0
-    resuming = size.suspension is not None and launcher is None and len(listed) >= needed
+    # Under a gang scheduler the launcher is one of the gang, which is held until all of
+    # it exists: it is made with its workers, as training-operator makes it, and its
+    # kubectl delivery waits for the workers to be listed (render_pods.py).
+    gang = podgroups.gang(turn.settings)
+    ready = gang is not None or len(listed) >= needed
+    resuming = size.suspension is not None and launcher is None and ready
     state = {
         names.ANN_LAUNCHER_RESTARTS: str(restarts.done) if restarts.done else "",
         names.ANN_WORKER_FAILURES: size.failures.format(),
@@ -292,7 +300,9 @@ def _children(
     else:
         obsolete = (BUDGET,)
     reports.membership(turn, spec, m, members.create_now, size.goal.workers)
-    waiting = launcher is not None or bool(m.new_indexes) or len(listed) < needed
+    if gang is not None:
+        objects[GANG] = _pod_group(turn, spec, gang)
+    waiting = launcher is not None or bool(m.new_indexes) or not ready
     new_launcher = None if waiting else _new_launcher(turn, spec, objects, hash_, needed)
     if new_launcher is not None and resuming:
         lifecycle.resumed(turn, spec, len(listed))
@@ -318,7 +328,7 @@ def _children(
         objects=objects,
         config_hash=hash_,
         workers=m.keep,
-        new_pods=[render_pods.worker_pod(spec, i) for i in members.create_now],
+        new_pods=[render_pods.worker_pod(spec, i, gang) for i in members.create_now],
         victims=victims,
         deletes=restarted + list(m.replace[:POD_WRITES_PER_TURN]),
         launcher=new_launcher,
@@ -337,7 +347,18 @@ def _new_launcher(
         return None
     if ("Pod", names.launcher_name(spec.name)) in taken:
         return None
-    return render_pods.launcher_pod(spec, turn.settings, config_hash, needed)
+    gang = podgroups.gang(turn.settings)
+    return render_pods.launcher_pod(spec, turn.settings, config_hash, needed, gang)
+
+
+def _pod_group(turn: Turn, spec: JobSpec, gang: podgroups.Gang) -> Obj:
+    """The job's PodGroup; an existing one keeps its annotations (copied from the job
+    on create only) and its Volcano queue, as training-operator's sync keeps them."""
+    current = turn.observed.pod_group
+    if current is None:
+        return podgroups.pod_group(spec, gang, turn.job["metadata"].get("annotations") or {})
+    queue = (current.get("spec") or {}).get("queue") if gang.volcano else None
+    return podgroups.pod_group(spec, gang, {}, queue if isinstance(queue, str) else None)
 
 
 def _objects(

@@ -7,7 +7,10 @@ accepted every write of the one before, and stops at the first phase with a writ
 refused, so every write may rely on the phases above it having landed:
 
 1. ``ServiceAccount``, then ``PodDisruptionBudget``: the budget before any worker it
-   protects exists.
+   protects exists; then ``PodGroup`` (under a gang scheduler, podgroups.py): the gang
+   before its pods, which the scheduler would otherwise hold as members of no group, and
+   a PodGroup the server refuses (its CRD not installed) stops the turn before any pod
+   is made, as training-operator makes none without it.
 2. ``ConfigMap``: victims leave the host lists before anything happens to them; a worker
    is listed only once the Role we wrote grants exec on it (``desired.py``). Then
    ``ranks ConfigMap``: the job's ranks ConfigMap, created empty (only its existence is
@@ -73,6 +76,7 @@ STEPS = (
     "claims",
     "ServiceAccount",
     "PodDisruptionBudget",
+    "PodGroup",
     "ConfigMap",
     "ranks ConfigMap",
     "obsolete",
@@ -128,6 +132,31 @@ def _ensure(desired: Obj, observed: Mapping[str, Any] | None, keys: Sequence[str
     return Replace(updated)
 
 
+# The PodGroup spec fields the job sets (podgroups.py); the scheduler's defaults for others
+# are left as they are.
+_POD_GROUP_FIELDS = (
+    "minMember",
+    "queue",
+    "priorityClassName",
+    "minResources",
+    "scheduleTimeoutSeconds",
+)
+
+
+def _ensure_pod_group(desired: Obj, observed: Mapping[str, Any] | None) -> Action | None:
+    """Create the PodGroup, or replace its spec where a field the job sets drifted. Its
+    metadata is left alone: the job's annotations are copied on create only, as
+    training-operator copies them."""
+    if observed is None:
+        return Create(desired)
+    have = dict(observed.get("spec") or {})
+    want = desired["spec"]
+    if all(have.get(k) == want.get(k) for k in _POD_GROUP_FIELDS):
+        return None
+    spec = {k: v for k, v in have.items() if k not in _POD_GROUP_FIELDS} | want
+    return Replace({**observed, "spec": spec})
+
+
 def _observed_object(observed: Observed, kind: str) -> Mapping[str, Any] | None:
     return {
         "ServiceAccount": observed.service_account,
@@ -135,6 +164,7 @@ def _observed_object(observed: Observed, kind: str) -> Mapping[str, Any] | None:
         "RoleBinding": observed.role_binding,
         "ConfigMap": observed.config_map,
         "PodDisruptionBudget": observed.disruption_budget,
+        "PodGroup": observed.pod_group,
     }[kind]
 
 
@@ -264,7 +294,10 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
         obj = want.objects.get(kind)
         if obj is None or (kind, obj["metadata"]["name"]) in observed.conflicts:
             return []
-        action = _ensure(obj, _observed_object(observed, kind), _OWNED_KEYS[kind])
+        if kind == "PodGroup":
+            action = _ensure_pod_group(obj, observed.pod_group)
+        else:
+            action = _ensure(obj, _observed_object(observed, kind), _OWNED_KEYS[kind])
         return [] if action is None else [action]
 
     deletes: list[Action] = [
@@ -277,6 +310,7 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
         [
             ("ServiceAccount", ensure("ServiceAccount")),
             ("PodDisruptionBudget", ensure("PodDisruptionBudget")),
+            ("PodGroup", ensure("PodGroup")),
             ("ConfigMap", ensure("ConfigMap")),
             ("ranks ConfigMap", _ranks_create(want, observed)),
             ("obsolete", _obsolete(want, observed)),

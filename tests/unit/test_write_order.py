@@ -29,6 +29,7 @@ DOCUMENTED = (
     "claims",
     "ServiceAccount",
     "PodDisruptionBudget",
+    "PodGroup",
     "ConfigMap",
     "ranks ConfigMap",
     "obsolete",
@@ -81,9 +82,12 @@ BELONGS: dict[str, Callable[[Action], bool]] = {
     "claims": lambda a: isinstance(a, Claim),
     "ServiceAccount": _object("ServiceAccount"),
     "PodDisruptionBudget": _object("PodDisruptionBudget"),
+    "PodGroup": _object("PodGroup"),
     "ConfigMap": lambda a: _object("ConfigMap")(a) and not _ranks(a),
     "ranks ConfigMap": lambda a: isinstance(a, Create) and _ranks(a),
-    "obsolete": lambda a: isinstance(a, DeleteObject) and a.kind == "PodDisruptionBudget",
+    "obsolete": lambda a: (
+        isinstance(a, DeleteObject) and a.kind in ("PodDisruptionBudget", "PodGroup")
+    ),
     "config hash": _annotates(names.ANN_CONFIG_HASH),
     "pod marks": _pod_mark,
     "deletes": lambda a: isinstance(a, DeletePod),
