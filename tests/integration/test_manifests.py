@@ -329,6 +329,11 @@ GRANTED = [
         (v, "poddisruptionbudgets.policy", "")
         for v in ("list", "watch", "create", "update", "delete")
     ],
+    *[
+        (v, f"podgroups.{group}", "")
+        for group in ("scheduling.volcano.sh", "scheduling.x-k8s.io")
+        for v in ("list", "watch", "create", "update", "delete")
+    ],
     # Who a scrape's token is, and whether they may get /metrics (metrics_guard.py).
     ("create", "tokenreviews.authentication.k8s.io", ""),
     ("create", "subjectaccessreviews.authorization.k8s.io", ""),
@@ -366,6 +371,8 @@ DENIED = [
     ("get", "poddisruptionbudgets.policy", ""),
     ("patch", "poddisruptionbudgets.policy", ""),
     ("update", "poddisruptionbudgets.policy", "status"),
+    ("patch", "podgroups.scheduling.x-k8s.io", ""),
+    ("update", "podgroups.scheduling.volcano.sh", "status"),
 ]
 
 
