@@ -186,6 +186,11 @@ def refused(status: StatusBuilder, refusal: Refusal | None) -> Emit | None:
     else:
         type_, reason, event = REFUSED, refusal.reason, REFUSED
         message = f"{refusal.write}: {refusal.message}"
+        if refusal.write.startswith("create PodGroup") and refusal.reason == "NotFound":
+            message += (
+                " (the gang scheduler's PodGroup CRD is not installed: install it and restart "
+                "the controller; no pod is made until then, docs/scheduling.md)"
+            )
     if status.set(type_, True, reason, message):
         return Emit("Warning", event, message)
     return None

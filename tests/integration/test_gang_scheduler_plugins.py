@@ -1,0 +1,106 @@
+"""Gangs of the minimum under the real scheduler-plugins coscheduling scheduler (issue 23):
+two elastic jobs whose minimums do not both fit on a node of 4 GPUs never deadlock, a job
+grows past its PodGroup's minMember when room appears, and a scale-in under the gang
+scheduler still drains before it deletes (docs/scheduling.md)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from mpijob_elastic.core import names, podgroups
+from tests.cluster import Cluster
+from tests.controller import StartController, wait_for
+from tests.gang import bound, on_node
+from tests.integration.test_controller import Job, elastic_job
+
+pytestmark = pytest.mark.usefixtures("crd")
+GPU = "nvidia.com/gpu"
+
+
+def _gang_job(name: str, node: str, scheduler: str) -> dict[str, Any]:
+    """Elastic, 3 to 4 workers of 1 GPU each, wanting 4, as training-operator 1.9's users
+    write it for the scheduler-plugins chart's scheduler."""
+    manifest = elastic_job(name, 4, drain="5", min_replicas="3", max_replicas="4")
+    on_node(manifest, node, 1, scheduler)
+    return manifest
+
+
+def _pod_group(cluster: Cluster, ns: str, name: str) -> dict[str, Any] | None:
+    return cluster.raw(
+        "GET",
+        f"/apis/{podgroups.SCHEDULER_PLUGINS_API_VERSION}/namespaces/{ns}/podgroups/{name}",
+    )
+
+
+def _gpus_held(job: Job) -> int:
+    return sum(
+        int(p["spec"]["containers"][0]["resources"]["requests"].get(GPU, 0))
+        for name, p in job.pods().items()
+        if name in bound(job.pods()) and not p["metadata"].get("deletionTimestamp")
+    )
+
+
+def test_gang_two_elastic_jobs_whose_minimums_do_not_both_fit_never_deadlock(
+    cluster: Cluster,
+    namespace: str,
+    scheduler_plugins: str,
+    gang_node: str,
+    start_controller: StartController,
+) -> None:
+    start_controller(namespace, args=("--gang-scheduler-name", "scheduler-plugins"))
+    first, second = Job(cluster, namespace, "gang-a"), Job(cluster, namespace, "gang-b")
+    first.create(_gang_job(first.name, gang_node, scheduler_plugins))
+    second.create(_gang_job(second.name, gang_node, scheduler_plugins))
+
+    # The PodGroups: the minimum and the launcher, owned by their jobs.
+    for job in (first, second):
+        wait_for(lambda j=job: _pod_group(cluster, namespace, j.name), 30, f"{job.name} PodGroup")
+        group = _pod_group(cluster, namespace, job.name)
+        assert group is not None
+        assert group["spec"] == {
+            "minMember": 4,
+            "minResources": {"cpu": "400m", GPU: "3"},
+        }
+        (owner,) = group["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["controller"]) == ("MPIJob", job.name, True)
+        launcher = job.pods(names.ROLE_LAUNCHER)
+        pods = {**job.pods(), **launcher}
+        for pod in pods.values():
+            assert pod["metadata"]["labels"][podgroups.SCHEDULER_PLUGINS_LABEL] == job.name
+            assert pod["spec"]["schedulerName"] == scheduler_plugins
+
+    # One job runs at its minimum or more; the other waits, holding no GPU.
+    def one_runs() -> bool:
+        return max(len(first.hosts()), len(second.hosts())) >= 3
+
+    wait_for(one_runs, 60, "one job at its minimum")
+    running, waiting = (first, second) if len(first.hosts()) >= 3 else (second, first)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        assert len(running.hosts()) >= 3, running.hosts()
+        assert _gpus_held(waiting) == 0, bound(waiting.pods())
+        assert waiting.hosts() == []
+        time.sleep(1)
+    wait_for(lambda: len(running.hosts()) == 4, 30, "the running job at 4")
+    print(f"FIGURE {running.name} runs at 4 workers; {waiting.name} holds 0 GPUs")
+
+    # Room appears: the running job goes. The waiting one starts at its minimum and grows
+    # past the PodGroup's minMember to the 4 workers it asks for.
+    cluster.kubectl("delete", names.PLURAL, running.name, "-n", namespace, "--wait=false")
+    wait_for(lambda: _gpus_held(running) == 0, 60, f"{running.name}'s GPUs released")
+    freed = time.monotonic()
+    wait_for(lambda: len(waiting.hosts()) == 4, 60, f"{waiting.name} at 4 workers")
+    grown = time.monotonic() - freed
+    assert len(bound(waiting.pods())) == 4
+    print(f"FIGURE room (4 GPUs) free -> {waiting.name} at 4 workers listed: {grown:.2f}s")
+
+    # A scale-in under the gang scheduler drains before it deletes, as without one.
+    waiting.set_workers(3)
+    waiting.wait_hosts(3, timeout=20)
+    wait_for(lambda: len(waiting.workers()) == 3, 30, "the drained worker deleted")
+    reasons = [r for _, r, _ in waiting.events()]
+    assert "Draining" in reasons and "WorkerDeleted" in reasons, reasons
+    assert [r for t, r, _ in waiting.events() if t == "Warning"] == []
