@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ssl
 import subprocess
-import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -31,7 +30,7 @@ VOLCANO_CRD = ROOT / "config" / "gang" / "volcano-podgroup-crd.yaml"
 GANG_TAINT = "mpijob-elastic.io/gang-test"
 
 
-def _install_crd(cluster: Cluster, path: Path, name: str, plural: str) -> None:
+def install_crd(cluster: Cluster, path: Path, name: str, plural: str) -> None:
     cluster.kubectl("apply", "--server-side", "-f", str(path))
     cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
     # Established may run ahead of kubectl's discovery: list until it works.
@@ -44,7 +43,9 @@ def _install_crd(cluster: Cluster, path: Path, name: str, plural: str) -> None:
 
 @pytest.fixture(scope="session")
 def volcano_crd(cluster: Cluster) -> str:
-    _install_crd(cluster, VOLCANO_CRD, "podgroups.scheduling.volcano.sh", "podgroups.scheduling.volcano.sh")
+    install_crd(
+        cluster, VOLCANO_CRD, "podgroups.scheduling.volcano.sh", "podgroups.scheduling.volcano.sh"
+    )
     return "scheduling.volcano.sh/v1beta1"
 
 
@@ -56,12 +57,10 @@ def scheduler_plugins_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def scheduler_plugins(
-    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
+def scheduler_plugins(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The coscheduling scheduler running against the cluster; yields its name."""
     bin_dir = scheduler_plugins_dir()
-    _install_crd(
+    install_crd(
         cluster,
         bin_dir / "coscheduling-crd.yaml",
         "podgroups.scheduling.x-k8s.io",
@@ -132,7 +131,7 @@ def scheduler_plugins(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        print(f"--- scheduler-plugins log ---\n{log_path.read_text()[-20000:]}")
+        print(f"scheduler-plugins log: {log_path}")
 
 
 def gang_node_manifest(name: str, gpus: int) -> dict[str, Any]:
@@ -150,7 +149,11 @@ def gang_node_manifest(name: str, gpus: int) -> dict[str, Any]:
         "status": {
             "allocatable": capacity,
             "capacity": capacity,
-            "nodeInfo": {"kubeletVersion": "fake", "operatingSystem": "linux", "architecture": "amd64"},
+            "nodeInfo": {
+                "kubeletVersion": "fake",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+            },
         },
     }
 
@@ -169,10 +172,8 @@ def on_node(manifest: dict[str, Any], node: str, gpus: int, scheduler: str | Non
     """Every pod of the job on ``node``, each worker asking for ``gpus`` GPUs (requests and
     limits, as the device plugin wants them), the pods under ``scheduler``."""
     for role, replica in manifest["spec"]["mpiReplicaSpecs"].items():
-        template = replica["template"] = {
-            "spec": {"containers": [{"name": "main", "image": "busybox"}]}
-        }
-        spec = template["spec"]
+        spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}]}
+        replica["template"] = {"spec": spec}
         spec["nodeSelector"] = {GANG_TAINT: node}
         spec["tolerations"] = [{"key": GANG_TAINT, "operator": "Exists", "effect": "NoSchedule"}]
         if scheduler is not None:
@@ -189,9 +190,3 @@ def on_node(manifest: dict[str, Any], node: str, gpus: int, scheduler: str | Non
 def bound(pods: dict[str, dict[str, Any]]) -> list[str]:
     """The pods a node holds (bound by a scheduler, whether or not they run yet)."""
     return sorted(n for n, p in pods.items() if (p.get("spec") or {}).get("nodeName"))
-
-
-def monotonic_wait(predicate: Any, timeout: float, what: str) -> float:
-    """Wait as wait_for does, and return when the predicate first held."""
-    wait_for(predicate, timeout, what)
-    return time.monotonic()

@@ -152,7 +152,15 @@ class Kube:
             raise
         finally:
             self.writes.finished(token, answered, time.monotonic())
-        data = json.loads(raw) if raw else {}
+        try:
+            data = json.loads(raw) if raw else {}
+        except ValueError:
+            if 200 <= response.status < 300:
+                raise
+            # An error the server answers in plain text: a path it does not serve at all
+            # (an API group whose CRD is not installed) says "404 page not found".
+            text = raw.decode(errors="replace").strip()
+            data = {"reason": "NotFound" if response.status == 404 else "", "message": text}
         if method != "GET":
             # Every request that can change the cluster, at debug level: which process of
             # two wrote what (docs/operations.md, leader election). A review changes nothing.

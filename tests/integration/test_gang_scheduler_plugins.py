@@ -5,6 +5,7 @@ scheduler still drains before it deletes (docs/scheduling.md)."""
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -57,7 +58,8 @@ def test_gang_two_elastic_jobs_whose_minimums_do_not_both_fit_never_deadlock(
 
     # The PodGroups: the minimum and the launcher, owned by their jobs.
     for job in (first, second):
-        wait_for(lambda j=job: _pod_group(cluster, namespace, j.name), 30, f"{job.name} PodGroup")
+        found = functools.partial(_pod_group, cluster, namespace, job.name)
+        wait_for(found, 30, f"{job.name} PodGroup")
         group = _pod_group(cluster, namespace, job.name)
         assert group is not None
         assert group["spec"] == {
@@ -102,5 +104,6 @@ def test_gang_two_elastic_jobs_whose_minimums_do_not_both_fit_never_deadlock(
     waiting.wait_hosts(3, timeout=20)
     wait_for(lambda: len(waiting.workers()) == 3, 30, "the drained worker deleted")
     reasons = [r for _, r, _ in waiting.events()]
-    assert "Draining" in reasons and "WorkerDeleted" in reasons, reasons
+    assert "Draining" in reasons, reasons
+    assert "WorkerDeleted" in reasons, reasons
     assert [r for t, r, _ in waiting.events() if t == "Warning"] == []

@@ -44,10 +44,10 @@ LABELS = {"group-name": "kubeflow.org", "mpi-job-name": "job", "app": "job"}
 def _job(replicas: int = 2, annotations: dict[str, str] | None = None, **spec: Any) -> Any:
     job = make_job(replicas, annotations=annotations, **spec)
     replica_specs = job["spec"]["mpiReplicaSpecs"]
-    launcher = {"name": "main", "image": "img"}
+    launcher: dict[str, Any] = {"name": "main", "image": "img"}
     launcher["resources"] = {"requests": {"cpu": "500m", "memory": "1Gi"}}
     replica_specs["Launcher"]["template"]["spec"]["containers"] = [launcher]
-    worker = {"name": "main", "image": "img"}
+    worker: dict[str, Any] = {"name": "main", "image": "img"}
     worker["resources"] = {
         # Requests present: the limits are not looked at, so the GPU limit is not counted.
         "requests": {"cpu": "2", "memory": "4Gi"},
@@ -221,14 +221,16 @@ def test_the_pod_group_comes_before_the_pods_and_keeps_step_with_the_minimum() -
         for a in first
     )
     group = c.get("PodGroup", "job")
-    assert group is not None and group["spec"]["minMember"] == 3
+    assert group is not None
+    assert group["spec"]["minMember"] == 3
     c.run_pods()
     c.job["metadata"]["annotations"][names.ANN_MIN_REPLICAS] = "3"
     writes = _step(c, PLUGINS)
     replaced = [a for a in writes if isinstance(a, Replace) and a.obj["kind"] == "PodGroup"]
     assert [a.obj["spec"]["minMember"] for a in replaced] == [4]
     group = c.get("PodGroup", "job")
-    assert group is not None and group["spec"]["minMember"] == 4
+    assert group is not None
+    assert group["spec"]["minMember"] == 4
     # Settled: nothing more to write to it.
     c.tick(1)
     assert not [a for a in _step(c, PLUGINS) if getattr(a, "obj", {}).get("kind") == "PodGroup"]
@@ -249,4 +251,5 @@ def test_scheduling_policy_is_reported_ignored_only_without_a_gang_scheduler() -
     _step(c2, VOLCANO)
     assert not any(e.reason == "SchedulingPolicyIgnored" for e in c2.events)
     group = c2.get("PodGroup", "job")
-    assert group is not None and group["spec"]["queue"] == "q"
+    assert group is not None
+    assert group["spec"]["queue"] == "q"
