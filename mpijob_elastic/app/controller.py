@@ -29,7 +29,7 @@ from mpijob_elastic.app.watches import (
     pod_groups_served,
     resources,
 )
-from mpijob_elastic.core import names, nodes
+from mpijob_elastic.core import names, nodes, podgroups
 from mpijob_elastic.core.observe import Observed, observe
 from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
@@ -107,7 +107,14 @@ class Controller:
         self._job_signatures: dict[Key, tuple[Any, ...]] = {}
         self._first_seen: dict[Key, float] = {}
         self._workers: list[asyncio.Task[None]] = []
-        self.preflight = Preflight(self.kube, settings.namespaces, lease, guard_metrics)
+        gang = podgroups.gang(settings)
+        self.preflight = Preflight(
+            self.kube,
+            settings.namespaces,
+            lease,
+            guard_metrics,
+            gang.api_version.split("/")[0] if gang is not None else None,
+        )
         self._rechecks: asyncio.Task[None] | None = None
         self._synced = False
         # Leader election (leader.py): a standby keeps its caches and makes no writes.
