@@ -25,6 +25,7 @@ from mpijob_elastic.app.watches import (
     CHILD_SELECTOR,
     HANDOVER_SELECTORS,
     JOB_LABELS,
+    POD_GROUP_SELECTOR,
     Caches,
     pod_groups_served,
     resources,
@@ -124,7 +125,7 @@ class Controller:
         self,
         kind: str,
         namespace: str | None,
-        selector: str = CHILD_SELECTOR,
+        selector: str | None = CHILD_SELECTOR,
         caches: Caches | None = None,
         transform: Callable[[Obj], Obj] = compact,
     ) -> None:
@@ -239,7 +240,7 @@ class Controller:
         if await pod_groups_served(self.kube, self.settings):
             namespaces: list[str | None] = [*self.settings.namespaces] or [None]
             for ns in namespaces:
-                self._watch("PodGroup", ns)
+                self._watch("PodGroup", ns, POD_GROUP_SELECTOR)
         for informer in self.informers():
             informer.start()
         await asyncio.gather(*(i.synced.wait() for i in self.informers()))

@@ -33,6 +33,11 @@ HANDOVER_SELECTORS = {
     )
     for kind in HANDOVER_KINDS
 }
+# The gang scheduler's PodGroups are watched whole, not by our labels: training-operator
+# 1.9's carry none, and a job it ran keeps its PodGroup when this controller takes over
+# (docs/handover.md), which the job's ownerReference, not a label, ties to it. There is one
+# per gang-scheduled job, so the cache stays small.
+POD_GROUP_SELECTOR = None
 # Where an orphan names the job it may belong to.
 JOB_LABELS = (names.LABEL_JOB, names.LABEL_TO_JOB, names.LABEL_APP)
 

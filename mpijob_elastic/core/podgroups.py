@@ -145,7 +145,6 @@ def pod_group(
     metadata: Obj = {
         "name": spec.name,
         "namespace": spec.namespace,
-        "labels": names.object_labels(spec.name, None),
         "ownerReferences": [owner_reference(spec)],
     }
     if kept:

@@ -158,3 +158,47 @@ def test_gang_volcano_pod_group_is_accepted_and_kept_in_step(
     wait_for(lambda: job.pods() == {}, 30, "the pods deleted")
     job.patch({"spec": {"runPolicy": {"suspend": False}}})
     wait_for(lambda: _pod_group(cluster, job) is not None, 30, "the PodGroup back")
+
+
+def test_gang_a_pod_group_training_operator_made_is_taken_over_and_kept_in_step(
+    cluster: Cluster, namespace: str, volcano_crd: str, start_controller: StartController
+) -> None:
+    """A job training-operator 1.9 ran has its PodGroup already, without any label: it is
+    the job's own (its controller ownerReference says so), updated in place, not made
+    again."""
+    job = Job(cluster, namespace, "taken-over")
+    job.create(_job(job.name))
+    uid = job.get()["metadata"]["uid"]
+    owner = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "name": job.name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    cluster.apply(
+        {
+            "apiVersion": podgroups.VOLCANO_API_VERSION,
+            "kind": "PodGroup",
+            "metadata": {"name": job.name, "ownerReferences": [owner]},
+            # What training-operator writes for the job's 3 workers and launcher.
+            "spec": {"minMember": 4, "queue": "team-queue", "minResources": {}},
+        },
+        namespace,
+    )
+    before = _pod_group(cluster, job)
+    assert before is not None
+    start_controller(namespace, args=ARGS)
+    wait_for(
+        lambda: ((_pod_group(cluster, job) or {}).get("spec") or {}).get("minMember") == 3,
+        30,
+        "the PodGroup updated to the job's minimum",
+    )
+    after = _pod_group(cluster, job)
+    assert after is not None
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    # Its queue is kept, as training-operator keeps an existing PodGroup's queue.
+    assert after["spec"]["queue"] == "team-queue"
+    wait_for(lambda: len(job.pods()) == 3, 30, "the pods")
+    assert (job.condition("WriteRefused") or {}).get("status") != "True"

@@ -11,8 +11,7 @@ Go's omitempty leaving out zero fields), and DecoratePodTemplateSpec in
 pkg/controller.v1/control (schedulerName unless the template names one; Volcano's
 ``scheduling.k8s.io/group-name`` and ``volcano.sh/task-spec`` annotations, or
 scheduler-plugins' ``scheduling.x-k8s.io/pod-group`` label). The comparison is of the
-JSON bytes, keys sorted. Ours adds one thing: the v1 child labels, by which the
-controller's cache selects its children.
+JSON bytes, keys sorted.
 """
 
 from __future__ import annotations
@@ -38,7 +37,6 @@ OWNER = {
     "controller": True,
     "blockOwnerDeletion": True,
 }
-LABELS = {"group-name": "kubeflow.org", "mpi-job-name": "job", "app": "job"}
 
 
 def _job(replicas: int = 2, annotations: dict[str, str] | None = None, **spec: Any) -> Any:
@@ -77,9 +75,9 @@ def test_volcano_pod_group_of_a_job_that_is_not_elastic_is_training_operator_s()
     )
     expected = (
         '{"apiVersion":"scheduling.volcano.sh/v1beta1","kind":"PodGroup","metadata":'
-        '{"annotations":{"team":"vision"},"labels":'
-        '{"app":"job","group-name":"kubeflow.org","mpi-job-name":"job"},'
-        '"name":"job","namespace":"' + NAMESPACE + '","ownerReferences":[{"apiVersion":'
+        '{"annotations":{"team":"vision"},"name":"job","namespace":"'
+        + NAMESPACE
+        + '","ownerReferences":[{"apiVersion":'
         '"kubeflow.org/v1","blockOwnerDeletion":true,"controller":true,"kind":"MPIJob",'
         '"name":"job","uid":"job-uid"}]},"spec":{"minMember":3,"minResources":'
         '{"cpu":"4500m","memory":"9Gi","nvidia.com/gpu":"2"},'
@@ -96,7 +94,6 @@ def test_scheduler_plugins_pod_group_of_a_job_that_is_not_elastic_is_training_op
         "metadata": {
             "name": "job",
             "namespace": NAMESPACE,
-            "labels": LABELS,
             "ownerReferences": [OWNER],
         },
         # queue and priorityClass are Volcano's: scheduler-plugins' spec has neither.
