@@ -57,15 +57,20 @@ def scheduler_plugins_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def scheduler_plugins(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The coscheduling scheduler running against the cluster; yields its name."""
+def scheduler_plugins_crd(cluster: Cluster) -> Path:
+    """The scheduler-plugins release's PodGroup CRD installed; returns the build's dir."""
     bin_dir = scheduler_plugins_dir()
-    install_crd(
-        cluster,
-        bin_dir / "coscheduling-crd.yaml",
-        "podgroups.scheduling.x-k8s.io",
-        "podgroups.scheduling.x-k8s.io",
-    )
+    crd = "podgroups.scheduling.x-k8s.io"
+    install_crd(cluster, bin_dir / "coscheduling-crd.yaml", crd, crd)
+    return bin_dir
+
+
+@pytest.fixture(scope="session")
+def scheduler_plugins(
+    cluster: Cluster, scheduler_plugins_crd: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """The coscheduling scheduler running against the cluster; yields its name."""
+    bin_dir = scheduler_plugins_crd
     work = tmp_path_factory.mktemp("scheduler-plugins")
     # The module's manifests/coscheduling/scheduler-config.yaml, under the second
     # scheduler's name.
