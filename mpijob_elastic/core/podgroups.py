@@ -41,6 +41,8 @@ VOLCANO_TASK_ANNOTATION = "volcano.sh/task-spec"
 SCHEDULER_PLUGINS_LABEL = "scheduling.x-k8s.io/pod-group"
 # What training-operator 1.9 writes when the job names no Volcano queue.
 DEFAULT_QUEUE = "default"
+# The phases of a Volcano PodGroup its enqueue action has not admitted yet.
+VOLCANO_NOT_ADMITTED = ("", "Pending")
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,17 @@ def gang(settings: Settings) -> Gang | None:
     if name.lower() == VOLCANO:
         return Gang(VOLCANO, VOLCANO_API_VERSION)
     return Gang(name, SCHEDULER_PLUGINS_API_VERSION)
+
+
+def held(gang: Gang | None, pod_group: Mapping[str, Any] | None) -> bool:
+    """Whether the job's pods wait for the scheduler to admit its PodGroup: Volcano's
+    enqueue action moves it out of ``Pending`` once its queue has room for the gang, and
+    training-operator makes no pod before (its DelayPodCreationDueToPodGroup);
+    scheduler-plugins admits pods one by one, so nothing waits for it."""
+    if gang is None or not gang.volcano:
+        return False
+    phase = ((pod_group or {}).get("status") or {}).get("phase") or ""
+    return phase in VOLCANO_NOT_ADMITTED
 
 
 def min_member(spec: JobSpec) -> int:

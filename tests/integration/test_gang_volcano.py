@@ -34,6 +34,13 @@ def _pod_group(cluster: Cluster, job: Job) -> dict[str, Any] | None:
     )
 
 
+def _enqueue(cluster: Cluster, job: Job) -> None:
+    """What Volcano's enqueue action does once the gang fits its queue: the PodGroup's
+    phase becomes Inqueue (its CRD has no status subresource)."""
+    path = f"/apis/{podgroups.VOLCANO_API_VERSION}/namespaces/{job.ns}/podgroups/{job.name}"
+    cluster.raw("PATCH", path, {"status": {"phase": "Inqueue"}})
+
+
 def _job(name: str) -> dict[str, Any]:
     manifest = elastic_job(name, 3, min_replicas="2", max_replicas="4")
     manifest["spec"]["runPolicy"] = {
@@ -115,6 +122,11 @@ def test_gang_volcano_pod_group_is_accepted_and_kept_in_step(
     ]
     # The job's own annotations, copied as training-operator copies them.
     assert group["metadata"]["annotations"][names.ANN_MIN_REPLICAS] == "2"
+    # No pod before Volcano admits the gang, as training-operator makes none.
+    time.sleep(3)
+    assert job.pods() == {}
+    assert job.pods(names.ROLE_LAUNCHER) == {}
+    _enqueue(cluster, job)
     # The pods name their gang and task for Volcano, and its scheduler.
     wait_for(lambda: len(job.pods()) == 3 and job.pods(names.ROLE_LAUNCHER), 30, "the pods")
     for role, pods in (
@@ -158,6 +170,8 @@ def test_gang_volcano_pod_group_is_accepted_and_kept_in_step(
     wait_for(lambda: job.pods() == {}, 30, "the pods deleted")
     job.patch({"spec": {"runPolicy": {"suspend": False}}})
     wait_for(lambda: _pod_group(cluster, job) is not None, 30, "the PodGroup back")
+    _enqueue(cluster, job)
+    wait_for(lambda: len(job.pods()) == 3, 30, "the pods back")
 
 
 def test_gang_a_pod_group_training_operator_made_is_taken_over_and_kept_in_step(
@@ -184,6 +198,7 @@ def test_gang_a_pod_group_training_operator_made_is_taken_over_and_kept_in_step(
             "metadata": {"name": job.name, "ownerReferences": [owner]},
             # What training-operator writes for the job's 3 workers and launcher.
             "spec": {"minMember": 4, "queue": "team-queue", "minResources": {}},
+            "status": {"phase": "Running"},
         },
         namespace,
     )

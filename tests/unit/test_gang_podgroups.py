@@ -250,3 +250,22 @@ def test_scheduling_policy_is_reported_ignored_only_without_a_gang_scheduler() -
     group = c2.get("PodGroup", "job")
     assert group is not None
     assert group["spec"]["queue"] == "q"
+
+
+def test_under_volcano_no_pod_is_made_before_volcano_admits_the_pod_group() -> None:
+    """training-operator's DelayPodCreationDueToPodGroup: the pods wait until Volcano's
+    enqueue action moves the PodGroup out of Pending."""
+    c = Cluster(make_job(2))
+    first = _step(c, VOLCANO)
+    assert [a.obj["kind"] for a in first if isinstance(a, Create)].count("Pod") == 0
+    group = c.get("PodGroup", "job")
+    assert group is not None
+    group["status"] = {"phase": "Pending"}
+    c.tick(1)
+    assert not [a for a in _step(c, VOLCANO) if isinstance(a, Create) and a.obj["kind"] == "Pod"]
+    group["status"] = {"phase": "Inqueue"}
+    c.tick(1)
+    made = [a.obj["metadata"]["name"] for a in _step(c, VOLCANO) if isinstance(a, Create)]
+    c.tick(1)
+    made += [a.obj["metadata"]["name"] for a in _step(c, VOLCANO) if isinstance(a, Create)]
+    assert made == ["job-worker-0", "job-worker-1", "job-launcher"]
