@@ -14,7 +14,7 @@ import pytest
 from mpijob_elastic.core import names, podgroups
 from tests.cluster import Cluster
 from tests.controller import StartController, wait_for
-from tests.gang import bound, on_node
+from tests.gang import GANG_TAINT, bound, on_node
 from tests.integration.test_controller import Job, elastic_job
 
 pytestmark = pytest.mark.usefixtures("crd")
@@ -42,6 +42,11 @@ def _gpus_held(job: Job) -> int:
         for name, p in job.pods().items()
         if name in bound(job.pods()) and not p["metadata"].get("deletionTimestamp")
     )
+
+
+def _filler_bound(cluster: Cluster, namespace: str) -> bool:
+    pod = cluster.raw("GET", f"/api/v1/namespaces/{namespace}/pods/filler") or {}
+    return bool((pod.get("spec") or {}).get("nodeName"))
 
 
 def test_gang_two_elastic_jobs_whose_minimums_do_not_both_fit_never_deadlock(
@@ -100,7 +105,10 @@ def test_gang_two_elastic_jobs_whose_minimums_do_not_both_fit_never_deadlock(
             gone = time.monotonic()
         time.sleep(0.1)
     grown = time.monotonic()
-    assert gone is not None, "the waiting job grew before the other's pods were gone"
+    if gone is None:  # both within the last polling step
+        gone = grown
+    # It cannot hold 4 GPUs beside the other's: those are gone.
+    assert running.pods() == {}
     assert len(bound(waiting.pods())) == 4
     print(
         f"FIGURE {running.name} deleted -> its pods gone {gone - deleted:.2f}s -> "
@@ -117,6 +125,11 @@ def test_gang_two_elastic_jobs_whose_minimums_do_not_both_fit_never_deadlock(
     assert "WorkerDeleted" in reasons, reasons
     assert [r for t, r, _ in waiting.events() if t == "Warning"] == []
 
+    _a_deleted_pod_is_replaced(cluster, namespace, waiting)
+    _grows_past_the_gang_when_room_appears(cluster, namespace, waiting, gang_node)
+
+
+def _a_deleted_pod_is_replaced(cluster: Cluster, namespace: str, waiting: Job) -> None:
     # A pod the scheduler's preemption (or Volcano's reclaim) deletes is a pod deleted like
     # any other (docs/membership.md): it leaves discover_hosts.sh at once, its name is
     # retired (its ranks may have died listed, and Horovod blacklists such a name), and a
@@ -132,3 +145,38 @@ def test_gang_two_elastic_jobs_whose_minimums_do_not_both_fit_never_deadlock(
     wait_for(replaced, 60, f"{victim} replaced")
     retired = [m for _, r, m in waiting.events() if r == "WorkerRetired"]
     assert any(victim in m for m in retired), waiting.events()
+
+
+def _grows_past_the_gang_when_room_appears(
+    cluster: Cluster, namespace: str, waiting: Job, gang_node: str
+) -> None:
+    # Grown past the gang pod by pod: at 3 workers (its minMember with the launcher) and
+    # the node's last GPU taken by another pod, the job asks for 4; the 4th worker waits
+    # alone (the gang is already in place) and runs as soon as the GPU is free.
+    filler = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "filler"},
+        "spec": {
+            "nodeSelector": {GANG_TAINT: gang_node},
+            "tolerations": [{"key": GANG_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "resources": {"requests": {GPU: "1"}, "limits": {GPU: "1"}},
+                }
+            ],
+        },
+    }
+    cluster.apply(filler, namespace)
+    wait_for(lambda: _filler_bound(cluster, namespace), 30, "the filler on the last GPU")
+    waiting.set_workers(4)
+    time.sleep(5)
+    assert len(waiting.hosts()) == 3, waiting.hosts()
+    cluster.kubectl("delete", "pod", "filler", "-n", namespace, "--grace-period=0", "--force")
+    freed = time.monotonic()
+    wait_for(lambda: len(waiting.hosts()) == 4, 60, f"{waiting.name} grown to 4")
+    print(
+        f"FIGURE GPU freed -> {waiting.name} grown 3 -> 4 listed: {time.monotonic() - freed:.2f}s"
+    )
