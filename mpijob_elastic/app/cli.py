@@ -94,6 +94,14 @@ def _settings_args(parser: argparse.ArgumentParser) -> None:
         "their workers off such nodes (and cordoned ones) gracefully (docs/spot.md)",
     )
     parser.add_argument(
+        "--gang-scheduler-name",
+        default=DEFAULTS.gang_scheduler_name,
+        help="as training-operator 1.9's flag: empty or none for no gang scheduling; "
+        "volcano for Volcano's PodGroup; any other name for the scheduler-plugins "
+        "(coscheduling) PodGroup, that name being the pods' schedulerName unless their "
+        "template names one (docs/scheduling.md)",
+    )
+    parser.add_argument(
         "--max-workers-per-job",
         type=_whole(1),
         default=DEFAULTS.max_workers_per_job,
@@ -125,6 +133,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         default_scale_out_timeout_seconds=args.default_scale_out_timeout_seconds,
         leaving_node_taints=tuple(t for t in args.leaving_node_taints.split(",") if t),
         max_workers_per_job=args.max_workers_per_job,
+        gang_scheduler_name=args.gang_scheduler_name,
         reconcile_workers=getattr(args, "workers", DEFAULTS.reconcile_workers),
     )
 

@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,9 +25,12 @@ from mpijob_elastic.app.watches import (
     CHILD_SELECTOR,
     HANDOVER_SELECTORS,
     JOB_LABELS,
+    POD_GROUP_SELECTOR,
     Caches,
+    pod_groups_served,
+    resources,
 )
-from mpijob_elastic.core import names, nodes
+from mpijob_elastic.core import names, nodes, podgroups
 from mpijob_elastic.core.observe import Observed, observe
 from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
@@ -63,7 +67,8 @@ class Controller:
         election, the Lease's namespace and name, whose grants the start-up check asks for;
         ``guard_metrics``: /metrics is served, so the check asks for the reviews' grants too."""
         self.settings = settings
-        self.kube = Kube(api)
+        self.kube = Kube(api, resources(settings))
+        self._watch_api = watch_api
         self.queue: WorkQueue[Key] = WorkQueue(
             rank=self._rank, observe_wait=metrics.QUEUE_WAIT_SECONDS.observe
         )
@@ -89,17 +94,7 @@ class Controller:
                 for kind, selector in HANDOVER_SELECTORS.items()
             ]
             for kind, selector, caches, transform in watched:
-                path, plural = RESOURCES[kind]
-                informer = Informer(
-                    watch_api,
-                    path,
-                    plural,
-                    self._on_child,
-                    namespace=ns,
-                    label_selector=selector,
-                    transform=transform,
-                )
-                caches.add(kind, ns, informer)
+                self._watch(kind, ns, selector, caches, transform)
         # Nodes are cluster-wide; only whether each is going away is kept (nodes.py).
         self.caches.add(
             "Node",
@@ -113,11 +108,39 @@ class Controller:
         self._job_signatures: dict[Key, tuple[Any, ...]] = {}
         self._first_seen: dict[Key, float] = {}
         self._workers: list[asyncio.Task[None]] = []
-        self.preflight = Preflight(self.kube, settings.namespaces, lease, guard_metrics)
+        gang = podgroups.gang(settings)
+        self.preflight = Preflight(
+            self.kube,
+            settings.namespaces,
+            lease,
+            guard_metrics,
+            gang.api_version.split("/")[0] if gang is not None else None,
+        )
         self._rechecks: asyncio.Task[None] | None = None
         self._synced = False
         # Leader election (leader.py): a standby keeps its caches and makes no writes.
         self.standby = False
+
+    def _watch(
+        self,
+        kind: str,
+        namespace: str | None,
+        selector: str | None = CHILD_SELECTOR,
+        caches: Caches | None = None,
+        transform: Callable[[Obj], Obj] = compact,
+    ) -> None:
+        """A cache of one kind of child in one namespace (None: all of them)."""
+        path, plural = self.kube.resources[kind]
+        informer = Informer(
+            self._watch_api,
+            path,
+            plural,
+            self._on_child,
+            namespace=namespace,
+            label_selector=selector,
+            transform=transform,
+        )
+        (self.caches if caches is None else caches).add(kind, namespace, informer)
 
     # -- events -> keys ---------------------------------------------------------------------
 
@@ -214,6 +237,10 @@ class Controller:
         await self._check()
         if self.preflight.problems:
             self._rechecks = asyncio.create_task(self._recheck(), name="preflight")
+        if await pod_groups_served(self.kube, self.settings):
+            namespaces: list[str | None] = [*self.settings.namespaces] or [None]
+            for ns in namespaces:
+                self._watch("PodGroup", ns, POD_GROUP_SELECTOR)
         for informer in self.informers():
             informer.start()
         await asyncio.gather(*(i.synced.wait() for i in self.informers()))

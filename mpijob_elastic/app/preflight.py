@@ -118,15 +118,25 @@ METRICS_AUTH: Final[tuple[Permission, ...]] = (
 )
 
 
+def pod_group_permissions(group: str) -> list[Permission]:
+    """What a gang scheduler's PodGroups take (``group``: its API group, docs/rbac.md)."""
+    return _each(group, ["podgroups"], ["list", "watch", "create", "update", "delete"])
+
+
 def checks(
-    namespaces: Sequence[str], lease: tuple[str, str] | None = None, metrics: bool = False
+    namespaces: Sequence[str],
+    lease: tuple[str, str] | None = None,
+    metrics: bool = False,
+    pod_groups: str | None = None,
 ) -> list[tuple[Permission, str]]:
     """Each permission in each namespace served ("": all of them), cluster-scoped once, with
-    leader election the Lease's (``lease``: its namespace and name), and with ``metrics``
-    served the reviews that guard them."""
+    leader election the Lease's (``lease``: its namespace and name), with ``metrics``
+    served the reviews that guard them, and under a gang scheduler its PodGroups'
+    (``pod_groups``: their API group)."""
     scopes = list(namespaces) or [""]
-    wanted = [(p, "") for p in REQUIRED if p.cluster_scoped] + [
-        (p, ns) for ns in scopes for p in REQUIRED if not p.cluster_scoped
+    required = [*REQUIRED, *(pod_group_permissions(pod_groups) if pod_groups else [])]
+    wanted = [(p, "") for p in required if p.cluster_scoped] + [
+        (p, ns) for ns in scopes for p in required if not p.cluster_scoped
     ]
     if lease is not None:
         wanted += [(p, lease[0]) for p in lease_permissions(lease[1])]
@@ -181,11 +191,13 @@ class Preflight:
         namespaces: Sequence[str],
         lease: tuple[str, str] | None = None,
         metrics: bool = False,
+        pod_groups: str | None = None,
     ) -> None:
         self.kube = kube
         self.namespaces = tuple(namespaces)
         self.lease = lease
         self.metrics = metrics
+        self.pod_groups = pod_groups
         self.problems: list[str] = ["start-up checks have not run yet"]
 
     async def run(self) -> list[str]:
@@ -201,7 +213,7 @@ class Preflight:
         return self.problems
 
     async def _missing_permissions(self) -> list[str]:
-        wanted = checks(self.namespaces, self.lease, self.metrics)
+        wanted = checks(self.namespaces, self.lease, self.metrics, self.pod_groups)
         answers: list[dict[str, Any]] = []
         # A batch at a time: many namespaces make hundreds of reviews, and all at once they
         # would queue for the write connections longer than a write may wait for one.

@@ -3,9 +3,16 @@ and namespace (docs/design.md, "What the caches hold")."""
 
 from __future__ import annotations
 
-from mpijob_elastic.core import names
+import logging
+from collections.abc import Mapping
+
+from mpijob_elastic.core import names, podgroups
 from mpijob_elastic.core.observe import HANDOVER_KINDS
+from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.machinery.informer import Informer
+from mpijob_elastic.machinery.kube import RESOURCES, ApiError, Kube
+
+log = logging.getLogger("mpijob_elastic.app.watches")
 
 # Children are all labelled with the job's name; watching only those keeps the caches to
 # the objects this controller can own, not every pod in the cluster.
@@ -26,6 +33,11 @@ HANDOVER_SELECTORS = {
     )
     for kind in HANDOVER_KINDS
 }
+# The gang scheduler's PodGroups are watched whole, not by our labels: training-operator
+# 1.9's carry none, and a job it ran keeps its PodGroup when this controller takes over
+# (docs/handover.md), which the job's ownerReference, not a label, ties to it. There is one
+# per gang-scheduled job, so the cache stays small.
+POD_GROUP_SELECTOR = None
 # Where an orphan names the job it may belong to.
 JOB_LABELS = (names.LABEL_JOB, names.LABEL_TO_JOB, names.LABEL_APP)
 
@@ -45,3 +57,35 @@ class Caches:
     def pick(self, kind: str, namespace: str) -> Informer | None:
         group = self.by_kind.get(kind, {})
         return group.get(None) or group.get(namespace)
+
+
+def resources(settings: Settings) -> Mapping[str, tuple[str, str]]:
+    """RESOURCES, and the PodGroup of the gang scheduler the settings name."""
+    gang = podgroups.gang(settings)
+    if gang is None:
+        return RESOURCES
+    return {**RESOURCES, podgroups.KIND: (f"/apis/{gang.api_version}", "podgroups")}
+
+
+async def pod_groups_served(kube: Kube, settings: Settings) -> bool:
+    """Whether the gang scheduler's PodGroup is served. Without its CRD the PodGroups are
+    not watched (a watch of it would never sync and hold every job up): each job's
+    PodGroup create is refused instead, and that reaches the job as ``WriteRefused``
+    with its Event, and no pod is made (write_order.py)."""
+    gang = podgroups.gang(settings)
+    if gang is None:
+        return False
+    try:
+        found = await kube.request("GET", f"/apis/{gang.api_version}")
+    except ApiError as err:
+        if not err.not_found:
+            raise
+        found = {}
+    if any(r.get("name") == "podgroups" for r in found.get("resources") or []):
+        return True
+    log.error(
+        "the gang scheduler's PodGroup is not served: install its CRD and restart the "
+        "controller; until then every job's PodGroup create is refused and no pod is made",
+        extra={"apiVersion": gang.api_version, "gang_scheduler": settings.gang_scheduler_name},
+    )
+    return False

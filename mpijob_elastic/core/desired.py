@@ -41,6 +41,7 @@ from mpijob_elastic.core import (
     lifecycle,
     names,
     notices,
+    podgroups,
     render,
     render_pods,
     reports,
@@ -62,7 +63,7 @@ from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec import JobSpec
 from mpijob_elastic.core.times import format_precise_time
-from mpijob_elastic.core.turn import BUDGET, POD_WRITES_PER_TURN, Turn
+from mpijob_elastic.core.turn import BUDGET, GANG, POD_WRITES_PER_TURN, Turn
 from mpijob_elastic.core.workers import Worker, discovered_hosts, listed_hosts, split_pods
 
 Obj = dict[str, Any]
@@ -139,7 +140,9 @@ def _decide(turn: Turn) -> Desired:
         expired = lifecycle.expired(turn, spec)
         # A finished job's clean-up may take more pods than one turn writes.
         deletes = lifecycle.clean_up(turn, spec, workers, launcher)
-        return Desired({}, None, (), (), (), deletes, None, obsolete=(BUDGET,), delete_job=expired)
+        return Desired(
+            {}, None, (), (), (), deletes, None, obsolete=(BUDGET, GANG), delete_job=expired
+        )
     if lifecycle.suspended_by_user(turn, spec):
         # Not delayed: the pods' grace periods are all the notice gives.
         stop = Stop("suspend", "runPolicy.suspend is true")
@@ -163,7 +166,7 @@ def _stopped(
     # A new launcher is a new Horovod job with an empty blacklist: names are fresh again.
     data = render.config_data(spec, turn.settings, [], [])
     objects = _objects(turn, spec, [], data, state)
-    return Desired(objects, None, (), (), (), deletes, None, obsolete=(BUDGET,), notices=found)
+    return Desired(objects, None, (), (), (), deletes, None, obsolete=(BUDGET, GANG), notices=found)
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,9 @@ def _scale(
     create_now = list(m.new_indexes[:POD_WRITES_PER_TURN])
     if len(m.new_indexes) > len(create_now):
         turn.requeue(0)
+    if podgroups.held(podgroups.gang(turn.settings), turn.observed.pod_group):
+        # The PodGroup's change of phase brings the job's next turn (its watch).
+        create_now = []  # and no launcher either: it waits for its workers
     hosts = host_list.hosts(turn, spec, workers, m, create_now, launcher)
     below_since = None
     if size.suspension is None:
@@ -286,7 +292,12 @@ def _children(
     )
     if size.suspension is not None:
         needed = spec.bounds.min or 0
-    resuming = size.suspension is not None and launcher is None and len(listed) >= needed
+    # Under a gang scheduler the launcher is one of the gang, which is held until all of
+    # it exists: it is made with its workers, as training-operator makes it, and its
+    # kubectl delivery waits for the workers to be listed (render_pods.py).
+    gang = podgroups.gang(turn.settings)
+    ready = gang is not None or len(listed) >= needed
+    resuming = size.suspension is not None and launcher is None and ready
     state = {
         names.ANN_LAUNCHER_RESTARTS: str(restarts.done) if restarts.done else "",
         names.ANN_WORKER_FAILURES: size.failures.format(),
@@ -308,7 +319,9 @@ def _children(
     else:
         obsolete = (BUDGET,)
     reports.membership(turn, spec, m, members.create_now, size.goal.workers)
-    waiting = launcher is not None or bool(m.new_indexes) or len(listed) < needed
+    if gang is not None:
+        objects[GANG] = _pod_group(turn, spec, gang)
+    waiting = launcher is not None or bool(m.new_indexes) or not ready
     new_launcher = None if waiting else _new_launcher(turn, spec, objects, hash_, needed)
     if new_launcher is not None and resuming:
         lifecycle.resumed(turn, spec, len(listed))
@@ -334,7 +347,7 @@ def _children(
         objects=objects,
         config_hash=hash_,
         workers=m.keep,
-        new_pods=[render_pods.worker_pod(spec, i) for i in members.create_now],
+        new_pods=[render_pods.worker_pod(spec, i, gang) for i in members.create_now],
         victims=victims,
         deletes=restarted + list(m.replace[:POD_WRITES_PER_TURN]),
         launcher=new_launcher,
@@ -354,7 +367,18 @@ def _new_launcher(
         return None
     if ("Pod", names.launcher_name(spec.name)) in taken:
         return None
-    return render_pods.launcher_pod(spec, turn.settings, config_hash, needed)
+    gang = podgroups.gang(turn.settings)
+    return render_pods.launcher_pod(spec, turn.settings, config_hash, needed, gang)
+
+
+def _pod_group(turn: Turn, spec: JobSpec, gang: podgroups.Gang) -> Obj:
+    """The job's PodGroup; an existing one keeps its annotations (copied from the job
+    on create only) and its Volcano queue, as training-operator's sync keeps them."""
+    current = turn.observed.pod_group
+    if current is None:
+        return podgroups.pod_group(spec, gang, turn.job["metadata"].get("annotations") or {})
+    queue = (current.get("spec") or {}).get("queue") if gang.volcano else None
+    return podgroups.pod_group(spec, gang, {}, queue if isinstance(queue, str) else None)
 
 
 def _objects(

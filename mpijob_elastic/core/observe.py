@@ -33,6 +33,8 @@ class Observed:
     role: Mapping[str, Any] | None = None
     role_binding: Mapping[str, Any] | None = None
     disruption_budget: Mapping[str, Any] | None = None
+    # The gang scheduler's PodGroup (podgroups.py), named after the job.
+    pod_group: Mapping[str, Any] | None = None
     # UIDs of pods whose delete the server accepted while the cache still shows them
     # without a deletionTimestamp (a pod removed at once answers with a Status, not the
     # pod), for at most DELETE_MEMORY_SECONDS.
@@ -138,6 +140,7 @@ def observe(
         role=named("Role", launcher),
         role_binding=named("RoleBinding", launcher),
         disruption_budget=named("PodDisruptionBudget", names.disruption_budget_name(meta["name"])),
+        pod_group=named("PodGroup", meta["name"]),
         deleting=memory.deleting(pods, now),
         conflicts=memory.taken(),
         in_use=memory.used(now),

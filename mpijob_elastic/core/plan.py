@@ -61,6 +61,7 @@ def _without_our_own_names(observed: Observed) -> Observed:
         ("Role", observed.role),
         ("RoleBinding", observed.role_binding),
         ("PodDisruptionBudget", observed.disruption_budget),
+        ("PodGroup", observed.pod_group),
         ("ConfigMap", observed.ranks_report),
     ):
         if obj is not None:

@@ -11,7 +11,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mpijob_elastic.core import formats, names
+from mpijob_elastic.core import formats, names, podgroups
 from mpijob_elastic.core.render import KUBECTL_DIR, Obj, _metadata, requests_gpu
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
 from mpijob_elastic.core.spec import JobSpec, ReplicaSpec
@@ -122,13 +122,14 @@ def _notice_file(pod_spec: Obj, main: Obj) -> None:
     _set_env(main, {NOTICE_ENV: f"{mount}/{names.NOTICE_FILE}"})
 
 
-def worker_pod(spec: JobSpec, index: int) -> Obj:
+def worker_pod(spec: JobSpec, index: int, gang: podgroups.Gang | None = None) -> Obj:
     pod = _pod(
         spec,
         spec.worker,
         names.worker_name(spec.name, index),
         names.pod_labels(spec.name, names.ROLE_WORKER, index),
     )
+    podgroups.join(pod, spec.name, names.ROLE_WORKER, gang)
     pod_spec = pod["spec"]
     pod_spec.setdefault("volumes", []).append(_config_volume(spec, [(names.KUBEXEC, 0o555)]))
     containers = pod_spec["containers"]
@@ -207,13 +208,20 @@ KUBECTL_DELIVERY_RESOURCES: Obj = {
 }
 
 
-def launcher_pod(spec: JobSpec, settings: Settings, hash_: str, min_workers: int) -> Obj:
+def launcher_pod(
+    spec: JobSpec,
+    settings: Settings,
+    hash_: str,
+    min_workers: int,
+    gang: podgroups.Gang | None = None,
+) -> Obj:
     pod = _pod(
         spec,
         spec.launcher,
         names.launcher_name(spec.name),
         names.pod_labels(spec.name, names.ROLE_LAUNCHER),
     )
+    podgroups.join(pod, spec.name, names.ROLE_LAUNCHER, gang)
     pod["metadata"].setdefault("annotations", {})[names.ANN_CONFIG_HASH] = hash_
     pod_spec = pod["spec"]
     pod_spec["serviceAccountName"] = spec.service_account

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from mpijob_elastic.core import names
+from mpijob_elastic.core import names, podgroups
 from mpijob_elastic.core.actions import Emit, Refusal
 from mpijob_elastic.core.capacity import Backoff
 from mpijob_elastic.core.drain import Victim
@@ -43,11 +43,13 @@ REFUSAL_EVENTS = frozenset({REFUSED, POD_REJECTED})
 
 def unsupported(turn: Turn, spec: JobSpec) -> None:
     s = turn.status
-    if spec.scheduling_policy:
+    # With a gang scheduler the policy goes to the job's PodGroup (podgroups.py).
+    if spec.scheduling_policy and podgroups.gang(turn.settings) is None:
         message = (
-            "spec.runPolicy.schedulingPolicy is not supported: no PodGroup is made and "
-            "the pods are scheduled one by one (an elastic job starts with what it gets); "
-            "remove the field to clear this"
+            "spec.runPolicy.schedulingPolicy is ignored: the controller runs without a gang "
+            "scheduler (--gang-scheduler-name), so no PodGroup is made and the pods are "
+            "scheduled one by one (an elastic job starts with what it gets); remove the "
+            "field to clear this"
         )
         if s.set(UNSUPPORTED, True, "SchedulingPolicyIgnored", message):
             turn.event("Warning", "SchedulingPolicyIgnored", message)
@@ -184,6 +186,11 @@ def refused(status: StatusBuilder, refusal: Refusal | None) -> Emit | None:
     else:
         type_, reason, event = REFUSED, refusal.reason, REFUSED
         message = f"{refusal.write}: {refusal.message}"
+        if refusal.write.startswith("create PodGroup") and refusal.reason == "NotFound":
+            message += (
+                " (the gang scheduler's PodGroup CRD is not installed: install it and restart "
+                "the controller; no pod is made until then, docs/scheduling.md)"
+            )
     if status.set(type_, True, reason, message):
         return Emit("Warning", event, message)
     return None

@@ -57,3 +57,8 @@ class Settings:
     # env (cli.py): a job in that namespace whose pods would run as it gets InvalidSpec.
     # None: not known (run outside a cluster), nothing to protect.
     own_service_account: tuple[str, str] | None = None
+    # The gang scheduler, as training-operator 1.9's --gang-scheduler-name: empty (or
+    # "none") for none, "volcano" for Volcano's PodGroup, any other name for the
+    # scheduler-plugins (coscheduling) PodGroup, that name being the pods' schedulerName
+    # (podgroups.py).
+    gang_scheduler_name: str = ""

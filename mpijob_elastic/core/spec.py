@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpijob_elastic.core import names
+from mpijob_elastic.core.scheduling_policy import SchedulingPolicy
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.shapes import FieldError, as_int, mapping, pod_template, show
 from mpijob_elastic.core.spec_fields import (
@@ -113,8 +114,9 @@ class JobSpec:
     active_deadline_seconds: int | None = None
     ttl_seconds_after_finished: int | None = None
     backoff_limit: int | None = None
-    # runPolicy.schedulingPolicy is set: gang scheduling, which this controller ignores.
-    scheduling_policy: bool = False
+    # runPolicy.schedulingPolicy: what a gang scheduler's PodGroup takes from the job
+    # (podgroups.py); None when unset.
+    scheduling_policy: SchedulingPolicy | None = None
     # The Launcher template's serviceAccountName; None: unset, so <job>-launcher.
     launcher_service_account: str | None = None
 

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mpijob_elastic.core import names
+from mpijob_elastic.core import names, scheduling_policy
+from mpijob_elastic.core.scheduling_policy import SchedulingPolicy
 from mpijob_elastic.core.shapes import FieldError, as_int, mapping, show, string_field, string_map
 from mpijob_elastic.core.workers import worker_index
 
@@ -206,7 +207,7 @@ class _RunPolicy:
     deadline: int | None
     ttl: int | None
     backoff_limit: int | None
-    scheduling: bool
+    scheduling: SchedulingPolicy | None
 
 
 def _run_policy(spec: Mapping[str, Any], errors: list[FieldError]) -> _RunPolicy:
@@ -238,7 +239,7 @@ def _run_policy(spec: Mapping[str, Any], errors: list[FieldError]) -> _RunPolicy
         _run_policy_count(run_policy, "activeDeadlineSeconds", 1, errors),
         _run_policy_count(run_policy, "ttlSecondsAfterFinished", 0, errors),
         _run_policy_count(run_policy, "backoffLimit", 0, errors),
-        bool(run_policy.get("schedulingPolicy")),
+        scheduling_policy.parse(run_policy.get("schedulingPolicy"), errors),
     )
 
 

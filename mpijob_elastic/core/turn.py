@@ -25,6 +25,7 @@ from mpijob_elastic.core.status import StatusBuilder
 # for a thousand round trips.
 POD_WRITES_PER_TURN = 100
 BUDGET = "PodDisruptionBudget"
+GANG = "PodGroup"
 # Pod status reasons that mean the node, not the program, ended the pod.
 NODE_REASONS = frozenset({"Evicted", "NodeLost", "NodeShutdown", "Shutdown", "Terminated"})
 

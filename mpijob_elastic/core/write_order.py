@@ -14,6 +14,10 @@ refused, so every write may rely on the phases above it having landed:
    patch carries the pod's observed resourceVersion like every pod patch; a later patch
    of the same pod in the same turn (``config hash``, ``pod marks``) then carries none:
    the notice's patch landing proved that view current, and its own write changed it.
+   Then ``PodGroup`` (under a gang scheduler, podgroups.py): the gang before its pods,
+   which the scheduler would otherwise hold as members of no group, and a PodGroup the
+   server refuses (its CRD not installed) stops the turn before any pod is made, as
+   training-operator makes none without it.
 2. ``ConfigMap``: victims leave the host lists before anything happens to them; a worker
    is listed only once the Role we wrote grants exec on it (``desired.py``). Then
    ``ranks ConfigMap``: the job's ranks ConfigMap, created empty (only its existence is
@@ -81,6 +85,7 @@ STEPS = (
     "ServiceAccount",
     "PodDisruptionBudget",
     "notices",
+    "PodGroup",
     "ConfigMap",
     "ranks ConfigMap",
     "obsolete",
@@ -136,6 +141,31 @@ def _ensure(desired: Obj, observed: Mapping[str, Any] | None, keys: Sequence[str
     return Replace(updated)
 
 
+# The PodGroup spec fields the job sets (podgroups.py); the scheduler's defaults for others
+# are left as they are.
+_POD_GROUP_FIELDS = (
+    "minMember",
+    "queue",
+    "priorityClassName",
+    "minResources",
+    "scheduleTimeoutSeconds",
+)
+
+
+def _ensure_pod_group(desired: Obj, observed: Mapping[str, Any] | None) -> Action | None:
+    """Create the PodGroup, or replace its spec where a field the job sets drifted. Its
+    metadata is left alone: the job's annotations are copied on create only, as
+    training-operator copies them."""
+    if observed is None:
+        return Create(desired)
+    have = dict(observed.get("spec") or {})
+    want = desired["spec"]
+    if all(have.get(k) == want.get(k) for k in _POD_GROUP_FIELDS):
+        return None
+    spec = {k: v for k, v in have.items() if k not in _POD_GROUP_FIELDS} | want
+    return Replace({**observed, "spec": spec})
+
+
 def _observed_object(observed: Observed, kind: str) -> Mapping[str, Any] | None:
     return {
         "ServiceAccount": observed.service_account,
@@ -143,6 +173,7 @@ def _observed_object(observed: Observed, kind: str) -> Mapping[str, Any] | None:
         "RoleBinding": observed.role_binding,
         "ConfigMap": observed.config_map,
         "PodDisruptionBudget": observed.disruption_budget,
+        "PodGroup": observed.pod_group,
     }[kind]
 
 
@@ -298,7 +329,10 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
         obj = want.objects.get(kind)
         if obj is None or (kind, obj["metadata"]["name"]) in observed.conflicts:
             return []
-        action = _ensure(obj, _observed_object(observed, kind), _OWNED_KEYS[kind])
+        if kind == "PodGroup":
+            action = _ensure_pod_group(obj, observed.pod_group)
+        else:
+            action = _ensure(obj, _observed_object(observed, kind), _OWNED_KEYS[kind])
         return [] if action is None else [action]
 
     deletes: list[Action] = [
@@ -314,6 +348,7 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
             ("ServiceAccount", ensure("ServiceAccount")),
             ("PodDisruptionBudget", ensure("PodDisruptionBudget")),
             ("notices", list(notices)),
+            ("PodGroup", ensure("PodGroup")),
             ("ConfigMap", ensure("ConfigMap")),
             ("ranks ConfigMap", _ranks_create(want, observed)),
             ("obsolete", _obsolete(want, observed)),

@@ -41,7 +41,10 @@ RESOURCES: Final[Mapping[str, tuple[str, str]]] = {
 _VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 # The writes that take a fieldManager (a delete changes no field).
 _NAMED_WRITES = frozenset({"POST", "PUT", "PATCH"})
-_KINDS = {plural: kind for kind, (_, plural) in RESOURCES.items()} | {"nodes": "Node"}
+_KINDS = {plural: kind for kind, (_, plural) in RESOURCES.items()} | {
+    "nodes": "Node",
+    "podgroups": "PodGroup",
+}
 
 # The reviews: a POST the API server answers and stores nothing for (whether a token is
 # valid, whether someone may do something). The start-up check and the metrics' guard make
@@ -98,15 +101,25 @@ def is_review(path: str) -> bool:
     return path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1] in REVIEWS
 
 
-def collection_path(kind: str, namespace: str) -> str:
-    prefix, plural = RESOURCES[kind]
+def collection_path(
+    kind: str, namespace: str, resources: Mapping[str, tuple[str, str]] = RESOURCES
+) -> str:
+    prefix, plural = resources[kind]
     return f"{prefix}/namespaces/{namespace}/{plural}"
 
 
 class Kube:
-    def __init__(self, api: ApiClient) -> None:
+    def __init__(
+        self, api: ApiClient, resources: Mapping[str, tuple[str, str]] = RESOURCES
+    ) -> None:
+        """``resources``: RESOURCES and the kinds only some configurations write (the
+        gang scheduler's PodGroup, whose group depends on the scheduler)."""
         self.api = api
+        self.resources = resources
         self.writes = WriteHealth()
+
+    def _path(self, kind: str, namespace: str) -> str:
+        return collection_path(kind, namespace, self.resources)
 
     async def request(
         self,
@@ -139,7 +152,15 @@ class Kube:
             raise
         finally:
             self.writes.finished(token, answered, time.monotonic())
-        data = json.loads(raw) if raw else {}
+        try:
+            data = json.loads(raw) if raw else {}
+        except ValueError:
+            if 200 <= response.status < 300:
+                raise
+            # An error the server answers in plain text: a path it does not serve at all
+            # (an API group whose CRD is not installed) says "404 page not found".
+            text = raw.decode(errors="replace").strip()
+            data = {"reason": "NotFound" if response.status == 404 else "", "message": text}
         if method != "GET":
             # Every request that can change the cluster, at debug level: which process of
             # two wrote what (docs/operations.md, leader election). A review changes nothing.
@@ -163,12 +184,12 @@ class Kube:
         the name, as a GET would say.
         """
         query = urlencode({"fieldSelector": f"metadata.name={name}"})
-        found = await self.request("GET", f"{collection_path(kind, namespace)}?{query}")
+        found = await self.request("GET", f"{self._path(kind, namespace)}?{query}")
         items = found.get("items") or []
         if not items:
             raise ApiError(404, "NotFound", f"{kind} {name} not found")
         # A list's items leave out kind and apiVersion; callers expect a whole object.
-        prefix, _ = RESOURCES[kind]
+        prefix, _ = self.resources[kind]
         return {
             "apiVersion": prefix.removeprefix("/apis/").removeprefix("/api/"),
             "kind": kind,
@@ -178,24 +199,22 @@ class Kube:
     async def get(self, kind: str, namespace: str, name: str) -> Obj:
         """A GET of one object: for what the controller may read by name only, its Lease
         (RBAC ``get`` on that one name, and no ``list``: docs/rbac.md)."""
-        return await self.request("GET", f"{collection_path(kind, namespace)}/{name}")
+        return await self.request("GET", f"{self._path(kind, namespace)}/{name}")
 
     async def create(self, obj: Mapping[str, Any]) -> Obj:
         meta = obj["metadata"]
-        return await self.request("POST", collection_path(obj["kind"], meta["namespace"]), obj)
+        return await self.request("POST", self._path(obj["kind"], meta["namespace"]), obj)
 
     async def replace(self, obj: Mapping[str, Any]) -> Obj:
         """PUT carrying the observed resourceVersion: a concurrent change makes it 409."""
         meta = obj["metadata"]
-        path = f"{collection_path(obj['kind'], meta['namespace'])}/{meta['name']}"
+        path = f"{self._path(obj['kind'], meta['namespace'])}/{meta['name']}"
         return await self.request("PUT", path, obj)
 
     async def patch(
         self, kind: str, namespace: str, name: str, patch: Mapping[str, Any], subresource: str = ""
     ) -> Obj:
-        path = f"{collection_path(kind, namespace)}/{name}" + (
-            f"/{subresource}" if subresource else ""
-        )
+        path = f"{self._path(kind, namespace)}/{name}" + (f"/{subresource}" if subresource else "")
         return await self.request("PATCH", path, patch, MERGE_PATCH)
 
     async def delete(
@@ -205,4 +224,4 @@ class Kube:
         body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
-        return await self.request("DELETE", f"{collection_path(kind, namespace)}/{name}", body)
+        return await self.request("DELETE", f"{self._path(kind, namespace)}/{name}", body)

@@ -179,7 +179,8 @@ def observe(
         # The API server names the namespace of everything it holds; a test's hand-made
         # object may leave it out.
         obj = {**obj, "metadata": {"namespace": NAMESPACE, **obj["metadata"]}}
-        if _ours(obj):
+        # The PodGroups are watched whole (watches.POD_GROUP_SELECTOR).
+        if _ours(obj) or kind == "PodGroup":
             transform = slim_pod if kind == "Pod" else compact
             main.setdefault(kind, []).append(transform(copy.deepcopy(obj)))
         elif _handed_over(obj):

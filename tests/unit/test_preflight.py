@@ -15,6 +15,7 @@ from mpijob_elastic.app.preflight import (
     Permission,
     checks,
     crd_problem,
+    pod_group_permissions,
     review,
 )
 from tests.cluster import ROOT
@@ -39,7 +40,13 @@ def shipped() -> set[tuple[str, str, str, str]]:
 
 def test_the_check_asks_for_exactly_what_the_shipped_roles_grant() -> None:
     # A verb granted but not checked, or checked but not granted, is a mistake either way.
-    assert {(p.verb, p.group, p.resource, p.subresource) for p in REQUIRED} == shipped()
+    # The PodGroups of both gang schedulers are checked only under one (the next test).
+    gangs = [
+        *pod_group_permissions("scheduling.volcano.sh"),
+        *pod_group_permissions("scheduling.x-k8s.io"),
+    ]
+    asked = {(p.verb, p.group, p.resource, p.subresource) for p in (*REQUIRED, *gangs)}
+    assert asked == shipped()
 
 
 def test_cluster_scoped_permissions_are_asked_once_and_the_rest_per_namespace() -> None:
@@ -162,3 +169,16 @@ def test_the_controllers_identity_comes_from_both_variables() -> None:
     assert own_service_account(env) == ("sys", "me")
     assert own_service_account({"POD_NAMESPACE": "sys"}) is None
     assert own_service_account({}) is None
+
+
+def test_a_gang_scheduler_s_pod_groups_are_checked_only_under_one() -> None:
+    asked = [
+        (p, ns)
+        for p, ns in checks(["a"], pod_groups="scheduling.x-k8s.io")
+        if p.resource == "podgroups"
+    ]
+    assert sorted((p.group, p.verb, ns) for p, ns in asked) == [
+        ("scheduling.x-k8s.io", v, "a")
+        for v in sorted(["list", "watch", "create", "update", "delete"])
+    ]
+    assert not [p for p, _ in checks(["a"]) if p.resource == "podgroups"]

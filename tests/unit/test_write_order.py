@@ -30,6 +30,7 @@ DOCUMENTED = (
     "ServiceAccount",
     "PodDisruptionBudget",
     "notices",
+    "PodGroup",
     "ConfigMap",
     "ranks ConfigMap",
     "obsolete",
@@ -83,9 +84,12 @@ BELONGS: dict[str, Callable[[Action], bool]] = {
     "ServiceAccount": _object("ServiceAccount"),
     "PodDisruptionBudget": _object("PodDisruptionBudget"),
     "notices": _annotates(names.ANN_NOTICE),
+    "PodGroup": _object("PodGroup"),
     "ConfigMap": lambda a: _object("ConfigMap")(a) and not _ranks(a),
     "ranks ConfigMap": lambda a: isinstance(a, Create) and _ranks(a),
-    "obsolete": lambda a: isinstance(a, DeleteObject) and a.kind == "PodDisruptionBudget",
+    "obsolete": lambda a: (
+        isinstance(a, DeleteObject) and a.kind in ("PodDisruptionBudget", "PodGroup")
+    ),
     "config hash": _annotates(names.ANN_CONFIG_HASH),
     "pod marks": _pod_mark,
     "deletes": lambda a: isinstance(a, DeletePod),

@@ -1,0 +1,182 @@
+"""Gangs of the minimum under the real scheduler-plugins coscheduling scheduler (issue 23):
+two elastic jobs whose minimums do not both fit on a node of 4 GPUs never deadlock, a job
+grows past its PodGroup's minMember when room appears, and a scale-in under the gang
+scheduler still drains before it deletes (docs/scheduling.md)."""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import pytest
+
+from mpijob_elastic.core import names, podgroups
+from tests.cluster import Cluster
+from tests.controller import StartController, wait_for
+from tests.gang import GANG_TAINT, bound, on_node
+from tests.integration.test_controller import Job, elastic_job
+
+pytestmark = pytest.mark.usefixtures("crd")
+GPU = "nvidia.com/gpu"
+
+
+def _gang_job(name: str, node: str, scheduler: str) -> dict[str, Any]:
+    """Elastic, 3 to 4 workers of 1 GPU each, wanting 4, as training-operator 1.9's users
+    write it for the scheduler-plugins chart's scheduler."""
+    manifest = elastic_job(name, 4, drain="5", min_replicas="3", max_replicas="4")
+    on_node(manifest, node, 1, scheduler)
+    return manifest
+
+
+def _pod_group(cluster: Cluster, ns: str, name: str) -> dict[str, Any] | None:
+    return cluster.raw(
+        "GET",
+        f"/apis/{podgroups.SCHEDULER_PLUGINS_API_VERSION}/namespaces/{ns}/podgroups/{name}",
+    )
+
+
+def _gpus_held(job: Job) -> int:
+    return sum(
+        int(p["spec"]["containers"][0]["resources"]["requests"].get(GPU, 0))
+        for name, p in job.pods().items()
+        if name in bound(job.pods()) and not p["metadata"].get("deletionTimestamp")
+    )
+
+
+def _filler_bound(cluster: Cluster, namespace: str) -> bool:
+    pod = cluster.raw("GET", f"/api/v1/namespaces/{namespace}/pods/filler") or {}
+    return bool((pod.get("spec") or {}).get("nodeName"))
+
+
+def test_gang_two_elastic_jobs_whose_minimums_do_not_both_fit_never_deadlock(
+    cluster: Cluster,
+    namespace: str,
+    scheduler_plugins: str,
+    gang_node: str,
+    start_controller: StartController,
+) -> None:
+    start_controller(namespace, args=("--gang-scheduler-name", "scheduler-plugins"))
+    first, second = Job(cluster, namespace, "gang-a"), Job(cluster, namespace, "gang-b")
+    first.create(_gang_job(first.name, gang_node, scheduler_plugins))
+    second.create(_gang_job(second.name, gang_node, scheduler_plugins))
+
+    # The PodGroups: the minimum and the launcher, owned by their jobs.
+    for job in (first, second):
+        found = functools.partial(_pod_group, cluster, namespace, job.name)
+        wait_for(found, 30, f"{job.name} PodGroup")
+        group = _pod_group(cluster, namespace, job.name)
+        assert group is not None
+        assert group["spec"] == {
+            "minMember": 4,
+            "minResources": {"cpu": "400m", GPU: "3"},
+        }
+        (owner,) = group["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["controller"]) == ("MPIJob", job.name, True)
+        launcher = job.pods(names.ROLE_LAUNCHER)
+        pods = {**job.pods(), **launcher}
+        for pod in pods.values():
+            assert pod["metadata"]["labels"][podgroups.SCHEDULER_PLUGINS_LABEL] == job.name
+            assert pod["spec"]["schedulerName"] == scheduler_plugins
+
+    # One job runs at its minimum or more; the other waits, holding no GPU.
+    def one_runs() -> bool:
+        return max(len(first.hosts()), len(second.hosts())) >= 3
+
+    wait_for(one_runs, 60, "one job at its minimum")
+    running, waiting = (first, second) if len(first.hosts()) >= 3 else (second, first)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        assert len(running.hosts()) >= 3, running.hosts()
+        assert _gpus_held(waiting) == 0, bound(waiting.pods())
+        assert waiting.hosts() == []
+        time.sleep(1)
+    wait_for(lambda: len(running.hosts()) == 4, 30, "the running job at 4")
+    print(f"FIGURE {running.name} runs at 4 workers; {waiting.name} holds 0 GPUs")
+
+    # Room appears: the running job goes. The waiting one starts at its minimum and grows
+    # past the PodGroup's minMember to the 4 workers it asks for.
+    deleted = time.monotonic()
+    cluster.kubectl("delete", names.PLURAL, running.name, "-n", namespace, "--wait=false")
+    gone: float | None = None
+    while len(waiting.hosts()) < 4:
+        assert time.monotonic() - deleted < 60, f"{waiting.name} not at 4: {waiting.hosts()}"
+        if gone is None and not running.pods() and not running.pods(names.ROLE_LAUNCHER):
+            gone = time.monotonic()
+        time.sleep(0.1)
+    grown = time.monotonic()
+    if gone is None:  # both within the last polling step
+        gone = grown
+    # It cannot hold 4 GPUs beside the other's: those are gone.
+    assert running.pods() == {}
+    assert len(bound(waiting.pods())) == 4
+    print(
+        f"FIGURE {running.name} deleted -> its pods gone {gone - deleted:.2f}s -> "
+        f"{waiting.name} at 4 workers listed {grown - gone:.2f}s later "
+        f"({grown - deleted:.2f}s from the delete)"
+    )
+
+    # A scale-in under the gang scheduler drains before it deletes, as without one.
+    waiting.set_workers(3)
+    waiting.wait_hosts(3, timeout=20)
+    wait_for(lambda: len(waiting.workers()) == 3, 30, "the drained worker deleted")
+    reasons = [r for _, r, _ in waiting.events()]
+    assert "Draining" in reasons, reasons
+    assert "WorkerDeleted" in reasons, reasons
+    assert [r for t, r, _ in waiting.events() if t == "Warning"] == []
+
+    _a_deleted_pod_is_replaced(cluster, namespace, waiting)
+    _grows_past_the_gang_when_room_appears(cluster, namespace, waiting, gang_node)
+
+
+def _a_deleted_pod_is_replaced(cluster: Cluster, namespace: str, waiting: Job) -> None:
+    # A pod the scheduler's preemption (or Volcano's reclaim) deletes is a pod deleted like
+    # any other (docs/membership.md): it leaves discover_hosts.sh at once, its name is
+    # retired (its ranks may have died listed, and Horovod blacklists such a name), and a
+    # replacement under another name takes its place, inside the gang.
+    victim = names.worker_name(waiting.name, 0)
+    assert f"{victim}:1" in waiting.hosts()
+    cluster.kubectl("delete", "pod", victim, "-n", namespace, "--wait=false")
+
+    def replaced() -> bool:
+        listed = waiting.hosts()
+        return len(listed) == 3 and f"{victim}:1" not in listed
+
+    wait_for(replaced, 60, f"{victim} replaced")
+    retired = [m for _, r, m in waiting.events() if r == "WorkerRetired"]
+    assert any(victim in m for m in retired), waiting.events()
+
+
+def _grows_past_the_gang_when_room_appears(
+    cluster: Cluster, namespace: str, waiting: Job, gang_node: str
+) -> None:
+    # Grown past the gang pod by pod: at 3 workers (its minMember with the launcher) and
+    # the node's last GPU taken by another pod, the job asks for 4; the 4th worker waits
+    # alone (the gang is already in place) and runs as soon as the GPU is free.
+    filler = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "filler"},
+        "spec": {
+            "nodeSelector": {GANG_TAINT: gang_node},
+            "tolerations": [{"key": GANG_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "resources": {"requests": {GPU: "1"}, "limits": {GPU: "1"}},
+                }
+            ],
+        },
+    }
+    cluster.apply(filler, namespace)
+    wait_for(lambda: _filler_bound(cluster, namespace), 30, "the filler on the last GPU")
+    waiting.set_workers(4)
+    time.sleep(5)
+    assert len(waiting.hosts()) == 3, waiting.hosts()
+    cluster.kubectl("delete", "pod", "filler", "-n", namespace, "--grace-period=0", "--force")
+    freed = time.monotonic()
+    wait_for(lambda: len(waiting.hosts()) == 4, 60, f"{waiting.name} grown to 4")
+    print(
+        f"FIGURE GPU freed -> {waiting.name} grown 3 -> 4 listed: {time.monotonic() - freed:.2f}s"
+    )
