@@ -455,9 +455,11 @@ async def test_rank_killed_while_its_host_is_leaving_is_a_failure(rig: Rig) -> N
     assert rig.of(ev.DRIVER_EXIT)[0]["hosts_removed"] == 0  # blacklisted, not removed
 
 
-def kubexec_processes(host: str) -> list[int]:
-    """Pids of processes whose command line is ``... kubexec.sh <host> ...``: what the
-    controller looks for from the launcher's side."""
+def kubexec_processes(rsh: Path, host: str) -> list[int]:
+    """Pids of processes whose command line is ``... <rsh> <host> ...``: what the
+    controller looks for from the launcher's side. Matched by this test's own script path:
+    /proc shows every test's processes, and another run of this file may be at host b
+    too."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -468,7 +470,7 @@ def kubexec_processes(host: str) -> list[int]:
             continue
         words = [w.decode(errors="replace") for w in argv]
         text = " ".join(words)
-        if f"kubexec.sh {host} " in text or f"kubexec.sh' '{host}' " in text:
+        if f"{rsh} {host} " in text or f"{rsh}' '{host}' " in text:
             found.append(int(proc.name))
     return found
 
@@ -494,7 +496,7 @@ async def test_removed_rank_exits_134_at_the_next_commit_and_is_ignored(rig: Rig
             ev.HOST_REMOVED,
             ev.RANK_UNASSIGNED,
         ):
-            seen[record["event"]] = kubexec_processes("b")
+            seen[record["event"]] = kubexec_processes(rsh, "b")
 
     cfg = replace(
         rig.config(np=2, min_np=1, commit_interval=interval),
@@ -523,7 +525,7 @@ async def test_removed_rank_exits_134_at_the_next_commit_and_is_ignored(rig: Rig
     assert (stopped["exit_code"], stopped["rsh_exit_code"]) == (134, 134)
     assert (stopped["reason"], stopped["ignored"]) == ("host_removed", True)
     assert stopped["ts"] - unassigned["ts"] < interval + 1.0
-    assert kubexec_processes("b") == []
+    assert kubexec_processes(rsh, "b") == []
     assert running_on(rig, "a") == 1
     assert not rig.of(ev.RANK_STOPPED, host="a")
 
