@@ -34,6 +34,7 @@ from mpijob_elastic.core.spec_fields import (
     _run_policy,
     _seconds,
     _slots,
+    opportunistic,
 )
 
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
@@ -102,6 +103,9 @@ class JobSpec:
     remove: frozenset[str] = frozenset()
     # 0: never suspended for lack of capacity (lifecycle.py).
     below_min_timeout: float = 0.0
+    # Grows into idle capacity (opportunistic.py); its workers' PriorityClass if named.
+    opportunistic: bool = False
+    opportunistic_priority_class: str | None = None
     # runPolicy.suspend: the user suspended the job.
     suspend: bool = False
     # runPolicy: None where unset (no deadline, no TTL, no limit on launcher restarts).
@@ -244,6 +248,7 @@ def parse(
     )
     remove = _remove_workers(annotations, name, errors)
     below_min_timeout = _below_min_timeout(annotations, bounds, errors)
+    grows, priority_class = opportunistic(annotations, bounds, errors)
     _check_name(name, worker, bounds, errors)
     main = _main_container(spec, worker, errors)
     account = _launcher_account(launcher, errors)
@@ -267,6 +272,8 @@ def parse(
         scale_out_timeout=scale_out_timeout,
         remove=remove,
         below_min_timeout=below_min_timeout,
+        opportunistic=grows,
+        opportunistic_priority_class=priority_class,
         suspend=run_policy.suspend,
         active_deadline_seconds=run_policy.deadline,
         ttl_seconds_after_finished=run_policy.ttl,
