@@ -39,8 +39,6 @@ IN_CLUSTER = os.environ.get("E2E_IN_CLUSTER") == "1"
 BASELINE, MAXIMUM = 2, 8
 DRIVER_ARGS = ("-np", str(BASELINE), "--min-np", "1", "--max-np", str(MAXIMUM))
 HOSTNAME = "kubernetes.io/hostname"
-# The pause image: on kind it is on every node already (the pod sandbox).
-PAUSE = "registry.k8s.io/pause:3.10.1"
 
 
 @pytest.fixture(scope="module")
@@ -122,9 +120,17 @@ def opportunistic_job(name: str, node: str, resource: str, share: str) -> dict[s
     worker = specs["Worker"]["template"]["spec"]
     worker["affinity"] = _on(node, "In")
     for container in worker["containers"]:
-        container["resources"] = {"requests": {resource: share}, "limits": {resource: share}}
+        container["resources"] = _resources(resource, share)
     specs["Launcher"]["template"]["spec"]["affinity"] = _on(node, "NotIn")
     return job
+
+
+def _resources(resource: str, amount: str) -> dict[str, Any]:
+    """Requests only for CPU (a limit would throttle the ranks), a limit for GPUs (which
+    a pod must ask for as one)."""
+    if resource == "cpu":
+        return {"requests": {resource: amount}}
+    return {"limits": {resource: amount}}
 
 
 def _on(node: str, operator: str) -> dict[str, Any]:
@@ -148,9 +154,11 @@ def higher_priority_pod(name: str, node: str, resource: str, amount: str) -> dic
             "containers": [
                 {
                     "name": "main",
-                    "image": PAUSE,
+                    # On kind an image every node has loaded already (hack/images.sh).
+                    "image": os.environ.get("E2E_WORKER_IMAGE", "busybox"),
                     "imagePullPolicy": "IfNotPresent",
-                    "resources": {"requests": {resource: amount}, "limits": {resource: amount}},
+                    "command": ["sleep", "3600"],
+                    "resources": _resources(resource, amount),
                 }
             ],
         },
@@ -222,7 +230,7 @@ def test_grows_into_idle_capacity_and_gives_it_back_to_higher_priority(
         grew = events(run, "Grew")
         assert grew
         assert all("into idle capacity" in m for m in grew), grew
-        table = run.kubectl("get", "mpijob", run.job)
+        table = run.kubectl("get", "mpijob", run.job, "-o", "wide")
         assert "OPPORTUNISTIC" in table.splitlines()[0], table
         # 2. A workload of higher priority needs 6 places: the scheduler preempts.
         since = time.time()
