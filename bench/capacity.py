@@ -12,9 +12,10 @@ run: ``opportunistic`` (the annotation on) and ``fixed`` (the same job without i
 
 Figures per run:
 
-* ``harvest``: GPU-seconds the job trained on (hosts with a running rank, per the driver)
-  over the GPU-seconds it could have used (the pool's GPUs less the higher-priority
-  pods', at most max-replicas), integrated over the trace;
+* ``harvest``: GPU-seconds the job trained on (hosts with a running rank, per the driver,
+  counted up to what it could use at the moment) over the GPU-seconds it could have used
+  (the pool's GPUs less the higher-priority pods', at most max-replicas; a node counts as
+  gone from the start of its drain), integrated over the trace;
 * the higher-priority pods' wait, creation to Running (polled every 0.1 s);
 * churn: worker pods the job created and deleted, per hour of the trace (a watch);
 * ``failures`` and ``blacklists`` in the driver's record.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -40,14 +42,17 @@ from typing import Any
 import yaml
 from kubernetes import client, config, watch
 
-from bench.cluster import cluster, kubectl_binary, machine
+from bench.cluster import _cluster_up, kubectl_binary, machine
 from e2e.harness import ElasticRun
 from e2e.mockhorovod import events as ev
 from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster
+from tests.controller import wait_for
 
 SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
+CRD = ROOT / "config" / "crd" / "kubeflow.org_mpijobs.yaml"
 PRIORITY_CLASS = ROOT / "config" / "default" / "priority_class.yaml"
+CLUSTER = "mpijob-elastic-bench-capacity"
 POOL = "bench-gpu"
 TAINT = "example.com/bench-gpu"
 GPUS_PER_NODE = 2
@@ -158,8 +163,11 @@ class Pool:
             if name in pending and pod["status"].get("phase") == "Running":
                 self.waits.append(time.monotonic() - pending.pop(name))
 
-    def usable(self) -> int:
-        return min(self.nodes * GPUS_PER_NODE - len(self.high), MAXIMUM)
+    def usable(self, nodes: int | None = None) -> int:
+        """GPUs the job could use: the pool's, less the higher-priority pods', at most
+        max-replicas."""
+        count = self.nodes if nodes is None else nodes
+        return max(min(count * GPUS_PER_NODE - len(self.high), MAXIMUM), 0)
 
 
 def job(name: str, grows: bool) -> dict[str, Any]:
@@ -209,15 +217,30 @@ class Churn:
         self._stop.set()
 
 
-def trained_seconds(records: list[dict[str, Any]], start: float, end: float) -> float:
-    """GPU-seconds with a running rank between ``start`` and ``end`` (wall clock)."""
-    count, last, total = 0, start, 0.0
-    for r in sorted(records, key=lambda r: r["ts"]):
-        ts = min(max(r["ts"], start), end)
-        total += count * (ts - last)
+def harvest(
+    records: list[dict[str, Any]], usable: list[tuple[float, int]], end: float
+) -> tuple[float, float]:
+    """GPU-seconds trained on usable GPUs, and usable GPU-seconds, from ``usable[0]`` to
+    ``end`` (wall clock). ``usable``: (since, GPUs the job could use), in order; a GPU with
+    a rank counts only up to what was usable then (a node being drained is gone)."""
+    changes = sorted(
+        [(r["ts"], "rank", 1 if r["event"] == ev.RANK_RUNNING else -1) for r in records]
+        + [(t, "usable", n) for t, n in usable]
+    )
+    start = usable[0][0]
+    ranks, room, last, trained, available = 0, 0, start, 0.0, 0.0
+    for ts, kind, value in changes:
+        ts = min(max(ts, start), end)
+        trained += min(ranks, room) * (ts - last)
+        available += room * (ts - last)
         last = ts
-        count += 1 if r["event"] == ev.RANK_RUNNING else -1
-    return total + count * (end - last)
+        if kind == "rank":
+            ranks += value
+        else:
+            room = value
+    trained += min(ranks, room) * (end - last)
+    available += room * (end - last)
+    return trained, available
 
 
 @dataclass
@@ -248,23 +271,29 @@ def run_trace(
         driver_args=("-np", str(BASELINE), "--min-np", "1", "--max-np", str(MAXIMUM)),
     )
     churn = Churn(kubeconfig, namespace, "cap")
+    command = [
+        sys.executable, "-m", "mpijob_elastic.app.cli", "run", "--kubeconfig", kubeconfig,
+        "--namespaces", namespace, "--kubectl-delivery", "none", "--log-level", "warning",
+        "--growth-backoff-max-seconds", str(BACKOFF_CAP),
+    ]  # fmt: skip
+    controller = subprocess.Popen(command, cwd=ROOT)
     try:
         run.submit()
         run.start_launcher(timeout=120)
-        run.wait_for_size(BASELINE, timeout=120)
+        # The opportunistic job grows at once: wait for the baseline's ranks at least.
+        wait_for(lambda: len(run.ranks_running_on()) >= BASELINE, 120, "ranks on the baseline")
         begin_wall, begin = time.time(), time.monotonic()
         # The baseline's own creates, seen as the watch started, are not churn.
         created, deleted = churn.created, churn.deleted
-        available, last = 0.0, begin
+        usable = [(begin_wall, pool.usable())]
         pending: dict[str, float] = {}
         for at, action, value in trace[1:]:
             while time.monotonic() - begin < at:
                 pool.poll_high(pending)
                 time.sleep(0.1)
-            now = time.monotonic()
-            available += pool.usable() * (now - last)
-            last = now
             if action == "nodes":
+                # A node going away is gone from its cordon on: record before the drain.
+                usable.append((time.time(), pool.usable(min(value, pool.nodes))))
                 pool.set_nodes(value)
             elif action == "high":
                 before = set(pool.high)
@@ -272,11 +301,12 @@ def run_trace(
                 pending.update({n: pool.high[n] for n in pool.high if n not in before})
             else:
                 break
-        end_wall = begin_wall + (time.monotonic() - begin)
+            usable.append((time.time(), pool.usable()))
+        end_wall = time.time()
         records = run.driver_events(
             ev.RANK_RUNNING, ev.RANK_STOPPED, ev.RANK_EXITED, ev.RANK_FAILED
         )
-        trained = trained_seconds(records, begin_wall, end_wall)
+        trained, available = harvest(records, usable, end_wall)
         failures = len(run.driver_events(ev.RANK_FAILED, ev.EXEC_FAILED))
         blacklists = len(run.driver_events(ev.HOST_BLACKLISTED))
         return Result(
@@ -293,6 +323,8 @@ def run_trace(
     finally:
         churn.stop()
         run.close()
+        controller.terminate()
+        controller.wait(30)
         pool.set_high(0)
         pool.set_nodes(0)
         cluster_.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
@@ -320,7 +352,7 @@ def table(results: list[Result], host: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kubeconfig")
+    parser.add_argument("--kubeconfig", help="default: a local KWOK cluster of its own")
     parser.add_argument("--seed", type=int, default=21)
     args = parser.parse_args(argv)
     traces: list[tuple[str, Trace]] = [
@@ -328,26 +360,23 @@ def main(argv: list[str] | None = None) -> None:
         (f"random (seed {args.seed})", random_trace(args.seed)),
     ]
     results: list[Result] = []
-    with cluster(args.kubeconfig) as kubeconfig, tempfile.TemporaryDirectory() as tmp:
+    # A cluster of its own: other benchmarks share mpijob-elastic-bench.
+    env = dict(os.environ, MPIJOB_ELASTIC_CLUSTER=CLUSTER)
+    kubeconfig = args.kubeconfig or _cluster_up(env)
+    try:
         c = Cluster(kubeconfig, kubectl_binary())
-        c.kubectl("apply", "-f", str(PRIORITY_CLASS))
-        command = [
-            sys.executable, "-m", "mpijob_elastic.app.cli", "run", "--kubeconfig", kubeconfig,
-            "--kubectl-delivery", "none", "--log-level", "warning",
-            "--growth-backoff-max-seconds", str(BACKOFF_CAP),
-        ]  # fmt: skip
-        proc = subprocess.Popen(command, cwd=ROOT)
-        try:
-            time.sleep(3)
+        c.kubectl("apply", "-f", str(PRIORITY_CLASS), "-f", str(CRD))
+        c.kubectl("wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
+        with tempfile.TemporaryDirectory() as tmp:
             for i, (tag, trace) in enumerate(traces):
                 for grows in (True, False):
                     result = run_trace(c, kubeconfig, str(i), trace, grows, Path(tmp))
                     result.trace = tag
                     results.append(result)
                     print(table(results[-1:], machine()).splitlines()[-1], flush=True)
-        finally:
-            proc.terminate()
-            proc.wait(30)
+    finally:
+        if not args.kubeconfig:
+            subprocess.run([str(ROOT / "hack/cluster-down.sh")], env=env, check=False)
     print()
     print(table(results, machine()))
 

@@ -317,7 +317,7 @@ def _children(
         "draining": sum(1 for v in victims if v.deadline is not None or v.action == "mark"),
         "retired": format_indexes(retired),
         **_bounds(spec),
-        **_split(spec, m.keep, listed),
+        **opportunistic.split(spec, m.keep, listed),
         # Shown only once there is something to show.
         **({"workerFailures": size.failures.count} if size.failures.count else {}),
         **({"launcherRestarts": restarts.done} if restarts.done else {}),
@@ -329,7 +329,9 @@ def _children(
         objects=objects,
         config_hash=hash_,
         workers=m.keep,
-        new_pods=_new_pods(turn, spec, m, members.create_now, size),
+        new_pods=opportunistic.new_pods(
+            turn, spec, m.keep, members.create_now, size.goal.workers - size.growth.extra
+        ),
         victims=victims,
         deletes=restarted + list(m.replace[:POD_WRITES_PER_TURN]),
         launcher=new_launcher,
@@ -337,27 +339,6 @@ def _children(
         rank_holders=members.hosts.rules.holders,
         ranks=render.ranks_config_map(spec),
     )
-
-
-def _new_pods(
-    turn: Turn, spec: JobSpec, m: Membership, create_now: Sequence[int], size: _Size
-) -> list[Obj]:
-    """The workers to create: the baseline's missing ones first, the rest opportunistic."""
-    baseline = size.goal.workers - size.growth.extra
-    missing = max(baseline - sum(1 for w in m.keep if not w.opportunistic), 0)
-    pods = [render_pods.worker_pod(spec, i) for i in create_now]
-    return [
-        p if n < missing else opportunistic.mark(p, spec, turn.settings) for n, p in enumerate(pods)
-    ]
-
-
-def _split(spec: JobSpec, keep: Sequence[Worker], listed: Sequence[str]) -> dict[str, int]:
-    """Listed workers of the baseline and above it, for an opportunistic job."""
-    extra = {w.name for w in keep if w.opportunistic}
-    grown = sum(1 for name in listed if name in extra)
-    if not spec.opportunistic and not grown:
-        return {}
-    return {"baseline": len(listed) - grown, "opportunistic": grown}
 
 
 def _new_launcher(

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from mpijob_elastic.core import names
+from mpijob_elastic.core import names, render_pods
 from mpijob_elastic.core.growth_state import GrowthState, parse_growth
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec import JobSpec
@@ -238,3 +238,21 @@ def grown(turn: Turn, workers: Sequence[Worker], listed: Sequence[str], old: set
             f"+{len(new)} into idle capacity: opportunistic workers {', '.join(new)}",
             counts=(("grown", len(new)),),
         )
+
+
+def new_pods(
+    turn: Turn, spec: JobSpec, keep: Sequence[Worker], create_now: Sequence[int], baseline: int
+) -> list[dict[str, Any]]:
+    """The workers to create: the baseline's missing ones first, the rest opportunistic."""
+    missing = max(baseline - sum(1 for w in keep if not w.opportunistic), 0)
+    pods = [render_pods.worker_pod(spec, i) for i in create_now]
+    return [p if n < missing else mark(p, spec, turn.settings) for n, p in enumerate(pods)]
+
+
+def split(spec: JobSpec, keep: Sequence[Worker], listed: Sequence[str]) -> dict[str, int]:
+    """Listed workers of the baseline and above it, for ``status.elastic``."""
+    extra = {w.name for w in keep if w.opportunistic}
+    grown = sum(1 for name in listed if name in extra)
+    if not spec.opportunistic and not grown:
+        return {}
+    return {"baseline": len(listed) - grown, "opportunistic": grown}
