@@ -257,6 +257,13 @@ def test_grows_into_idle_capacity_and_gives_it_back_to_higher_priority(
         preempted = events(run, "Preempted")
         assert preempted
         assert "preempted by the scheduler" in preempted[0], preempted
+        # Each victim named once, in one Event or another.
+        named = [
+            n
+            for m in preempted
+            for n in m.removeprefix("opportunistic workers ").split(" preempted")[0].split(", ")
+        ]
+        assert sorted(named) == sorted(pods), preempted
         # 3. They finish: the job grows back into the room.
         run.kubectl("delete", "pod", *high, "--wait=true")
         back = time.monotonic()

@@ -46,6 +46,10 @@ from mpijob_elastic.core.workers import Worker
 
 GROWTH_STEP = 2
 BACKOFF_SECONDS = 10.0
+# Victims the scheduler preempts within this long of the first are one preemption: one
+# backoff step.
+WAVE = timedelta(seconds=5)
+PREEMPTED = "preempted"
 
 
 def _condition(worker: Worker, type_: str) -> Mapping[str, Any] | None:
@@ -117,7 +121,8 @@ def grow(turn: Turn, spec: JobSpec, workers: Sequence[Worker], baseline: int, he
     if since is not None and any(
         w.created > since.timestamp() and w.main_running(main) for w in staying
     ):
-        state = replace(state, attempts=0, since=None, retry_at=None, why="")
+        # The last preemption's victims stay counted (``why``) while they terminate.
+        state = replace(state, attempts=0, since=None, retry_at=None)
     room = max(spec.bounds.max - baseline, 0)
     have = min(len(staying), room)
     ready = sum(1 for w in workers if not w.opportunistic and w.can_take_ranks(main))
@@ -154,17 +159,24 @@ def _failed(
             counts=(("withdrawn", len(refused)),),
         )
         return state
-    # Each preemption once: its condition changed after the backoff last began.
+    # Each victim once. The scheduler preempts a wave of victims within a second or so,
+    # conditions carry whole seconds and reach us a moment later: a victim whose
+    # condition changed up to 2 s before the backoff began is new unless already counted.
+    wave = _wave(state)
+    start = state.since.timestamp() - 2 if state.since else 0.0
     victims = [
         w
         for w in ours
-        if preempted(w)
-        and (state.since is None or _changed(w, "DisruptionTarget") > state.since.timestamp())
+        if preempted(w) and w.uid not in wave and _changed(w, "DisruptionTarget") > start
     ]
     if not victims:
         return state
     why = _message(victims[0], "DisruptionTarget")
-    state = next_backoff(state, turn.now, cap, f"preempted: {why}")
+    named = ",".join(sorted({*wave, *(w.uid for w in victims)}))
+    if wave and state.since is not None and turn.now - state.since < WAVE:
+        state = replace(state, why=f"{PREEMPTED} {named}: {why}")
+    else:
+        state = next_backoff(state, turn.now, cap, f"{PREEMPTED} {named}: {why}")
     # The DisruptionTarget condition does not name the preemptor; the scheduler's
     # Preempted Event on the victim pod does ("Preempted by pod <uid> on node <node>").
     turn.event(
@@ -177,6 +189,13 @@ def _failed(
         counts=(("preempted", len(victims)),),
     )
     return state
+
+
+def _wave(state: GrowthState) -> frozenset[str]:
+    """The pods (UIDs) the last preemption took (``why``: "preempted <uids>: ...")."""
+    if not state.why.startswith(f"{PREEMPTED} "):
+        return frozenset()
+    return frozenset(state.why[len(PREEMPTED) + 1 :].split(":", 1)[0].split(","))
 
 
 def _step(turn: Turn, state: GrowthState, room: int, have: int) -> int:

@@ -188,7 +188,8 @@ def test_preempted_workers_leave_gracefully_and_growth_backs_off() -> None:
     # The scheduler preempts two opportunistic workers for a pod of higher priority: the
     # condition first, then the delete with the pod's grace period.
     victims = ("job-worker-6", "job-worker-7")
-    for name in victims:
+    uids = sorted(c.objects[("Pod", name)]["metadata"]["uid"] for name in victims)
+    for name in victims[:1]:
         pod = copy.deepcopy(c.objects[("Pod", name)])
         pod["status"]["conditions"] = [
             {
@@ -202,6 +203,14 @@ def test_preempted_workers_leave_gracefully_and_growth_backs_off() -> None:
         c.world._put(pod)
     c.tick(1)
     turn(c, 6)
+    # The second victim's condition comes a moment later, in the same second.
+    pod = copy.deepcopy(c.objects[("Pod", victims[1])])
+    pod["status"]["conditions"] = copy.deepcopy(
+        c.objects[("Pod", victims[0])]["status"]["conditions"]
+    )
+    c.world._put(pod)
+    c.tick(0.2)
+    turn(c, 6)
     for name in victims:
         pod = copy.deepcopy(c.objects[("Pod", name)])
         pod["metadata"]["deletionTimestamp"] = format_precise_time(c.now)
@@ -212,9 +221,12 @@ def test_preempted_workers_leave_gracefully_and_growth_backs_off() -> None:
         c.tick(0.5)
     run(c, 6, 5)
     preempted = events(c, "Preempted")
-    assert len(preempted) == 1
-    assert "job-worker-6, job-worker-7 preempted by the scheduler" in preempted[0]
+    assert len(preempted) == 2, preempted
+    assert "workers job-worker-6 preempted by the scheduler" in preempted[0]
+    assert "workers job-worker-7 preempted by the scheduler" in preempted[1]
+    # One wave, one step of the backoff, each victim named once.
     assert growth(c).attempts == 1
+    assert growth(c).why.startswith(f"preempted {','.join(uids)}: ")
     assert not c.world.blacklisted.get(c.name)
     # It does not grow back into the room before the backoff is over.
     assert len(workers(c)) == 6
