@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: test unit integration e2e e2e-kind lint demo bench bench-kind bench-kind-drain bench-planning bench-spot binaries cluster-up cluster-down venv lock clean
+.PHONY: test unit integration e2e e2e-kind lint demo bench bench-kind bench-kind-drain bench-planning bench-spot bench-capacity binaries cluster-up cluster-down venv lock clean
 
 # The exact versions, with hashes, of requirements-dev.lock; the image installs
 # requirements.lock (its runtime subset) the same way. The project itself goes on top
@@ -126,6 +126,11 @@ bench-spot: venv binaries
 
 bench-planning: venv
 	@$(PY) -m bench.planning
+
+# Issue 21: how much idle GPU capacity an opportunistic job harvests, against the same
+# job at a fixed size, on a scripted and a seeded random capacity trace (docs/benchmarks.md).
+bench-capacity: venv binaries
+	@$(PY) -m bench.capacity
 
 clean: cluster-down
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,5 +1,6 @@
 """`make demo`: an elastic MPIJob scaled 2 -> 4 -> 1 -> 3 on a local cluster, then a node
-with workers drained and a spot reclaim notice reaching the training, explained.
+with workers drained, a spot reclaim notice reaching the training, then grown into
+idle GPUs and preempted by a higher-priority job, explained.
 
 python -m e2e.demo [--keep]
 """
@@ -100,6 +101,7 @@ def demo(cluster: Cluster, workdir: Path) -> None:
         _refuse(cluster, run)
         _drain_node(run)
         _notice(run)
+        _idle_capacity(cluster, run)
         _finish(run)
     finally:
         run.close()
@@ -257,6 +259,88 @@ def _notice(run: ElasticRun) -> None:
         saved step, losing at most the steps of one commit interval
         (e2e/test_notices.py, docs/spot.md).
     """)
+
+
+def _idle_capacity(cluster: Cluster, run: ElasticRun) -> None:
+    """Section 9: the job grows into idle GPUs, a higher-priority job takes them back."""
+    section("9. Idle capacity: opportunistic workers (docs/capacity.md)")
+    say(f"""
+        kubectl annotate mpijob/{run.job} {names.ANN_OPPORTUNISTIC}=true, and new workers
+        ask for a GPU each (a template edit reaches new pods only). Worker replicas (3) is
+        now the baseline; the controller adds workers above it, up to max-replicas (5),
+        while the scheduler has room, at the PriorityClass mpijob-elastic-opportunistic
+        (value -100, preemptionPolicy Never), which config/default ships.
+    """)
+    cluster.kubectl("apply", "-f", str(ROOT / "config/default/priority_class.yaml"))
+    job = json.loads(run.kubectl("get", "mpijob", run.job, "-o", "json"))
+    containers = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    for container in containers:
+        container["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    # A merge patch replaces a list whole: the containers go in full.
+    patch = {
+        "metadata": {"annotations": {names.ANN_OPPORTUNISTIC: "true"}},
+        "spec": {"mpiReplicaSpecs": {"Worker": {"template": {"spec": {
+            "containers": containers
+        }}}}},
+    }  # fmt: skip
+    step = run.begin("kubectl annotate: opportunistic")
+    run.kubectl("patch", "mpijob", run.job, "--type=merge", "-p", json.dumps(patch))
+    run.wait_for_size(5)
+    show_state(run, step)
+    for line in run.kubectl("get", "mpijob", run.job, "-o", "wide").splitlines():
+        print(f"    {line}")
+    grown = json.loads(
+        run.kubectl("get", "pods", "-l", f"{names.LABEL_OPPORTUNISTIC}=true", "-o", "json")
+    )["items"]
+    nodes = sorted({p["spec"]["nodeName"] for p in grown})
+    say(f"""
+        A training job of higher priority (priority 0, the default) arrives and needs
+        every GPU of {", ".join(nodes)}. The scheduler preempts the opportunistic workers
+        there: they leave discover_hosts.sh at once and Horovod lets their ranks go at
+        the next commit. Growth backs off, so the job does not grab the room back.
+    """)
+    step = run.begin("a higher-priority job arrives")
+    for i, node in enumerate(nodes):
+        run.kubectl("apply", "-f", "-", input=json.dumps(_whole_node(f"high-{i}", node)))
+    try:
+        run.wait_for_size(5 - len(grown), timeout=90)
+        wait_for(
+            lambda: all(
+                '"Running"' in run.kubectl("get", "pod", f"high-{i}", "-o", "jsonpath={.status}")
+                for i in range(len(nodes))
+            ),
+            60,
+            "the higher-priority pods running",
+        )
+        show_state(run, step, since="the higher-priority job arrived")
+        for line in run.kubectl(
+            "get", "events", "--field-selector", f"involvedObject.name={run.job}"
+        ).splitlines():
+            if any(r in line for r in ("Grew", "Preempted", "NAME")):
+                print(f"    {line[:150]}")
+    finally:
+        run.kubectl("delete", "pod", *(f"high-{i}" for i in range(len(nodes))), "--wait=false")
+
+
+GPUS_8 = {"nvidia.com/gpu": "8"}
+
+
+def _whole_node(name: str, node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "resources": {"limits": {"nvidia.com/gpu": "8"}},
+                }
+            ],
+        },
+    }
 
 
 def _finish(run: ElasticRun) -> None:

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Copies the parts of config/ that take no chart value into charts/mpijob-elastic, with
 # the controller's namespace (mpijob-elastic-system) replaced by the release's: the CRD (to
-# crds/), the admission policies, the ClusterRoles, the ServiceAccount, the nodes binding
-# and the leader election Role. The Deployment, the metrics Service, the
-# PodDisruptionBudget and the controller's bindings take values and are templates written
-# by hand. tests/integration/test_chart.py renders the chart and config/ and fails when
+# crds/), the admission policies, the ClusterRoles, the ServiceAccount, the nodes binding,
+# the leader election Role and the opportunistic workers' PriorityClass. The Deployment,
+# the metrics Service, the PodDisruptionBudget and the controller's bindings take values
+# and are templates written by hand. tests/integration/test_chart.py renders the chart and config/ and fails when
 # they differ, and runs this script with --check (exit 1 when a copy is out of date).
 set -euo pipefail
 repo_root=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,6 +27,7 @@ copies=(
   rbac/leader_election.yaml:templates/rbac-leader-election.yaml
   rbac/metrics_auth.yaml:templates/rbac-metrics-auth.yaml
   rbac/metrics_reader.yaml:templates/rbac-metrics-reader.yaml
+  default/priority_class.yaml:templates/priority-class.yaml
 )
 
 stale=0

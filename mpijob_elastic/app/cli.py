@@ -102,6 +102,19 @@ def _settings_args(parser: argparse.ArgumentParser) -> None:
         "template names one (docs/scheduling.md)",
     )
     parser.add_argument(
+        "--opportunistic-priority-class",
+        default=DEFAULTS.opportunistic_priority_class,
+        help="the PriorityClass of opportunistic workers, for jobs without the "
+        f"{names.ANN_OPPORTUNISTIC_PRIORITY_CLASS} annotation (docs/capacity.md)",
+    )
+    parser.add_argument(
+        "--growth-backoff-max-seconds",
+        type=_seconds,
+        default=DEFAULTS.growth_backoff_max_seconds,
+        help="the longest pause between an opportunistic job's growth probes once "
+        "capacity ran out (docs/capacity.md)",
+    )
+    parser.add_argument(
         "--max-workers-per-job",
         type=_whole(1),
         default=DEFAULTS.max_workers_per_job,
@@ -134,6 +147,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         leaving_node_taints=tuple(t for t in args.leaving_node_taints.split(",") if t),
         max_workers_per_job=args.max_workers_per_job,
         gang_scheduler_name=args.gang_scheduler_name,
+        opportunistic_priority_class=args.opportunistic_priority_class,
+        growth_backoff_max_seconds=args.growth_backoff_max_seconds,
         reconcile_workers=getattr(args, "workers", DEFAULTS.reconcile_workers),
     )
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from mpijob_elastic.app.fleet import Fleet
 from mpijob_elastic.app.predicates import job_signature, manages, may_move_hosts
 from mpijob_elastic.app.preflight import RECHECK_SECONDS, Preflight
 from mpijob_elastic.app.watches import (
@@ -102,6 +103,8 @@ class Controller:
             Informer(watch_api, "/api/v1", "nodes", self._on_node, transform=nodes.slim),
         )
         self._leaving_nodes: dict[str, str] = {}
+        # Opportunistic jobs' growth states and capacity changes (fleet.py).
+        self.fleet = Fleet()
         self.writer = Writer(self.kube, self._cache, self._cached)
         self.pod_exec = PodExec(api.configuration)
         self.probes = RankProbes(self._read_launcher, self.queue.add)
@@ -185,6 +188,10 @@ class Controller:
         meta = obj["metadata"]
         if obj.get("kind") == "Pod":
             self.latency.pod(type_, obj, time.monotonic())
+            if type_ == "DELETED":
+                self._wake(self.fleet.pod_deleted(obj))
+        elif obj.get("kind") == "ConfigMap":
+            self._wake(self.fleet.config_map(type_, obj))
         refs = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
         urgent = may_move_hosts(type_, obj)
         for ref in refs:
@@ -201,9 +208,16 @@ class Controller:
             if jobs is not None and jobs.get(meta["namespace"], name) is not None:
                 self.queue.add((meta["namespace"], name))
 
+    def _wake(self, keys: list[Key]) -> None:
+        for key in keys:
+            self.queue.add(key)
+
     def _on_node(self, type_: str, node: Obj) -> None:
         name = node["metadata"]["name"]
         why = None if type_ == "DELETED" else nodes.leaving(node, self.settings.leaving_node_taints)
+        if why is None and (type_ == "ADDED" or name in self._leaving_nodes):
+            # A node added or made schedulable again: room the opportunistic jobs may use.
+            self._wake(self.fleet.changed())
         if self._leaving_nodes.get(name) == why:
             return
         if why is None:
@@ -356,6 +370,12 @@ class Controller:
             for p in observed.pods
         )
         pushed = self.probes.pushed(key, observed.ranks_report, running, datetime.now(UTC))
+        if (meta.get("annotations") or {}).get(names.ANN_OPPORTUNISTIC) == "true":
+            observed = dataclasses.replace(
+                observed,
+                fleet=self.fleet.others(key),
+                capacity_changed=self.fleet.capacity_changed,
+            )
         return dataclasses.replace(observed, ranks=pushed)
 
     async def reconcile(self, key: Key) -> float | None:

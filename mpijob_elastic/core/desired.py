@@ -41,6 +41,7 @@ from mpijob_elastic.core import (
     lifecycle,
     names,
     notices,
+    opportunistic,
     podgroups,
     render,
     render_pods,
@@ -182,6 +183,7 @@ class _Size:
     suspension: Suspension | None
     failures: capacity.WorkerFailures
     failed_kept: Sequence[str]
+    growth: opportunistic.Growth
 
 
 def _scale(
@@ -234,9 +236,12 @@ def _size(turn: Turn, spec: JobSpec, workers: Sequence[Worker]) -> _Size:
     suspension, retry_now = lifecycle.suspension(turn, spec)
     out = capacity.scale_out(turn, spec, workers, wanted, retry_now)
     goal = capacity.target(turn, spec, workers, wanted, out, drain.relocate(turn, spec, workers))
+    held = wanted < replicas or out.waiting(turn.now) or suspension is not None
+    growth = opportunistic.grow(turn, spec, workers, wanted, held)
+    goal = replace(goal, workers=goal.workers + growth.extra)
     gone = {w.name for w in replacing}
     kept = [w.name for w in failed if w.name not in gone]
-    return _Size(replicas, wanted, out, goal, suspension, failures, kept)
+    return _Size(replicas, wanted, out, goal, suspension, failures, kept, growth)
 
 
 def _members(turn: Turn, spec: JobSpec, workers: Sequence[Worker], size: _Size) -> Membership:
@@ -245,7 +250,9 @@ def _members(turn: Turn, spec: JobSpec, workers: Sequence[Worker], size: _Size) 
     facts = Facts(
         listed=discovered_hosts(old_data),
         retired=parse_indexes(turn.state.get(names.ANN_RETIRED_WORKERS)),
-        named=spec.remove | {w.name for w in size.out.given_up},
+        named=spec.remove
+        | {w.name for w in size.out.given_up}
+        | {w.name for w in size.growth.refused},
         taken={name for kind, name in observed.conflicts if kind == "Pod"},
         failed_kept=size.failed_kept,
         deleting=observed.deleting,
@@ -306,6 +313,7 @@ def _children(
         names.ANN_SCALE_OUT_BACKOFF: backoff.format() if backoff is not None else "",
         names.ANN_BELOW_MIN_SINCE: format_precise_time(below_since) if below_since else "",
         names.ANN_SUSPENDED: (size.suspension.format() if size.suspension and not resuming else ""),
+        names.ANN_GROWTH: size.growth.state.format(),
     }
     members_names = host_list.by_index(spec.name, m.keep, m.new_indexes)
     data = render.config_data(spec, turn.settings, members_names, listed, members.hosts.launcher)
@@ -321,6 +329,8 @@ def _children(
     reports.membership(turn, spec, m, members.create_now, size.goal.workers)
     if gang is not None:
         objects[GANG] = _pod_group(turn, spec, gang)
+    old_hosts = discovered_hosts((turn.observed.config_map or {}).get("data"))
+    opportunistic.grown(turn, m.keep, listed, old_hosts)
     waiting = launcher is not None or bool(m.new_indexes) or not ready
     new_launcher = None if waiting else _new_launcher(turn, spec, objects, hash_, needed)
     if new_launcher is not None and resuming:
@@ -336,6 +346,7 @@ def _children(
         "draining": sum(1 for v in victims if v.deadline is not None or v.action == "mark"),
         "retired": format_indexes(retired),
         **_bounds(spec),
+        **opportunistic.split(spec, m.keep, listed),
         # Shown only once there is something to show.
         **({"workerFailures": size.failures.count} if size.failures.count else {}),
         **({"launcherRestarts": restarts.done} if restarts.done else {}),
@@ -347,7 +358,9 @@ def _children(
         objects=objects,
         config_hash=hash_,
         workers=m.keep,
-        new_pods=[render_pods.worker_pod(spec, i, gang) for i in members.create_now],
+        new_pods=opportunistic.new_pods(
+            turn, spec, m.keep, members.create_now, size.goal.workers - size.growth.extra, gang
+        ),
         victims=victims,
         deletes=restarted + list(m.replace[:POD_WRITES_PER_TURN]),
         launcher=new_launcher,

@@ -18,7 +18,8 @@ brand-new pod. So a worker's name is its membership in Horovod's eyes, and:
 
 Victims of a scale-in are chosen, in order: the workers the user named, those not in
 discovery (not running yet, failed, not ready, or already draining), those whose pod is
-about to be disrupted (the ``DisruptionTarget`` condition), then the newest.
+about to be disrupted (the ``DisruptionTarget`` condition), then the newest; opportunistic
+workers (opportunistic.py) go after the named and before every other baseline worker.
 """
 
 from __future__ import annotations
@@ -191,8 +192,9 @@ def _choose(
 
     cohort = _cohorts(candidates)
 
-    def removal_order(w: Worker) -> tuple[int, int, int, int]:
-        # Lower sorts first: removed before the others.
+    def removal_order(w: Worker) -> tuple[int, int, int, int, int]:
+        # Lower sorts first: removed before the others; after the named ones, opportunistic
+        # workers (above the job's baseline, opportunistic.py) before the baseline.
         if w.name in named_set:
             group = 0
         elif w.name not in listed:
@@ -202,7 +204,8 @@ def _choose(
         else:
             group = 3
         runs = 0 if not w.main_running(main) else 1
-        return (group, runs, -cohort[w.name], -w.index)
+        baseline = int(group > 0 and not w.opportunistic)
+        return (baseline, group, runs, -cohort[w.name], -w.index)
 
     ordered = sorted(candidates, key=removal_order)
     surplus = max(len(candidates) - target, 0)

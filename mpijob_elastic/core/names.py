@@ -64,6 +64,17 @@ NOTICE_MOUNT: Final = "/etc/mpijob-elastic"
 NOTICE_FALLBACK_MOUNT: Final = "/var/run/mpijob-elastic"
 NOTICE_FILE: Final = "notice"
 
+# Elastic by capacity (opportunistic.py, docs/capacity.md): "true" grows the job above its
+# Worker replicas, up to max-replicas, into capacity the scheduler has free, at a low
+# priority that anything else may preempt; the PriorityClass its extra workers run at.
+ANN_OPPORTUNISTIC: Final = "mpijob-elastic.io/opportunistic"
+ANN_OPPORTUNISTIC_PRIORITY_CLASS: Final = "mpijob-elastic.io/opportunistic-priority-class"
+# On an opportunistic worker: observe counts it, the PodDisruptionBudget leaves it out.
+LABEL_OPPORTUNISTIC: Final = "mpijob-elastic.io/opportunistic"
+# On the ConfigMap: "<opportunistic workers> <attempts> <since> <retry at> <why>", the growth
+# backoff (attempts 0: none) and what the fleet's fair split reads of the job.
+ANN_GROWTH: Final = "mpijob-elastic.io/growth"
+
 # State the controller keeps on the objects it owns, so a restart resumes where it was.
 ANN_DRAINING_SINCE: Final = "mpijob-elastic.io/draining-since"
 # On a worker that holds ranks (host_rules.py): the PodDisruptionBudget counts only these.
@@ -94,6 +105,7 @@ STATE_ANNOTATIONS: Final = (
     ANN_LAUNCHER_RESTARTS,
     ANN_WORKER_FAILURES,
     ANN_WORKERS,
+    ANN_GROWTH,
 )
 
 CONFIG_MOUNT: Final = "/etc/mpi"

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Refusal
+from mpijob_elastic.core.growth_state import Share
 from mpijob_elastic.core.ranks import RankSnapshot
 from mpijob_elastic.core.spec import launcher_service_account
 
@@ -60,6 +62,11 @@ class Observed:
     strays: Sequence[Mapping[str, Any]] = ()
     # The last write the server refused (the writer's memory of it).
     refused: Refusal | None = None
+    # For an opportunistic job (opportunistic.py): the other opportunistic jobs' growth
+    # states, and when capacity last changed (a node added or made schedulable, a pod of
+    # ours that held a node deleted), as far as this controller saw since it started.
+    fleet: Sequence[Share] = ()
+    capacity_changed: datetime | None = None
 
 
 class View(Protocol):

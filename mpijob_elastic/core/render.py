@@ -210,6 +210,17 @@ def disruption_budget(spec: JobSpec, min_available: int) -> Obj:
     runs but holds no rank yet does not count, so a drain cannot evict the last worker
     Horovod could reset from before a replacement holds ranks. A worker that is not
     Ready (crash-looping) may always be evicted: it must never block a node's drain."""
+    selector: Obj = {
+        "matchLabels": {
+            **names.labels(spec.name, names.ROLE_WORKER),
+            names.LABEL_HOLDS_RANKS: "true",
+        }
+    }
+    if spec.opportunistic:
+        # Opportunistic workers (opportunistic.py) never block a drain or a preemption.
+        selector["matchExpressions"] = [
+            {"key": names.LABEL_OPPORTUNISTIC, "operator": "DoesNotExist"}
+        ]
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
@@ -222,12 +233,7 @@ def disruption_budget(spec: JobSpec, min_available: int) -> Obj:
         ),
         "spec": {
             "minAvailable": min_available,
-            "selector": {
-                "matchLabels": {
-                    **names.labels(spec.name, names.ROLE_WORKER),
-                    names.LABEL_HOLDS_RANKS: "true",
-                }
-            },
+            "selector": selector,
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }

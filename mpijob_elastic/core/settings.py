@@ -39,6 +39,11 @@ class Settings:
     # Node taints that mean the node is going away (nodes.py): elastic jobs move their
     # workers off such a node, and off a cordoned one, before it goes.
     leaving_node_taints: tuple[str, ...] = DEFAULT_LEAVING_TAINTS
+    # Elastic by capacity (opportunistic.py): the PriorityClass opportunistic workers run
+    # at unless the job names its own (config/default ships it), and the longest pause
+    # between growth probes once capacity ran out (the pause doubles from 10 s up to it).
+    opportunistic_priority_class: str = "mpijob-elastic-opportunistic"
+    growth_backoff_max_seconds: float = 300.0
     # Reconciles of different jobs at once. Each waits on the API server most of its turn,
     # so it is round trips, not CPU, that these overlap: with 4, a mass rescale of 500 jobs
     # waited on the controller, not on the server (docs/benchmarks.md).

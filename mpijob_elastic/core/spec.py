@@ -35,6 +35,7 @@ from mpijob_elastic.core.spec_fields import (
     _run_policy,
     _seconds,
     _slots,
+    opportunistic,
 )
 
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
@@ -108,6 +109,9 @@ class JobSpec:
     below_min_timeout: float = 0.0
     # How long a stop the controller decides waits after its notice (notices.py).
     checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS
+    # Grows into idle capacity (opportunistic.py); its workers' PriorityClass if named.
+    opportunistic: bool = False
+    opportunistic_priority_class: str | None = None
     # runPolicy.suspend: the user suspended the job.
     suspend: bool = False
     # runPolicy: None where unset (no deadline, no TTL, no limit on launcher restarts).
@@ -254,6 +258,7 @@ def parse(
     checkpoint = _seconds(
         annotations, names.ANN_CHECKPOINT_SECONDS, DEFAULT_CHECKPOINT_SECONDS, errors
     )
+    grows, priority_class = opportunistic(annotations, bounds, errors)
     _check_name(name, worker, bounds, errors)
     main = _main_container(spec, worker, errors)
     account = _launcher_account(launcher, errors)
@@ -278,6 +283,8 @@ def parse(
         remove=remove,
         below_min_timeout=below_min_timeout,
         checkpoint_seconds=checkpoint,
+        opportunistic=grows,
+        opportunistic_priority_class=priority_class,
         suspend=run_policy.suspend,
         active_deadline_seconds=run_policy.deadline,
         ttl_seconds_after_finished=run_policy.ttl,

@@ -311,3 +311,38 @@ def _launcher_account(launcher: ReplicaSpec | None, errors: list[FieldError]) ->
             )
         )
     return account
+
+
+def opportunistic(
+    annotations: Mapping[str, Any], bounds: Bounds, errors: list[FieldError]
+) -> tuple[bool, str | None]:
+    """Whether the job grows into idle capacity (opportunistic.py), and the PriorityClass
+    its opportunistic workers run at if the job names one."""
+    raw = annotations.get(names.ANN_OPPORTUNISTIC)
+    field = f"metadata.annotations[{names.ANN_OPPORTUNISTIC}]"
+    enabled = False
+    if isinstance(raw, str):
+        if raw not in ("true", "false"):
+            errors.append(FieldError(field, f"must be true or false, got {show(raw)}"))
+        elif raw == "true" and (bounds.min is None or bounds.max is None):
+            # Growth needs a ceiling, and only an elastic job can change size.
+            errors.append(
+                FieldError(
+                    field,
+                    f"needs {names.ANN_MIN_REPLICAS} and {names.ANN_MAX_REPLICAS}: only an "
+                    "elastic job with a maximum can grow into idle capacity",
+                )
+            )
+        enabled = raw == "true"
+    raw_class = annotations.get(names.ANN_OPPORTUNISTIC_PRIORITY_CLASS)
+    if not isinstance(raw_class, str):
+        return enabled, None
+    if len(raw_class) > _MAX_SUBDOMAIN or not _DNS_SUBDOMAIN.fullmatch(raw_class):
+        errors.append(
+            FieldError(
+                f"metadata.annotations[{names.ANN_OPPORTUNISTIC_PRIORITY_CLASS}]",
+                f"must be a PriorityClass name (DNS-1123 subdomain), got {show(raw_class)}",
+            )
+        )
+        return enabled, None
+    return enabled, raw_class

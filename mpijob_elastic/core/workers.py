@@ -63,6 +63,12 @@ class Worker:
         return False
 
     @property
+    def opportunistic(self) -> bool:
+        """Created above the job's baseline, at a low priority (opportunistic.py)."""
+        labels = self.pod["metadata"].get("labels") or {}
+        return labels.get(names.LABEL_OPPORTUNISTIC) == "true"
+
+    @property
     def reason(self) -> str:
         return str((self.pod.get("status") or {}).get("reason", ""))
 

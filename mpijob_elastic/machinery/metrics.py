@@ -122,7 +122,9 @@ WORKER_CHANGES = Counter(
     f"{PREFIX}_worker_changes",
     "Workers named by the jobs' Events: replaced, retired, relocated (marked to drain off a "
     "node that is going away), drained (deleted once its ranks left), drain_timed_out "
-    "(deleted when the drain period ran out).",
+    "(deleted when the drain period ran out); opportunistic ones (docs/capacity.md): grown "
+    "(listed in idle capacity), withdrawn (unschedulable, deleted at once), preempted (by "
+    "the scheduler, for a pod of higher priority).",
     ["change"],
 )
 
@@ -141,7 +143,16 @@ _TRANSITIONS = {
 }
 _CHANGES = {
     c: WORKER_CHANGES.labels(c)
-    for c in ("replaced", "retired", "relocated", "drained", "drain_timed_out")
+    for c in (
+        "replaced",
+        "retired",
+        "relocated",
+        "drained",
+        "drain_timed_out",
+        "grown",
+        "withdrawn",
+        "preempted",
+    )
 }
 
 

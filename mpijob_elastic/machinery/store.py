@@ -150,7 +150,7 @@ def slim_pod(obj: Obj) -> Obj:
         "status": {
             **_pick(status, ("phase", "reason", "message")),
             "conditions": [
-                _pick(c, ("type", "status", "reason", "message"))
+                _pick(c, ("type", "status", "reason", "message", "lastTransitionTime"))
                 for c in status.get("conditions") or ()
                 if isinstance(c, Mapping) and c.get("type") in POD_CONDITIONS_READ
             ],

@@ -73,6 +73,7 @@ def test_kustomize_default_renders_every_object(cluster: Cluster) -> None:
         ("Deployment", "mpijob-elastic"),
         ("Service", "mpijob-elastic-metrics"),
         ("PodDisruptionBudget", "mpijob-elastic"),
+        ("PriorityClass", "mpijob-elastic-opportunistic"),
     }
 
 

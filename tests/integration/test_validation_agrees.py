@@ -44,6 +44,11 @@ def annotated(key: str, value: str) -> dict[str, Any]:
     return job
 
 
+def opportunistic(job: dict[str, Any]) -> dict[str, Any]:
+    job["metadata"]["annotations"][names.ANN_OPPORTUNISTIC] = "true"
+    return job
+
+
 # (id, job, whether the policy's message must be one of the controller's word for word).
 # Out-of-range Worker counts are only compared by field: the controller does not refuse
 # the spec, it keeps the job's size with a ReplicasOutOfRange condition saying so.
@@ -91,6 +96,16 @@ ROWS: list[tuple[str, dict[str, Any], bool]] = [
     ("checkpoint-0", annotated(names.ANN_CHECKPOINT_SECONDS, "0"), False),
     ("checkpoint-words", annotated(names.ANN_CHECKPOINT_SECONDS, "1m"), True),
     ("checkpoint-2**63", annotated(names.ANN_CHECKPOINT_SECONDS, "9223372036854775808"), True),
+    # Elastic by capacity (issue 21).
+    ("opportunistic", annotated(names.ANN_OPPORTUNISTIC, "true"), False),
+    ("opportunistic-off", annotated(names.ANN_OPPORTUNISTIC, "false"), False),
+    ("opportunistic-yes", annotated(names.ANN_OPPORTUNISTIC, "yes"), True),
+    ("opportunistic-empty", annotated(names.ANN_OPPORTUNISTIC, ""), True),
+    ("opportunistic-no-bounds", opportunistic(mpijob("j", 2)), True),
+    ("opportunistic-no-max", opportunistic(mpijob("j", 2, min_replicas="1")), True),
+    ("priority-class", annotated(names.ANN_OPPORTUNISTIC_PRIORITY_CLASS, "spot.low"), False),
+    ("priority-class-upper", annotated(names.ANN_OPPORTUNISTIC_PRIORITY_CLASS, "Low"), True),
+    ("priority-class-empty", annotated(names.ANN_OPPORTUNISTIC_PRIORITY_CLASS, ""), True),
 ]
 
 

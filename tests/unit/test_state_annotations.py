@@ -55,6 +55,8 @@ def test_every_annotation_of_ours_is_a_setting_a_pod_mark_or_state() -> None:
         names.ANN_REMOVE_WORKERS,
         names.ANN_BELOW_MIN_TIMEOUT,
         names.ANN_CHECKPOINT_SECONDS,
+        names.ANN_OPPORTUNISTIC,
+        names.ANN_OPPORTUNISTIC_PRIORITY_CLASS,
     }
     on_pods = {names.ANN_DRAINING_SINCE, names.ANN_CONFIG_HASH, names.ANN_NOTICE}
     state = set(names.STATE_ANNOTATIONS)

@@ -1,0 +1,62 @@
+"""What an opportunistic job's turn sees of the others (core/opportunistic.py): their growth
+states, read from the ConfigMap cache's events, and when capacity last changed.
+
+Kept from the watch events the controller receives anyway, so reading it costs a turn
+nothing; it tells the event handlers which jobs a change concerns, and nothing here runs
+on a timer. Capacity changes the controller cannot see (a pod of another workload that
+ends) reach a job at its next probe, at most ``--growth-backoff-max-seconds`` later.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from mpijob_elastic.core import names
+from mpijob_elastic.core.growth_state import Share, share
+
+Key = tuple[str, str]
+Obj = dict[str, Any]
+
+_SUFFIX = names.config_map_name("")
+
+
+class Fleet:
+    def __init__(self) -> None:
+        self.shares: dict[Key, Share] = {}
+        self.capacity_changed: datetime | None = None
+
+    def config_map(self, type_: str, obj: Obj) -> list[Key]:
+        """A job's ConfigMap changed: the jobs to wake (a newly hungry job's peers, which
+        may owe it a worker)."""
+        meta = obj["metadata"]
+        name = str(meta["name"])
+        if not name.endswith(_SUFFIX):
+            return []
+        key = (str(meta["namespace"]), name[: -len(_SUFFIX)])
+        found = None if type_ == "DELETED" else share(f"{key[0]}/{key[1]}", obj)
+        before = self.shares.pop(key, None)
+        if found is None:
+            return []
+        self.shares[key] = found
+        if found.hungry_since is None or (before and before.hungry_since == found.hungry_since):
+            return []
+        return [k for k, s in self.shares.items() if k != key and s.workers >= found.workers + 2]
+
+    def changed(self) -> list[Key]:
+        """Capacity may have come free: the hungry jobs, to probe again at once."""
+        self.capacity_changed = datetime.now(UTC)
+        return [k for k, s in self.shares.items() if s.hungry_since is not None]
+
+    def pod_deleted(self, pod: Obj) -> list[Key]:
+        """A pod of ours is gone: its node has room again, unless it was preempted or
+        evicted (then that room is someone else's) or never held a node."""
+        if not (pod.get("spec") or {}).get("nodeName"):
+            return []
+        for condition in (pod.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+                return []
+        return self.changed()
+
+    def others(self, key: Key) -> list[Share]:
+        return [s for k, s in self.shares.items() if k != key]

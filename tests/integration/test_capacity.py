@@ -1,0 +1,140 @@
+"""Elastic by capacity on the real local cluster (issue 21, docs/capacity.md): the real
+kube-scheduler places, refuses and preempts the workers on a KWOK node of 8 GPUs that only
+these tests use. Two opportunistic jobs split the idle GPUs as documented; a job without
+the annotation stays at its Worker replicas. (The preemption by a higher-priority workload,
+judged from the mock Horovod driver, is e2e/test_capacity.py.)"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from mpijob_elastic.core import names
+from tests.cluster import ROOT, Cluster
+from tests.controller import StartController, wait_for
+from tests.integration.test_controller import Job, elastic_job
+
+pytestmark = pytest.mark.usefixtures("crd")
+
+NODE = "kwok-capacity"
+TAINT = "example.com/capacity"
+GPUS = 8
+RESOURCES = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(GPUS)}
+INFO = {"kubeletVersion": "fake", "operatingSystem": "linux", "architecture": "amd64"}
+ARGS = ("--growth-backoff-max-seconds", "20")
+
+
+@pytest.fixture
+def gpu_node(cluster: Cluster) -> Iterator[str]:
+    """A fake node with 8 GPUs, tainted so that only the tests' workers go there."""
+    cluster.kubectl("apply", "-f", str(ROOT / "config" / "default" / "priority_class.yaml"))
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": NODE,
+                "annotations": {"kwok.x-k8s.io/node": "fake"},
+                "labels": {"kubernetes.io/hostname": NODE, "type": "kwok"},
+            },
+            "spec": {"taints": [{"key": TAINT, "effect": "NoSchedule"}]},
+            "status": {"allocatable": RESOURCES, "capacity": RESOURCES, "nodeInfo": INFO},
+        }
+    )  # fmt: skip
+    cluster.kubectl("wait", "--for=condition=Ready", f"node/{NODE}", "--timeout=60s")
+    yield NODE
+    cluster.kubectl("delete", "node", NODE, "--wait=false", check=False)
+
+
+def gpu_job(name: str, workers: int, maximum: int, grows: bool = True) -> dict[str, Any]:
+    """Workers of one GPU each on the test's node; the launcher anywhere else."""
+    manifest = elastic_job(name, workers, min_replicas="1", max_replicas=str(maximum))
+    if grows:
+        manifest["metadata"]["annotations"][names.ANN_OPPORTUNISTIC] = "true"
+    worker = manifest["spec"]["mpiReplicaSpecs"]["Worker"]
+    # The manifest's roles share one template: the launcher keeps its own, without GPUs.
+    worker["template"] = copy.deepcopy(worker["template"])
+    spec = worker["template"]["spec"]
+    spec["nodeSelector"] = {"kubernetes.io/hostname": NODE}
+    spec["tolerations"] = [{"key": TAINT, "operator": "Exists"}]
+    for container in spec["containers"]:
+        container["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    return manifest
+
+
+def elastic(job: Job) -> dict[str, Any]:
+    return dict(job.get().get("status", {}).get("elastic") or {})
+
+
+def opportunistic_pods(job: Job) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in job.pods().values()
+        if (p["metadata"].get("labels") or {}).get(names.LABEL_OPPORTUNISTIC) == "true"
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def test_two_opportunistic_jobs_split_the_idle_gpus(
+    cluster: Cluster, namespace: str, gpu_node: str, start_controller: StartController
+) -> None:
+    start_controller(namespace, args=ARGS)
+    first, second = Job(cluster, namespace, "early"), Job(cluster, namespace, "late")
+    first.create(gpu_job(first.name, 1, GPUS))
+    # Alone, the first job takes every idle GPU: 1 baseline worker and 7 opportunistic.
+    first.wait_hosts(GPUS, timeout=90)
+    wait_for(lambda: elastic(first).get("opportunistic") == GPUS - 1, 20, "7 opportunistic")
+    pods = opportunistic_pods(first)
+    assert {p["spec"].get("priorityClassName") for p in pods} == {"mpijob-elastic-opportunistic"}
+    assert {p["spec"].get("priority") for p in pods} == {-100}
+    budget = cluster.raw(
+        "GET",
+        f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/"
+        f"{names.disruption_budget_name(first.name)}",
+    )
+    assert budget is not None
+    assert budget["spec"]["selector"]["matchExpressions"] == [
+        {"key": names.LABEL_OPPORTUNISTIC, "operator": "DoesNotExist"}
+    ]
+    # A newcomer at the same priority: its baseline worker preempts an opportunistic one
+    # of the first job, then the first gives workers back one at a time until the two
+    # hold opportunistic counts at most one apart: 6 places above the baselines, 3 each.
+    second.create(gpu_job(second.name, 1, GPUS))
+
+    def split() -> tuple[int, int] | None:
+        counts = (elastic(first).get("opportunistic"), elastic(second).get("opportunistic"))
+        listed = len(first.hosts()) + len(second.hosts())
+        return counts if counts == (3, 3) and listed == GPUS else None
+
+    wait_for(split, 180, "a 3/3 split of the 6 idle GPUs")
+    reasons = {r for _, r, _ in first.events()}
+    assert {"Grew", "Preempted", "FairShare"} <= reasons, reasons
+    assert "Grew" in {r for _, r, _ in second.events()}
+    # It stays split: neither job grows into the other's share.
+    time.sleep(10)
+    counts = (elastic(first).get("opportunistic"), elastic(second).get("opportunistic"))
+    assert counts == (3, 3)
+
+
+def test_a_job_without_the_annotation_stays_at_its_replicas(
+    cluster: Cluster, namespace: str, gpu_node: str, start_controller: StartController
+) -> None:
+    start_controller(namespace, args=ARGS)
+    job = Job(cluster, namespace, "fixed")
+    job.create(gpu_job(job.name, 2, GPUS, grows=False))
+    job.wait_hosts(2)
+    # Room for 6 more for as long as a growing job takes to fill it (about 10 s here).
+    with pytest.raises(AssertionError, match="timed out"):
+        wait_for(lambda: len(job.pods()) > 3, 15, "growth")
+    assert job.hosts() == [f"{job.name}-worker-0:1", f"{job.name}-worker-1:1"]
+    assert opportunistic_pods(job) == []
+    assert "opportunistic" not in elastic(job)
+    cm = cluster.raw(
+        "GET", f"/api/v1/namespaces/{namespace}/configmaps/{names.config_map_name(job.name)}"
+    )
+    assert names.ANN_GROWTH not in ((cm or {}).get("metadata", {}).get("annotations") or {})
+    assert all("priorityClassName" not in p["spec"] for p in job.pods().values())

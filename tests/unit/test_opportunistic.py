@@ -1,0 +1,375 @@
+"""Elastic by capacity (issue 21): an opportunistic job grows above its Worker replicas into
+room the scheduler has, backs off when it has none, gives workers back to preemption and
+to a hungry peer (core/opportunistic.py, docs/capacity.md)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from mpijob_elastic.core import names
+from mpijob_elastic.core.growth_state import GrowthState, Share, parse_growth, share
+from mpijob_elastic.core.membership import Facts, choose_members
+from mpijob_elastic.core.observe import Observed
+from mpijob_elastic.core.opportunistic import next_backoff
+from mpijob_elastic.core.plan import plan_writes
+from mpijob_elastic.core.ranks import RankSnapshot
+from mpijob_elastic.core.render import disruption_budget
+from mpijob_elastic.core.settings import Settings
+from mpijob_elastic.core.spec import InvalidSpec, parse
+from mpijob_elastic.core.times import format_precise_time
+from mpijob_elastic.core.workers import Worker
+from tests.unit.simulation import Cluster, make_job, running_status
+
+SETTINGS = Settings()
+UNSCHEDULABLE = {
+    "phase": "Pending",
+    "conditions": [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu.",
+        }
+    ],
+}
+
+
+def job(replicas: int = 2, maximum: str = "8", grows: bool = True) -> Cluster:
+    annotations = {names.ANN_MIN_REPLICAS: "1", names.ANN_MAX_REPLICAS: maximum}
+    if grows:
+        annotations[names.ANN_OPPORTUNISTIC] = "true"
+    return Cluster(make_job(replicas, annotations=annotations))
+
+
+def workers(c: Cluster) -> list[dict[str, Any]]:
+    return [p for p in c.world.workers(c.name) if not p["metadata"].get("deletionTimestamp")]
+
+
+def opportunistic(c: Cluster) -> list[str]:
+    return sorted(
+        p["metadata"]["name"]
+        for p in workers(c)
+        if p["metadata"]["labels"].get(names.LABEL_OPPORTUNISTIC) == "true"
+    )
+
+
+def schedule(c: Cluster, room: int) -> None:
+    """A scheduler with room for ``room`` workers (and the launcher): Pending pods run in
+    the order they came while there is room, the rest are unschedulable."""
+    c.world.start(names.launcher_name(c.name))
+    running = sum(1 for p in workers(c) if p["status"].get("phase") == "Running")
+    for pod in sorted(workers(c), key=lambda p: p["metadata"]["name"]):
+        if pod["status"].get("phase") != "Pending":
+            continue
+        if running < room:
+            c.world.start(pod["metadata"]["name"])
+            running += 1
+        elif not pod["status"].get("conditions"):
+            c.world._put({**copy.deepcopy(pod), "status": copy.deepcopy(UNSCHEDULABLE)})
+
+
+def turn(c: Cluster, room: int, *, grace: bool = False, **seen: Any) -> float:
+    """One turn of the job against a cluster with ``room``; the requeue it asked for.
+    ``grace``: terminating pods stay (their grace period is not over)."""
+    schedule(c, room)
+    if not grace:
+        c.finalize_deletions()
+    observed = dataclasses.replace(c.observed(), **seen)
+    p = plan_writes(observed, SETTINGS, c.now)
+    c.apply(p)
+    if p.probe is not None:
+        c.ranks = RankSnapshot(c.now, c.world.rank_hosts(c.name))
+    return p.requeue_after if p.requeue_after is not None else 60.0
+
+
+def run(c: Cluster, room: int, seconds: float, **seen: Any) -> None:
+    end = c.now + timedelta(seconds=seconds)
+    while c.now < end:
+        c.tick(min(max(turn(c, room, **seen), 0.2), 5.0))
+
+
+def events(c: Cluster, reason: str) -> list[str]:
+    return [e.message for e in c.events if e.reason == reason]
+
+
+def growth(c: Cluster) -> GrowthState:
+    cm = c.get("ConfigMap", "job-config") or {}
+    return parse_growth((cm["metadata"].get("annotations") or {}).get(names.ANN_GROWTH))
+
+
+def test_the_growth_state_round_trips_and_its_backoff_doubles_up_to_the_cap() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    first = next_backoff(GrowthState(3), now, 300, "Unschedulable: no GPU")
+    assert (first.attempts, first.retry_at) == (1, now + timedelta(seconds=10))
+    assert parse_growth(first.format()) == first
+    fifth = first
+    for _ in range(4):
+        fifth = next_backoff(fifth, now, 300, "x")
+    assert fifth.retry_at == now + timedelta(seconds=160)
+    assert next_backoff(fifth, now, 300, "x").retry_at == now + timedelta(seconds=300)
+    assert parse_growth("junk") == GrowthState()
+    assert GrowthState().format() == ""
+    cm = {"metadata": {"annotations": {names.ANN_GROWTH: first.format()}}}
+    assert share("ns/a", cm) == Share("ns/a", 3, now)
+    assert share("ns/a", {"metadata": {}}) is None
+
+
+def test_a_job_grows_into_idle_capacity_a_few_workers_a_turn() -> None:
+    c = job()
+    sizes = []
+    for _ in range(40):
+        c.tick(min(max(turn(c, 8), 0.2), 5.0))
+        sizes.append(len(workers(c)))
+    # The baseline first, then steps of at most two.
+    steps = [b - a for a, b in itertools.pairwise(sizes) if b > a]
+    assert sizes[0] == 2
+    assert steps
+    assert max(steps) <= 2, sizes
+    assert len(workers(c)) == 8
+    assert opportunistic(c) == [f"job-worker-{i}" for i in range(2, 8)]
+    for pod in workers(c):
+        opp = pod["metadata"]["labels"].get(names.LABEL_OPPORTUNISTIC) == "true"
+        assert (
+            pod["spec"].get("priorityClassName") == SETTINGS.opportunistic_priority_class
+        ) == opp
+    grew = events(c, "Grew")
+    assert grew
+    assert all("into idle capacity" in m for m in grew)
+    assert sum(int(m.split()[0][1:]) for m in grew) == 6
+    elastic = c.job["status"]["elastic"]
+    assert (elastic["baseline"], elastic["opportunistic"], elastic["listed"]) == (2, 6, 8)
+
+
+def test_an_unschedulable_probe_is_deleted_at_once_and_growth_backs_off() -> None:
+    c = job()
+    run(c, 5, 40)
+    assert len(workers(c)) == 5
+    backed_off = events(c, "GrowthBackedOff")
+    assert "Insufficient nvidia.com/gpu" in backed_off[0]
+    assert "(attempt 1)" in backed_off[0]
+    state = growth(c)
+    assert (state.workers, state.attempts) == (3, len(backed_off))
+    # Each probe after the pause (10 s, 20 s, 40 s, ...) adds one worker, refused again.
+    run(c, 5, 150)
+    state = growth(c)
+    assert state.attempts == len(events(c, "GrowthBackedOff")) > len(backed_off)
+    assert state.since is not None
+    assert state.retry_at is not None
+    assert state.retry_at - state.since == timedelta(seconds=10 * 2 ** (state.attempts - 1))
+    # No Pending pod stays: each probe is deleted as the scheduler refuses it.
+    assert all(p["status"].get("phase") == "Running" for p in workers(c))
+
+
+def test_a_capacity_change_ends_the_pause_and_a_probe_that_runs_ends_the_backoff() -> None:
+    c = job()
+    run(c, 5, 40)
+    assert growth(c).attempts >= 1
+    since = growth(c).since
+    assert since is not None
+    c.tick(1)
+    # A node added: the pause is over at once, the job probes with one worker.
+    turn(c, 7, capacity_changed=c.now)
+    run(c, 7, 3, capacity_changed=c.now - timedelta(seconds=0.5))
+    assert len(workers(c)) >= 6
+    assert growth(c).attempts == 0
+    run(c, 7, 60)
+    assert len(workers(c)) == 7
+
+
+def test_preempted_workers_leave_gracefully_and_growth_backs_off() -> None:
+    c = job()
+    run(c, 8, 60)
+    assert len(workers(c)) == 8
+    # The scheduler preempts two opportunistic workers for a pod of higher priority: the
+    # condition first, then the delete with the pod's grace period.
+    victims = ("job-worker-6", "job-worker-7")
+    uids = sorted(c.objects[("Pod", name)]["metadata"]["uid"] for name in victims)
+    for name in victims[:1]:
+        pod = copy.deepcopy(c.objects[("Pod", name)])
+        pod["status"]["conditions"] = [
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": "PreemptionByScheduler",
+                "message": "default-scheduler: preempting to accommodate a higher priority pod",
+                "lastTransitionTime": format_precise_time(c.now),
+            }
+        ]
+        c.world._put(pod)
+    c.tick(1)
+    turn(c, 6)
+    # The second victim's condition comes a moment later, in the same second.
+    pod = copy.deepcopy(c.objects[("Pod", victims[1])])
+    pod["status"]["conditions"] = copy.deepcopy(
+        c.objects[("Pod", victims[0])]["status"]["conditions"]
+    )
+    c.world._put(pod)
+    c.tick(0.2)
+    turn(c, 6)
+    for name in victims:
+        pod = copy.deepcopy(c.objects[("Pod", name)])
+        pod["metadata"]["deletionTimestamp"] = format_precise_time(c.now)
+        c.world._put(pod)
+    # Within their grace period the job unlists them; then they are gone.
+    for _ in range(3):
+        turn(c, 6, grace=True)
+        c.tick(0.5)
+    run(c, 6, 5)
+    preempted = events(c, "Preempted")
+    assert len(preempted) == 2, preempted
+    assert "workers job-worker-6 preempted by the scheduler" in preempted[0]
+    assert "workers job-worker-7 preempted by the scheduler" in preempted[1]
+    # One wave, one step of the backoff, each victim named once.
+    assert growth(c).attempts == 1
+    assert growth(c).why.startswith(f"preempted {','.join(uids)}: ")
+    assert not c.world.blacklisted.get(c.name)
+    # It does not grow back into the room before the backoff is over.
+    assert len(workers(c)) == 6
+    run(c, 8, 60)
+    assert len(workers(c)) == 8
+
+
+def test_a_job_without_the_annotation_does_not_grow() -> None:
+    c = job(grows=False)
+    run(c, 8, 60)
+    assert len(workers(c)) == 2
+    assert opportunistic(c) == []
+    assert "opportunistic" not in c.job["status"]["elastic"]
+    cm = c.get("ConfigMap", "job-config") or {}
+    assert names.ANN_GROWTH not in (cm["metadata"].get("annotations") or {})
+
+
+def test_turning_growth_off_withdraws_the_opportunistic_workers_gracefully() -> None:
+    c = job()
+    run(c, 8, 60)
+    c.job["metadata"]["annotations"][names.ANN_OPPORTUNISTIC] = "false"
+    run(c, 8, 90)
+    assert len(workers(c)) == 2
+    assert opportunistic(c) == []
+    assert not c.world.blacklisted.get(c.name)
+
+
+def fair(c: Cluster, hungry: Share, changed: datetime) -> datetime:
+    """Turns beside a hungry peer; a pod of the job that goes is a capacity change."""
+    count = len(workers(c))
+    for _ in range(40):
+        c.tick(min(max(turn(c, 8, fleet=[hungry], capacity_changed=changed), 0.2), 5.0))
+        if len(workers(c)) < count:
+            count, changed = len(workers(c)), c.now
+    return changed
+
+
+def test_a_hungry_peer_with_two_fewer_gets_one_worker_back() -> None:
+    c = job()
+    run(c, 8, 60)
+    hungry = Share("ns/other", 0, c.now)
+    changed = fair(c, hungry, c.now - timedelta(seconds=5))
+    assert len(events(c, "FairShare")) == 1
+    # One at a time: its peer has not tried the room freed by the last one yet.
+    assert len(workers(c)) == 7
+    assert len(opportunistic(c)) == 5
+    assert not c.world.blacklisted.get(c.name)
+    # The peer tried and failed again, still with two fewer: one more.
+    c.tick(1)
+    fair(c, Share("ns/other", 1, c.now), changed)
+    assert len(opportunistic(c)) == 4
+    assert len(events(c, "FairShare")) == 2
+
+
+def test_no_yield_to_a_peer_within_one_nor_to_one_that_has_not_tried_the_room() -> None:
+    c = job()
+    run(c, 8, 60)
+    stale = Share("ns/other", 0, c.now - timedelta(seconds=10))
+    run(c, 8, 20, fleet=[stale], capacity_changed=c.now - timedelta(seconds=5))
+    close = Share("ns/other", 5, c.now)
+    run(c, 8, 20, fleet=[close], capacity_changed=c.now - timedelta(seconds=5))
+    assert len(workers(c)) == 8
+    assert not events(c, "FairShare")
+
+
+def test_no_growth_while_a_hungry_peer_holds_fewer() -> None:
+    c = job()
+    run(c, 4, 30)
+    assert growth(c).workers == 2
+    peer = Share("ns/other", 1, c.now - timedelta(hours=1))
+    # A probe already asked for may still run; no more after it.
+    run(c, 8, 2, fleet=[peer], capacity_changed=c.now)
+    have = len(opportunistic(c))
+    run(c, 8, 60, fleet=[peer], capacity_changed=c.now)
+    assert len(opportunistic(c)) == have
+    run(c, 8, 60, fleet=[Share("ns/other", 2, None)], capacity_changed=c.now)
+    assert len(opportunistic(c)) == 6
+
+
+def test_scale_in_takes_opportunistic_workers_first_after_named_ones() -> None:
+    def pod(i: int, opp: bool) -> Worker:
+        labels = {names.LABEL_OPPORTUNISTIC: "true"} if opp else {}
+        obj = {
+            "metadata": {
+                "name": f"j-worker-{i}",
+                "uid": str(i),
+                "labels": labels,
+                "creationTimestamp": f"2026-01-01T00:00:0{i}Z",
+            },
+            "spec": {"containers": [{"name": "main"}]},
+        }
+        obj["status"] = running_status(obj)
+        return Worker(i, obj)
+
+    ws: Sequence[Worker] = [pod(0, False), pod(1, True), pod(2, False), pod(3, True)]
+    listed = {w.name for w in ws}
+    m = choose_members("j", ws, 2, None, Facts(listed=listed))
+    assert sorted(item.worker.name for item in m.leaving) == ["j-worker-1", "j-worker-3"]
+    m = choose_members("j", ws, 2, None, Facts(listed=listed, named={"j-worker-0"}))
+    assert next(item.worker.name for item in m.leaving) == "j-worker-0"
+    assert {item.worker.name for item in m.leaving} == {"j-worker-0", "j-worker-3"}
+
+
+def test_the_disruption_budget_counts_the_baseline_only() -> None:
+    annotations = {
+        names.ANN_MIN_REPLICAS: "1",
+        names.ANN_MAX_REPLICAS: "4",
+        names.ANN_OPPORTUNISTIC: "true",
+    }
+    spec = parse(make_job(2, annotations=annotations), 30)
+    selector = disruption_budget(spec, 1)["spec"]["selector"]
+    assert {"key": names.LABEL_OPPORTUNISTIC, "operator": "DoesNotExist"} in selector[
+        "matchExpressions"
+    ]
+
+
+def test_the_annotations_are_validated() -> None:
+    def errors(annotations: dict[str, str]) -> list[str]:
+        try:
+            parse(make_job(2, annotations=annotations), 30)
+        except InvalidSpec as err:
+            return [f"{e.field} {e.message}" for e in err.errors]
+        return []
+
+    bounds = {names.ANN_MIN_REPLICAS: "1", names.ANN_MAX_REPLICAS: "4"}
+    assert errors({**bounds, names.ANN_OPPORTUNISTIC: "true"}) == []
+    assert "must be true or false" in errors({**bounds, names.ANN_OPPORTUNISTIC: "yes"})[0]
+    assert "only an elastic job with a maximum" in errors({names.ANN_OPPORTUNISTIC: "true"})[0]
+    assert "DNS-1123" in errors({**bounds, names.ANN_OPPORTUNISTIC_PRIORITY_CLASS: "A b"})[0]
+    spec = parse(
+        make_job(
+            2,
+            annotations={
+                **bounds,
+                names.ANN_OPPORTUNISTIC: "true",
+                names.ANN_OPPORTUNISTIC_PRIORITY_CLASS: "team-spot",
+            },
+        ),
+        30,
+    )
+    assert (spec.opportunistic, spec.opportunistic_priority_class) == (True, "team-spot")
+
+
+def test_observed_defaults_see_no_fleet() -> None:
+    observed = Observed(job=make_job())
+    assert (tuple(observed.fleet), observed.capacity_changed) == ((), None)
