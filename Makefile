@@ -29,13 +29,15 @@ lock: venv
 	$(VENV)/bin/pip-compile $(LOCK_FLAGS) --extra test --extra dev \
 	  --constraint requirements.lock -o requirements-dev.lock pyproject.toml
 
-# The Kubernetes binaries, Prometheus's promtool and server (the monitoring tests) and helm:
+# The Kubernetes binaries, Prometheus's promtool and server (the monitoring tests), helm and
+# Kueue (the Kueue tests):
 # built once from their Go modules into the versioned cache, progress on stderr.
 binaries:
 	@hack/build-binaries.sh >/dev/null
 	@hack/build-promtool.sh promtool >/dev/null
 	@hack/build-promtool.sh prometheus >/dev/null
 	@hack/build-helm.sh >/dev/null
+	@hack/build-kueue.sh >/dev/null
 
 cluster-up: binaries
 	@hack/cluster-up.sh

@@ -1,3 +1,3 @@
 """Root conftest: makes the local-cluster fixtures available to tests/ and e2e/ alike."""
 
-pytest_plugins = ["tests.cluster", "tests.controller", "tests.manifests"]
+pytest_plugins = ["tests.cluster", "tests.controller", "tests.manifests", "tests.kueue"]

@@ -17,6 +17,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from mpijob_elastic.app.kueue import KueueShell
 from mpijob_elastic.app.predicates import job_signature, manages, may_move_hosts
 from mpijob_elastic.app.preflight import RECHECK_SECONDS, Preflight
 from mpijob_elastic.app.watches import (
@@ -26,7 +27,7 @@ from mpijob_elastic.app.watches import (
     JOB_LABELS,
     Caches,
 )
-from mpijob_elastic.core import names, nodes
+from mpijob_elastic.core import kueue, names, nodes
 from mpijob_elastic.core.observe import Observed, observe
 from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
@@ -107,6 +108,8 @@ class Controller:
             Informer(watch_api, "/api/v1", "nodes", self._on_node, transform=nodes.slim),
         )
         self._leaving_nodes: dict[str, str] = {}
+        self._watch_api = watch_api
+        self.kueue = KueueShell(self.kube, self.caches)
         self.writer = Writer(self.kube, self._cache, self._cached)
         self.pod_exec = PodExec(api.configuration)
         self.probes = RankProbes(self._read_launcher, self.queue.add)
@@ -212,6 +215,9 @@ class Controller:
         # Before the caches: a missing list or an MPI Operator v2 CRD keeps them from ever
         # syncing, and the log must say why first.
         await self._check()
+        await self.kueue.discover(
+            self._watch_api, list(self.settings.namespaces) or [None], self._on_child
+        )
         if self.preflight.problems:
             self._rechecks = asyncio.create_task(self._recheck(), name="preflight")
         for informer in self.informers():
@@ -339,11 +345,20 @@ class Controller:
         if job is None or not manages(job, self.settings):
             self.writer.forget(key)
             self.probes.forget(key)
+            if job is not None:
+                self.kueue.forget(job["metadata"]["uid"])
             return None
         await self.writer.recheck(key, job)
-        observed = self.observe(job)
+        # A job labelled for a Kueue queue is seen through its admission (core/kueue.py).
+        queue = self.kueue.queue(job) if kueue.queue_name(job) else None
+        seen = kueue.gate(job, queue) if queue is not None else job
+        observed = self.observe(seen)
+        if queue is not None:
+            observed = dataclasses.replace(observed, queue=self.kueue.standing(job, queue))
         writes = plan_writes(observed, self.settings)
-        await self.writer.run(job, writes)
+        await self.writer.run(seen, writes)
+        if queue is not None:
+            await self.kueue.write(job, queue, observed.pods)
         self.probes.acted_on(key, observed.ranks)
         if writes.probe is not None:
             self.probes.request(key, writes.probe)

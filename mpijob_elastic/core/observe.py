@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Refusal
+from mpijob_elastic.core.kueue import Standing
 from mpijob_elastic.core.ranks import RankSnapshot
 from mpijob_elastic.core.spec import launcher_service_account
 
@@ -58,6 +59,8 @@ class Observed:
     strays: Sequence[Mapping[str, Any]] = ()
     # The last write the server refused (the writer's memory of it).
     refused: Refusal | None = None
+    # Where a job labelled for a Kueue queue stands there (kueue.py); None: not labelled.
+    queue: Standing | None = None
 
 
 class View(Protocol):

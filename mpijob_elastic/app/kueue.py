@@ -1,0 +1,133 @@
+"""The shell of Kueue admission (core/kueue.py decides; docs/scheduling.md, "Kueue"): whether
+Kueue's API is served, the caches of Workloads, ResourceFlavors and WorkloadPriorityClasses,
+and the writes of a job's Workload."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from mpijob_elastic.app.watches import CHILD_SELECTOR, Caches
+from mpijob_elastic.core import kueue
+from mpijob_elastic.core.kueue import Queue, Standing
+from mpijob_elastic.core.times import format_time
+from mpijob_elastic.machinery.informer import Informer
+from mpijob_elastic.machinery.kube import ApiError, Kube
+from mpijob_elastic.machinery.kubeclient import ApiClient
+from mpijob_elastic.machinery.store import compact
+
+log = logging.getLogger("mpijob_elastic.app.kueue")
+
+Obj = dict[str, Any]
+API_PATH = f"/apis/{kueue.API_VERSION}"
+WORKLOAD = "Workload"
+
+
+class KueueShell:
+    def __init__(self, kube: Kube, caches: Caches) -> None:
+        self.kube = kube
+        self.caches = caches
+        self.installed = False
+        self._flavors: Informer | None = None
+        self._priorities: Informer | None = None
+        # The last refusal of a job's Workload write, by job UID, until one goes through.
+        self._refused: dict[str, str] = {}
+
+    async def discover(
+        self,
+        watch_api: ApiClient,
+        namespaces: Sequence[str | None],
+        on_workload: Callable[[str, Obj], None],
+    ) -> None:
+        """Whether Kueue's API is served; if so, add its caches (started with the others).
+        Without it the controller runs as before, and only queue-labelled jobs hear of it."""
+        try:
+            await self.kube.request("GET", API_PATH)
+        except ApiError as err:
+            if not err.not_found:
+                raise
+            log.info("Kueue's API is not served: jobs labelled for a queue are held")
+            return
+        self.installed = True
+        for ns in namespaces:
+            self.caches.add(
+                WORKLOAD,
+                ns,
+                Informer(
+                    watch_api,
+                    API_PATH,
+                    "workloads",
+                    on_workload,
+                    namespace=ns,
+                    label_selector=CHILD_SELECTOR,
+                    transform=compact,
+                ),
+            )
+        # Cluster-wide and few; their changes move no job by themselves (a flavor's labels
+        # reach the pods a job creates next).
+        self._flavors = Informer(watch_api, API_PATH, "resourceflavors", _ignore, transform=compact)
+        self._priorities = Informer(
+            watch_api, API_PATH, "workloadpriorityclasses", _ignore, transform=compact
+        )
+        self.caches.add("ResourceFlavor", None, self._flavors)
+        self.caches.add("WorkloadPriorityClass", None, self._priorities)
+
+    def queue(self, job: Mapping[str, Any]) -> Queue:
+        meta = job["metadata"]
+        if not self.installed:
+            return Queue(installed=False)
+        cache = self.caches.pick(WORKLOAD, meta["namespace"])
+        workloads = [
+            w
+            for w in (cache.by_owner(meta["uid"]) if cache else [])
+            if w["metadata"]["namespace"] == meta["namespace"]
+        ]
+        flavors = {f["metadata"]["name"]: f.get("spec") or {} for f in self._list(self._flavors)}
+        priorities = {
+            p["metadata"]["name"]: int(p.get("value", 0)) for p in self._list(self._priorities)
+        }
+        return Queue(True, workloads, flavors, priorities)
+
+    @staticmethod
+    def _list(informer: Informer | None) -> list[Obj]:
+        return informer.list() if informer is not None else []
+
+    def standing(self, job: Mapping[str, Any], queue: Queue) -> Standing:
+        refused = self._refused.get(job["metadata"]["uid"])
+        if refused is not None:
+            return Standing(False, "WorkloadRefused", refused)
+        return kueue.standing(job, queue)
+
+    async def write(
+        self, job: Mapping[str, Any], queue: Queue, pods: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """The Workload writes the job needs now; a write the server refuses is reported on
+        the job (its condition) until one goes through, a conflict is planned again."""
+        uid = job["metadata"]["uid"]
+        writes = kueue.workload_writes(job, queue, pods, format_time(datetime.now(UTC)))
+        for write in writes:
+            meta = write.obj["metadata"]
+            try:
+                if write.verb == "create":
+                    written = await self.kube.create(write.obj)
+                else:
+                    written = await self.kube.patch(
+                        WORKLOAD, meta["namespace"], meta["name"], write.obj, "status"
+                    )
+            except ApiError as err:
+                if 400 <= err.status < 500 and not (err.conflict or err.not_found):
+                    self._refused[uid] = f"{write.verb} Workload {meta['name']}: {err.message}"
+                raise
+            self._refused.pop(uid, None)
+            cache = self.caches.pick(WORKLOAD, meta["namespace"])
+            if cache is not None:
+                cache.upsert(written)
+
+    def forget(self, uid: str) -> None:
+        self._refused.pop(uid, None)
+
+
+def _ignore(type_: str, obj: Obj) -> None:
+    """Changes of ResourceFlavors and WorkloadPriorityClasses are read when a job needs them."""
