@@ -13,6 +13,7 @@ starts it with the manager), on a free port with a self-signed certificate.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -80,16 +81,19 @@ def kueue(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     binary = _build("binary")
     crds = _build("crds")
     cluster.kubectl("apply", "--server-side", "-f", crds)
-    for crd in ("workloads", "clusterqueues", "localqueues", "resourceflavors"):
+
+    def established(crd: str) -> bool:
         # Right after the apply the CRD may have no status yet, which `kubectl wait` rejects.
-        wait_for(
-            lambda crd=crd: cluster.kubectl(
+        return (
+            cluster.kubectl(
                 "wait", "--for=condition=Established", f"crd/{crd}.kueue.x-k8s.io",
                 "--timeout=10s", check=False,
-            ).returncode == 0,
-            timeout=60,
-            what=f"CRD {crd} established",
+            ).returncode
+            == 0
         )  # fmt: skip
+
+    for crd in ("workloads", "clusterqueues", "localqueues", "resourceflavors"):
+        wait_for(functools.partial(established, crd), timeout=60, what=f"CRD {crd} established")
     cluster.kubectl("create", "namespace", "kueue-system", check=False)
     home = tmp_path_factory.mktemp("kueue")
     _certificate(home / "certs")
