@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,9 @@ import yaml
 from tests.cluster import HACK, Cluster
 from tests.controller import free_port, wait_for
 
-FEATURE_GATES = "VisibilityOnDemand=false"
+# The visibility server (an aggregated API) is not needed; workload slices are what elastic
+# jobs grow by (docs/scheduling.md, "Kueue"; the controller's --kueue-workload-slices).
+FEATURE_GATES = "VisibilityOnDemand=false,ElasticJobsViaWorkloadSlices=true"
 
 
 @dataclass
@@ -99,7 +102,8 @@ def kueue(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     _certificate(home / "certs")
     config = home / "config.yaml"
     config.write_text(yaml.safe_dump(configuration(home / "certs")))
-    log_path = home / "kueue.log"
+    # Outside pytest's temporary directories, which other sessions on the machine prune.
+    log_path = Path(tempfile.mkdtemp(prefix="kueue-log-")) / "kueue.log"
     # Without its internal certificate management (which would wait for webhook
     # configurations this setup does not register) Kueue reads its metrics certificate from
     # a fixed path, /etc/kueue/metrics/certs: it gets one there in a mount namespace of its
@@ -147,6 +151,6 @@ def kueue(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        print(f"--- Kueue log ---\n{running.logs()[-20000:]}")
+        print(f"--- Kueue log: {log_path} ---\n{running.logs()[-20000:]}")
         # Other tests of the session share the cluster: leave it without Kueue's API.
         cluster.kubectl("delete", "--wait=false", "-f", crds, check=False)

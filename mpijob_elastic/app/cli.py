@@ -126,6 +126,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         leaving_node_taints=tuple(t for t in args.leaving_node_taints.split(",") if t),
         max_workers_per_job=args.max_workers_per_job,
         reconcile_workers=getattr(args, "workers", DEFAULTS.reconcile_workers),
+        kueue_workload_slices=getattr(args, "kueue_workload_slices", False),
     )
 
 
@@ -177,6 +178,12 @@ def parser() -> argparse.ArgumentParser:
         "(to run beside training-operator 1.9)",
     )
     run.add_argument("--workers", type=_whole(1), default=DEFAULTS.reconcile_workers)
+    run.add_argument(
+        "--kueue-workload-slices",
+        action="store_true",
+        help="Kueue runs with its ElasticJobsViaWorkloadSlices feature gate: elastic jobs "
+        "labelled for a Kueue queue grow and shrink by workload slices (docs/scheduling.md)",
+    )
     run.add_argument(
         "--health-port",
         type=_whole(0, 65535),

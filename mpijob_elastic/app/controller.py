@@ -109,7 +109,7 @@ class Controller:
         )
         self._leaving_nodes: dict[str, str] = {}
         self._watch_api = watch_api
-        self.kueue = KueueShell(self.kube, self.caches)
+        self.kueue = KueueShell(self.kube, self.caches, settings.kueue_workload_slices)
         self.writer = Writer(self.kube, self._cache, self._cached)
         self.pod_exec = PodExec(api.configuration)
         self.probes = RankProbes(self._read_launcher, self.queue.add)
@@ -358,7 +358,10 @@ class Controller:
         writes = plan_writes(observed, self.settings)
         await self.writer.run(seen, writes)
         if queue is not None:
-            await self.kueue.write(job, queue, observed.pods)
+            # With the status this turn wrote (the cache holds the server's answer): a job
+            # that just finished gives its quota back now, not on its next event.
+            latest = jobs.get(namespace, name) if jobs is not None else None
+            await self.kueue.write(latest or job, queue, observed.pods)
         self.probes.acted_on(key, observed.ranks)
         if writes.probe is not None:
             self.probes.request(key, writes.probe)

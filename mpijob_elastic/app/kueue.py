@@ -12,6 +12,7 @@ from typing import Any
 from mpijob_elastic.app.watches import CHILD_SELECTOR, Caches
 from mpijob_elastic.core import kueue
 from mpijob_elastic.core.kueue import Queue, Standing
+from mpijob_elastic.core.kueue_writes import workload_writes
 from mpijob_elastic.core.times import format_time
 from mpijob_elastic.machinery.informer import Informer
 from mpijob_elastic.machinery.kube import ApiError, Kube
@@ -26,9 +27,11 @@ WORKLOAD = "Workload"
 
 
 class KueueShell:
-    def __init__(self, kube: Kube, caches: Caches) -> None:
+    def __init__(self, kube: Kube, caches: Caches, slices: bool) -> None:
+        """``slices``: Kueue runs with ElasticJobsViaWorkloadSlices (core/kueue.py)."""
         self.kube = kube
         self.caches = caches
+        self.slices = slices
         self.installed = False
         self._flavors: Informer | None = None
         self._priorities: Informer | None = None
@@ -88,7 +91,7 @@ class KueueShell:
         priorities = {
             p["metadata"]["name"]: int(p.get("value", 0)) for p in self._list(self._priorities)
         }
-        return Queue(True, workloads, flavors, priorities)
+        return Queue(True, workloads, flavors, priorities, self.slices)
 
     @staticmethod
     def _list(informer: Informer | None) -> list[Obj]:
@@ -106,24 +109,36 @@ class KueueShell:
         """The Workload writes the job needs now; a write the server refuses is reported on
         the job (its condition) until one goes through, a conflict is planned again."""
         uid = job["metadata"]["uid"]
-        writes = kueue.workload_writes(job, queue, pods, format_time(datetime.now(UTC)))
+        writes = workload_writes(job, queue, pods, format_time(datetime.now(UTC)))
         for write in writes:
             meta = write.obj["metadata"]
             try:
-                if write.verb == "create":
-                    written = await self.kube.create(write.obj)
-                else:
-                    written = await self.kube.patch(
-                        WORKLOAD, meta["namespace"], meta["name"], write.obj, "status"
-                    )
+                written = await self._write(write.verb, write.obj)
             except ApiError as err:
                 if 400 <= err.status < 500 and not (err.conflict or err.not_found):
                     self._refused[uid] = f"{write.verb} Workload {meta['name']}: {err.message}"
                 raise
             self._refused.pop(uid, None)
             cache = self.caches.pick(WORKLOAD, meta["namespace"])
-            if cache is not None:
+            if cache is not None and written is not None:
                 cache.upsert(written)
+
+    async def _write(self, verb: str, obj: Obj) -> Obj | None:
+        """One write; the object as the server holds it now, None once deleted."""
+        meta = obj["metadata"]
+        if verb == "create":
+            return await self.kube.create(obj)
+        if verb == "replace":
+            return await self.kube.replace(obj)
+        if verb == "delete":
+            try:
+                await self.kube.delete(WORKLOAD, meta["namespace"], meta["name"], meta["uid"])
+            except ApiError as err:
+                # Gone already: the cache has yet to hear of the delete it asked for.
+                if not err.not_found:
+                    raise
+            return None
+        return await self.kube.patch(WORKLOAD, meta["namespace"], meta["name"], obj, "status")
 
     def forget(self, uid: str) -> None:
         self._refused.pop(uid, None)

@@ -31,6 +31,12 @@ API_VERSION = "kueue.x-k8s.io/v1beta2"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 # Kueue's pod-set names for an MPIJob (as its v2beta1 integration names them).
 LAUNCHER, WORKER = "launcher", "worker"
+# Kueue's annotations of workload slices (ElasticJobsViaWorkloadSlices).
+ELASTIC_ANNOTATION = "kueue.x-k8s.io/elastic-job"
+REPLACEMENT_ANNOTATION = "kueue.x-k8s.io/workload-slice-replacement-for"
+# Which of the job's Workloads this is, 0 for the first: names them, orders them
+# (creationTimestamp has whole seconds).
+SLICE_ANNOTATION = "mpijob-elastic.io/workload-slice"
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,10 @@ class Queue:
     flavors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # WorkloadPriorityClass name -> its value.
     priorities: Mapping[str, int] = field(default_factory=dict)
+    # Kueue runs with ElasticJobsViaWorkloadSlices: an elastic job grows by workload
+    # slices and shrinks its Workload in place (kueue_writes.py); without it, it is
+    # admitted once, from min-replicas up, by partial admission.
+    slices: bool = False
 
 
 @dataclass(frozen=True)
@@ -58,8 +68,9 @@ class Standing:
 
 @dataclass(frozen=True)
 class WorkloadWrite:
-    """A write of the job's Workload: ``create``, or a merge ``patch_status`` carrying
-    the observed resourceVersion (a stale view is refused with 409 and planned again)."""
+    """A write of one of the job's Workloads: ``create``; ``replace`` (a PUT) or a merge
+    ``patch_status``, both carrying the observed resourceVersion (a stale view is refused
+    with 409 and planned again); ``delete`` with a UID precondition."""
 
     verb: str
     obj: Obj
@@ -70,32 +81,93 @@ def queue_name(job: Mapping[str, Any]) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-def workload_name(job: Mapping[str, Any]) -> str:
+def workload_name(job: Mapping[str, Any], index: int = 0) -> str:
     meta = job["metadata"]
-    return f"mpijob-{meta['name'][:200]}-{str(meta['uid'])[:5]}"
+    base = f"mpijob-{meta['name'][:200]}-{str(meta['uid'])[:5]}"
+    return f"{base}-{index}" if index else base
 
 
-def _condition(obj: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
+def slice_index(workload: Mapping[str, Any]) -> int:
+    return _int((workload["metadata"].get("annotations") or {}).get(SLICE_ANNOTATION), 0)
+
+
+def condition(obj: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
     for c in (obj.get("status") or {}).get("conditions") or []:
         if isinstance(c, Mapping) and c.get("type") == type_:
             return c
     return None
 
 
-def _true(obj: Mapping[str, Any], type_: str) -> bool:
-    c = _condition(obj, type_)
+def is_true(obj: Mapping[str, Any], type_: str) -> bool:
+    c = condition(obj, type_)
     return c is not None and c.get("status") == "True"
 
 
-def current(queue: Queue) -> Mapping[str, Any] | None:
-    """The job's Workload that is not finished (the newest, if there were more)."""
-    live = [w for w in queue.workloads if not _true(w, "Finished")]
-    return (
-        max(live, key=lambda w: str(w["metadata"].get("creationTimestamp", ""))) if live else None
+def _unfinished(queue: Queue) -> list[Mapping[str, Any]]:
+    return sorted(
+        (w for w in queue.workloads if not is_true(w, "Finished")), key=slice_index, reverse=True
     )
 
 
-def _finished(job: Mapping[str, Any]) -> str | None:
+def reserved(workload: Mapping[str, Any]) -> bool:
+    return (workload.get("status") or {}).get("admission") is not None
+
+
+def current(queue: Queue) -> Mapping[str, Any] | None:
+    """The job's Workload in force: the newest unfinished one holding quota; else the
+    slice that one replaces, while Kueue has finished it and not yet admitted its
+    replacement (Kueue does these one after the other, and the job must not stop in
+    between); else the newest unfinished one. A slice asking to replace it is ``pending``."""
+    live = _unfinished(queue)
+    held = next((w for w in live if reserved(w)), None)
+    if held is not None or not live:
+        return held
+    # Only for a slice never admitted yet: one that was, and lost its quota since (an
+    # eviction), has left the slice it replaced behind for good.
+    replaced = _replaced(live[0], queue) if condition(live[0], "Admitted") is None else None
+    return replaced if replaced is not None and reserved(replaced) else live[0]
+
+
+def _replaced(workload: Mapping[str, Any], queue: Queue) -> Mapping[str, Any] | None:
+    """The slice a slice names as the one it replaces, once Kueue finished it for that."""
+    key = (workload["metadata"].get("annotations") or {}).get(REPLACEMENT_ANNOTATION)
+    for w in queue.workloads:
+        meta = w["metadata"]
+        finished_as = (condition(w, "Finished") or {}).get("reason")
+        if f"{meta['namespace']}/{meta['name']}" == key and finished_as == "WorkloadSliceReplaced":
+            return w
+    return None
+
+
+def pending(queue: Queue) -> list[Mapping[str, Any]]:
+    """Unfinished Workloads newer than the one in force, holding no quota: slices asking
+    to replace it."""
+    now = current(queue)
+    top = slice_index(now) if now is not None else -1
+    return [w for w in _unfinished(queue) if slice_index(w) > top and not reserved(w)]
+
+
+def admitted_workers(workload: Mapping[str, Any]) -> int | None:
+    """The workers Kueue admitted: the assignment's count, or the Workload's own count once
+    it was shrunk in place below that (ElasticJobsViaWorkloadSlices)."""
+    assigned = _assignments(workload).get(WORKER)
+    if assigned is None:
+        return None
+    spec: Mapping[str, Any] = next(
+        (p for p in (workload.get("spec") or {}).get("podSets") or [] if p.get("name") == WORKER),
+        {},
+    )
+    count = _int(assigned.get("count"), _int(spec.get("count"), 0))
+    return min(count, _int(spec.get("count"), count))
+
+
+def elastic(job: Mapping[str, Any], queue: Queue) -> bool:
+    """The job grows and shrinks by workload slices."""
+    low = min_replicas(job)
+    return queue.slices and low is not None and low < max_replicas(job)
+
+
+def finished(job: Mapping[str, Any]) -> str | None:
     for c in (job.get("status") or {}).get("conditions") or []:
         if c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True":
             return str(c["type"])
@@ -117,11 +189,20 @@ def _replicas(job: Mapping[str, Any]) -> int:
     return _int((_specs(job).get("Worker") or {}).get("replicas"), 1)
 
 
-def _min_replicas(job: Mapping[str, Any]) -> int | None:
+def replicas(job: Mapping[str, Any]) -> int:
+    return _replicas(job)
+
+
+def min_replicas(job: Mapping[str, Any]) -> int | None:
     annotations = job["metadata"].get("annotations") or {}
     if names.ANN_MIN_REPLICAS not in annotations:
         return None
     return _int(annotations[names.ANN_MIN_REPLICAS], _replicas(job))
+
+
+def max_replicas(job: Mapping[str, Any]) -> int:
+    annotations = job["metadata"].get("annotations") or {}
+    return _int(annotations.get(names.ANN_MAX_REPLICAS), _replicas(job))
 
 
 def _pod_set(name: str, template: Mapping[str, Any], count: int, min_count: int | None) -> Obj:
@@ -139,9 +220,13 @@ def _pod_set(name: str, template: Mapping[str, Any], count: int, min_count: int 
     return pod_set
 
 
-def render_workload(job: Mapping[str, Any], queue: Queue) -> Obj:
-    """The Workload Kueue queues for the job: the launcher and the workers as pod sets,
-    the workers admissible from ``min-replicas`` (Kueue's partial admission)."""
+def render_workload(
+    job: Mapping[str, Any], queue: Queue, workers: int, index: int = 0, replaces: str = ""
+) -> Obj:
+    """A Workload Kueue queues for the job: the launcher and ``workers`` workers as pod
+    sets. Without workload slices the workers are admissible from ``min-replicas`` (Kueue's
+    partial admission); with them, a slice asks for its exact count, and names the slice it
+    ``replaces`` (namespace/name) when it grows the job."""
     meta = job["metadata"]
     specs = _specs(job)
     pod_sets = [
@@ -149,10 +234,15 @@ def render_workload(job: Mapping[str, Any], queue: Queue) -> Obj:
         _pod_set(
             WORKER,
             (specs.get("Worker") or {}).get("template") or {},
-            max(_replicas(job), 1),
-            _min_replicas(job),
+            max(workers, 1),
+            None if elastic(job, queue) else min_replicas(job),
         ),
     ]
+    annotations = {SLICE_ANNOTATION: str(index)}
+    if elastic(job, queue):
+        annotations[ELASTIC_ANNOTATION] = "true"
+    if replaces:
+        annotations[REPLACEMENT_ANNOTATION] = replaces
     spec: Obj = {"queueName": queue_name(job), "podSets": pod_sets}
     priority = (meta.get("labels") or {}).get(PRIORITY_LABEL)
     if isinstance(priority, str) and priority in queue.priorities:
@@ -166,8 +256,9 @@ def render_workload(job: Mapping[str, Any], queue: Queue) -> Obj:
         "apiVersion": API_VERSION,
         "kind": "Workload",
         "metadata": {
-            "name": workload_name(job),
+            "name": workload_name(job, index),
             "namespace": meta["namespace"],
+            "annotations": annotations,
             "labels": {
                 names.LABEL_GROUP: names.GROUP,
                 names.LABEL_JOB: meta["name"],
@@ -216,12 +307,12 @@ def standing(job: Mapping[str, Any], queue: Queue) -> Standing:
     if workload is None:
         return Standing(False, "Pending", "the job's Workload is being created")
     wl = workload["metadata"]["name"]
-    if _true(workload, "Evicted"):
-        why = (_condition(workload, "Evicted") or {}).get("message", "")
+    if is_true(workload, "Evicted"):
+        why = (condition(workload, "Evicted") or {}).get("message", "")
         return Standing(False, "Evicted", f"Kueue evicted Workload {wl}: {why}")
-    if _true(workload, "Admitted"):
+    if is_true(workload, "Admitted"):
         cq = ((workload.get("status") or {}).get("admission") or {}).get("clusterQueue")
-        count = (_assignments(workload).get(WORKER) or {}).get("count")
+        count = admitted_workers(workload)
         return Standing(
             True, "Admitted", f"Workload {wl} admitted by ClusterQueue {cq} with {count} workers"
         )
@@ -232,11 +323,11 @@ def gate(job: Obj, queue: Queue) -> Obj:
     """The job as the rest of the core sees it: suspended unless admitted, at the admitted
     worker count and on the admitted flavors' nodes once admitted. A finished job is left
     as it is."""
-    if _finished(job):
+    if finished(job):
         return job
     workload = current(queue) if queue.installed else None
     admitted = (
-        workload is not None and _true(workload, "Admitted") and not _true(workload, "Evicted")
+        workload is not None and is_true(workload, "Admitted") and not is_true(workload, "Evicted")
     )
     gated = copy.deepcopy(dict(job))
     spec = gated.setdefault("spec", {})
@@ -249,8 +340,8 @@ def gate(job: Obj, queue: Queue) -> Obj:
         if not isinstance(replica, dict) or pod_set not in assigned:
             continue
         if role == "Worker":
-            count = _int(assigned[pod_set].get("count"), _replicas(job))
-            replica["replicas"] = min(_replicas(job), count)
+            count = admitted_workers(workload)
+            replica["replicas"] = min(_replicas(job), _replicas(job) if count is None else count)
         selector, tolerations = _placement(assigned[pod_set], queue)
         pod_spec = replica.setdefault("template", {}).setdefault("spec", {})
         if selector:
@@ -258,94 +349,3 @@ def gate(job: Obj, queue: Queue) -> Obj:
         if tolerations:
             pod_spec["tolerations"] = [*(pod_spec.get("tolerations") or []), *tolerations]
     return gated
-
-
-def _status_patch(
-    workload: Mapping[str, Any], conditions: Sequence[Mapping[str, Any]], **fields: Any
-) -> WorkloadWrite:
-    meta = workload["metadata"]
-    kept = [
-        c
-        for c in (workload.get("status") or {}).get("conditions") or []
-        if c.get("type") not in {c2["type"] for c2 in conditions}
-    ]
-    return WorkloadWrite(
-        "patch_status",
-        {
-            "apiVersion": API_VERSION,
-            "kind": "Workload",
-            "metadata": {
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "resourceVersion": meta["resourceVersion"],
-            },
-            "status": {"conditions": [*kept, *conditions], **fields},
-        },
-    )
-
-
-def _cond(
-    workload: Mapping[str, Any], type_: str, status: bool, reason: str, message: str, now: str
-) -> Obj:
-    return {
-        "type": type_,
-        "status": "True" if status else "False",
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": now,
-        "observedGeneration": workload["metadata"].get("generation", 1),
-    }
-
-
-def workload_writes(
-    job: Mapping[str, Any], queue: Queue, pods: Sequence[Mapping[str, Any]], now: str
-) -> list[WorkloadWrite]:
-    """What the job's Workload needs now: created if missing; once Kueue evicted it, its
-    admission cleared when the job's last pod is gone (so Kueue counts the quota in use
-    until then); marked finished with the job. ``now``: RFC 3339, for the conditions."""
-    if not queue.installed:
-        return []
-    workload = current(queue)
-    finished = _finished(job)
-    if workload is None:
-        # A finished job's Workload was finished with it; none is made again.
-        return (
-            []
-            if finished or queue.workloads
-            else [WorkloadWrite("create", render_workload(job, queue))]
-        )
-    if finished:
-        return [
-            _status_patch(
-                workload,
-                [
-                    _cond(
-                        workload, "Finished", True, finished, f"the MPIJob {finished.lower()}", now
-                    )
-                ],
-            )
-        ]
-    evicted = _condition(workload, "Evicted")
-    reserved = (workload.get("status") or {}).get("admission") is not None
-    if evicted and evicted.get("status") == "True" and reserved and not pods:
-        reason, message = str(evicted.get("reason", "")), str(evicted.get("message", ""))
-        requeue = reason in ("Preempted", "NodeFailures")
-        return [
-            _status_patch(
-                workload,
-                [
-                    _cond(workload, "QuotaReserved", False, "Pending", message, now),
-                    _cond(
-                        workload,
-                        "Admitted",
-                        False,
-                        "NoReservation",
-                        "The workload has no reservation",
-                        now,
-                    ),
-                    _cond(workload, "Requeued", requeue, reason, message, now),
-                ],
-                admission=None,
-            )
-        ]
-    return []

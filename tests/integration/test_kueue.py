@@ -5,6 +5,7 @@ back only once its pods are gone."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -113,6 +114,23 @@ class Queues:
             if any(r.get("uid") == uid for r in w["metadata"].get("ownerReferences") or [])
         ]
 
+    def summary(self, job: Job) -> list[str]:
+        """The job's Workloads, one line each, for a failing test's message."""
+        lines = []
+        for w in self.workloads(job):
+            status = w.get("status") or {}
+            conds = ",".join(
+                f"{c['type']}={c['status']}/{c.get('reason')}"
+                for c in status.get("conditions") or []
+            )
+            sets = {p["name"]: p["count"] for p in w["spec"]["podSets"]}
+            psa = [
+                (a["name"], a.get("count"))
+                for a in (status.get("admission") or {}).get("podSetAssignments") or []
+            ]
+            lines.append(f"{w['metadata']['name']} {sets} admission={psa} {conds}")
+        return lines
+
     def delete(self) -> None:
         for kind in ("clusterqueues", "resourceflavors"):
             self.cluster.raw("DELETE", f"{KUEUE}/{kind}/{self.name}")
@@ -125,9 +143,13 @@ def queues(cluster: Cluster, namespace: str) -> Any:
     made.delete()
 
 
-def gpu_job(name: str, workers: int, priority: str = "low", **kw: Any) -> dict[str, Any]:
+def gpu_job(
+    name: str, workers: int, priority: str = "low", drain: str | None = None, **kw: Any
+) -> dict[str, Any]:
     """An MPIJob for LocalQueue `gpus`, each worker asking for one GPU."""
     manifest = mpijob(name, workers, **kw)
+    if drain is not None:
+        manifest["metadata"]["annotations"][names.ANN_DRAIN_SECONDS] = drain
     manifest["metadata"]["labels"] = {
         kueue.QUEUE_LABEL: "gpus",
         kueue.PRIORITY_LABEL: priority,
@@ -205,3 +227,157 @@ def test_kueue_admits_resumes_on_flavor_and_releases_quota_after_pods(
     cond = job.condition("QueueAdmitted")
     assert cond is not None
     assert cond["reason"] == "Evicted", cond
+
+
+def workers_of(workload: dict[str, Any]) -> int:
+    return int(next(p["count"] for p in workload["spec"]["podSets"] if p["name"] == "worker"))
+
+
+def reason(job: Job, type_: str) -> str:
+    return str((job.condition(type_) or {}).get("reason", ""))
+
+
+def running_pods(job: Job) -> dict[str, str]:
+    """The job's pods (launcher and workers) by name, with their UIDs."""
+    pods = {**job.pods(), **job.pods(names.ROLE_LAUNCHER)}
+    return {n: p["metadata"]["uid"] for n, p in pods.items()}
+
+
+def in_force(queues: Queues, job: Job) -> dict[str, Any] | None:
+    """The job's admitted, unfinished Workload."""
+    return next(
+        (
+            w
+            for w in queues.workloads(job)
+            if admitted(w)
+            and not any(
+                c["type"] == "Finished" and c["status"] == "True"
+                for c in (w.get("status") or {}).get("conditions") or []
+            )
+        ),
+        None,
+    )
+
+
+def test_kueue_partial_admission_admits_at_min_replicas(
+    cluster: Cluster, namespace: str, queues: Queues, start_controller: StartController
+) -> None:
+    """Without workload slices an elastic job is admitted once, at what fits from
+    min-replicas up."""
+    start_controller(namespace)
+    holder = Job(cluster, namespace, "holder")
+    holder.create(gpu_job(holder.name, 4))
+    holder.wait_hosts(4)
+    job = Job(cluster, namespace, "partial")
+    job.create(gpu_job(job.name, 6, min_replicas="2", max_replicas="6"))
+    wait_for(lambda: in_force(queues, job), 30, "partial admission")
+    (workload,) = queues.workloads(job)
+    worker_set = next(p for p in workload["spec"]["podSets"] if p["name"] == "worker")
+    assert (worker_set["count"], worker_set["minCount"]) == (6, 2)
+    job.wait_hosts(2)
+    wait_for(lambda: queues.gpus_used() == 6, 30, "6 GPUs reserved")
+    time.sleep(2)
+    assert len(live_workers(job)) == 2
+
+
+def test_kueue_elastic_jobs_admitted_at_min_grow_and_give_way_gracefully(
+    cluster: Cluster, namespace: str, queues: Queues, start_controller: StartController
+) -> None:
+    start_controller(namespace, args=("--kueue-workload-slices",))
+    first, second = Job(cluster, namespace, "first"), Job(cluster, namespace, "second")
+    for job in (first, second):
+        job.create(gpu_job(job.name, 2, min_replicas="2", max_replicas="6", drain="2"))
+    for job in (first, second):
+        job.wait_hosts(2)
+        (workload,) = queues.workloads(job)
+        assert workers_of(workload) == 2
+        assert workload["metadata"]["annotations"][kueue.ELASTIC_ANNOTATION] == "true"
+    wait_for(lambda: queues.gpus_used() == 4, 30, "4 GPUs reserved")
+
+    # The first asks for 6: it grows by slices into the 2 GPUs left, and asks on for more.
+    before = running_pods(first)
+    asked = time.monotonic()
+    first.set_workers(6)
+    first.wait_hosts(4, timeout=60)
+    grown = time.monotonic() - asked
+    # Grown in place: the launcher and the first two workers are the same pods.
+    after = running_pods(first)
+    assert {n: after.get(n) for n in before} == before
+    wait_for(lambda: queues.gpus_used() == 6, 30, "6 GPUs reserved")
+    assert workers_of(in_force(queues, first) or {}) == 4
+    replaced = [
+        w
+        for w in queues.workloads(first)
+        if any(
+            c["type"] == "Finished" and c["reason"] == "WorkloadSliceReplaced"
+            for c in (w.get("status") or {}).get("conditions") or []
+        )
+    ]
+    assert len(replaced) == 2, [w["metadata"]["name"] for w in queues.workloads(first)]
+    time.sleep(2)
+    assert len(live_workers(first)) == 4
+    assert queues.gpus_used() == 6
+
+    # A higher-priority job: Kueue preempts the first (its slice was admitted last) whole;
+    # it stops through its graceful suspend, and its quota is given back only once its
+    # pods are gone; it comes back at its minimum, where the quota lets it.
+    urgent = Job(cluster, namespace, "urgent")
+    reserved_while_pods: list[bool] = []
+
+    def first_stopped() -> bool:
+        pods = {**first.pods(), **first.pods(names.ROLE_LAUNCHER)}
+        wl = in_force(queues, first) or {}
+        if pods and wl:
+            reserved_while_pods.append(True)
+        elif pods:
+            reserved_while_pods.append(
+                any(
+                    (w.get("status") or {}).get("admission") is not None
+                    for w in queues.workloads(first)
+                )
+            )
+        return not pods
+
+    urgent.create(gpu_job(urgent.name, 2, priority="high"))
+    wait_for(lambda: reason(first, "QueueAdmitted") == "Evicted", 30, "first evicted")
+    wait_for(first_stopped, 60, "the first's pods gone")
+    assert all(reserved_while_pods), reserved_while_pods
+    urgent.wait_hosts(2, timeout=60)
+    first.wait_hosts(2, timeout=60)
+    assert len(live_workers(second)) == 2
+    wait_for(lambda: queues.gpus_used() == 6, 30, "6 GPUs reserved")
+    assert workers_of(in_force(queues, first) or {}) == 2
+
+    # The urgent job ends (its launcher exits 0): the controller finishes its Workload, and
+    # the first grows into the quota that frees.
+    before = running_pods(first)
+    launcher = names.launcher_name(urgent.name)
+    wait_for(
+        lambda: (
+            (urgent.pods(names.ROLE_LAUNCHER).get(launcher) or {}).get("status", {}).get("phase")
+            == "Running"
+        ),
+        30,
+        "the urgent job's launcher running",
+    )
+    freed = time.monotonic()
+    urgent.cluster.kubectl(
+        "annotate", "pod", names.launcher_name(urgent.name), "-n", namespace,
+        "kwok.mpijob-elastic.io/exit-code=0",
+    )  # fmt: skip
+    try:
+        first.wait_hosts(4, timeout=60)
+    except AssertionError as err:
+        raise AssertionError(
+            f"{err}\n"
+            + "\n".join([*queues.summary(first), *queues.summary(urgent)])
+            + f"\nurgent: {urgent.get().get('status')}"
+        ) from None
+    regrown = time.monotonic() - freed
+    after = running_pods(first)
+    assert {n: after.get(n) for n in before} == before
+    wait_for(lambda: queues.gpus_used() == 6, 30, "6 GPUs reserved")
+    for job in (first, second):
+        failed = job.condition("Failed")
+        assert failed is None or failed["status"] != "True", failed
+    print(f"kueue: grown 2->4 in {grown:.1f}s; regrown 2->4 in {regrown:.1f}s after quota freed")
