@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from mpijob_elastic.app.preflight import REVIEWS_PATH, Permission, review
 from mpijob_elastic.app.watches import CHILD_SELECTOR, Caches
 from mpijob_elastic.core import kueue
 from mpijob_elastic.core.kueue import Queue, Standing
@@ -24,6 +25,17 @@ log = logging.getLogger("mpijob_elastic.app.kueue")
 Obj = dict[str, Any]
 API_PATH = f"/apis/{kueue.API_VERSION}"
 WORKLOAD = "Workload"
+GROUP = "kueue.x-k8s.io"
+# What the Workload writes and the caches need (config/rbac/kueue.yaml; docs/rbac.md).
+PERMISSIONS = (
+    *(Permission(v, "workloads", GROUP) for v in ("list", "watch", "create", "update", "delete")),
+    Permission("patch", "workloads", GROUP, "status"),
+    *(
+        Permission(v, r, GROUP, cluster_scoped=True)
+        for r in ("resourceflavors", "workloadpriorityclasses")
+        for v in ("list", "watch")
+    ),
+)
 
 
 class KueueShell:
@@ -33,6 +45,8 @@ class KueueShell:
         self.caches = caches
         self.slices = slices
         self.installed = False
+        # Kueue's API is served but this controller may not use it: why.
+        self.denied = ""
         self._flavors: Informer | None = None
         self._priorities: Informer | None = None
         # The last refusal of a job's Workload write, by job UID, until one goes through.
@@ -52,6 +66,18 @@ class KueueShell:
             if not err.not_found:
                 raise
             log.info("Kueue's API is not served: jobs labelled for a queue are held")
+            return
+        missing = [
+            p.describe(ns or "")
+            for ns in namespaces
+            for p in PERMISSIONS
+            if not await self._allowed(p, ns or "")
+        ]
+        if missing:
+            # Kueue's caches would never fill: the controller runs without them, and only
+            # queue-labelled jobs hear of it.
+            self.denied = f"missing {', '.join(sorted(set(missing)))} (config/rbac/kueue.yaml)"
+            log.error("Kueue's API is served but not granted", extra={"error": self.denied})
             return
         self.installed = True
         for ns in namespaces:
@@ -93,6 +119,10 @@ class KueueShell:
         }
         return Queue(True, workloads, flavors, priorities, self.slices)
 
+    async def _allowed(self, permission: Permission, namespace: str) -> bool:
+        answer = await self.kube.request("POST", REVIEWS_PATH, review(permission, namespace))
+        return bool((answer.get("status") or {}).get("allowed"))
+
     @staticmethod
     def _list(informer: Informer | None) -> list[Obj]:
         return informer.list() if informer is not None else []
@@ -101,6 +131,8 @@ class KueueShell:
         refused = self._refused.get(job["metadata"]["uid"])
         if refused is not None:
             return Standing(False, "WorkloadRefused", refused)
+        if self.denied:
+            return Standing(False, "KueueNotPermitted", f"Kueue's API is served, but {self.denied}")
         return kueue.standing(job, queue)
 
     async def write(

@@ -127,7 +127,7 @@ def _queue(turn: Turn) -> None:
     if standing is not None and turn.status.set(
         QUEUE_ADMITTED, standing.admitted, standing.reason, standing.message
     ):
-        if standing.reason == "KueueNotInstalled":
+        if standing.reason in ("KueueNotInstalled", "KueueNotPermitted", "WorkloadRefused"):
             turn.event("Warning", standing.reason, standing.message)
         else:
             turn.event("Normal", f"Queue{standing.reason}", standing.message)
