@@ -280,6 +280,25 @@ def test_kueue_partial_admission_admits_at_min_replicas(
     assert len(live_workers(job)) == 2
 
 
+def shrink_to_two(queues: Queues, first: Job) -> None:
+    """The first is asked down to 2 (an autoscaler's edit): workers 2 and 3 leave the host
+    list, then go; its Workload keeps counting 4 workers until they are gone, and only
+    then asks for 2, which Kueue takes as the quota given back."""
+    samples: list[tuple[int, int, int]] = []
+
+    def shrunk() -> bool:
+        wl = in_force(queues, first) or {}
+        samples.append((len(first.hosts()), len(first.pods()), workers_of(wl) if wl else -1))
+        return samples[-1] == (2, 2, 2)
+
+    first.set_workers(2)
+    wait_for(shrunk, 60, "the first shrunk to 2 and its Workload with it")
+    # Hosts leave first, pods next, the Workload's count last.
+    assert all(listed <= pods <= counted for listed, pods, counted in samples), samples
+    assert any(listed < pods for listed, pods, _ in samples), samples
+    wait_for(lambda: queues.gpus_used() == 4, 30, "4 GPUs reserved after the shrink")
+
+
 def test_kueue_elastic_jobs_admitted_at_min_grow_and_give_way_gracefully(
     cluster: Cluster, namespace: str, queues: Queues, start_controller: StartController
 ) -> None:
@@ -377,6 +396,7 @@ def test_kueue_elastic_jobs_admitted_at_min_grow_and_give_way_gracefully(
     after = running_pods(first)
     assert {n: after.get(n) for n in before} == before
     wait_for(lambda: queues.gpus_used() == 6, 30, "6 GPUs reserved")
+    shrink_to_two(queues, first)
     for job in (first, second):
         failed = job.condition("Failed")
         assert failed is None or failed["status"] != "True", failed
