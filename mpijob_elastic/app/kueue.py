@@ -63,9 +63,10 @@ class KueueShell:
         try:
             await self.kube.request("GET", API_PATH)
         except ApiError as err:
-            if not err.not_found:
-                raise
-            log.info("Kueue's API is not served: jobs labelled for a queue are held")
+            if err.not_found:
+                log.info("Kueue's API is not served: jobs labelled for a queue are held")
+            else:
+                log.warning("cannot tell whether Kueue's API is served", extra={"error": str(err)})
             return
         missing = [
             p.describe(ns or "")
