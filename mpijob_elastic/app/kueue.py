@@ -60,13 +60,20 @@ class KueueShell:
     ) -> None:
         """Whether Kueue's API is served; if so, add its caches (started with the others).
         Without it the controller runs as before, and only queue-labelled jobs hear of it."""
+        # The list of API groups: a group that is not served has no document of its own
+        # to 404 with (the server answers plain text there).
         try:
-            await self.kube.request("GET", API_PATH)
+            groups = await self.kube.request("GET", "/apis")
         except ApiError as err:
-            if err.not_found:
-                log.info("Kueue's API is not served: jobs labelled for a queue are held")
-            else:
-                log.warning("cannot tell whether Kueue's API is served", extra={"error": str(err)})
+            log.warning("cannot tell whether Kueue's API is served", extra={"error": str(err)})
+            return
+        served = any(
+            g.get("name") == GROUP
+            and any(v.get("groupVersion") == kueue.API_VERSION for v in g.get("versions") or [])
+            for g in groups.get("groups") or []
+        )
+        if not served:
+            log.info("Kueue's API is not served: jobs labelled for a queue are held")
             return
         missing = [
             p.describe(ns or "")

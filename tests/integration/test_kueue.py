@@ -16,7 +16,9 @@ from tests.controller import StartController, wait_for
 from tests.integration.test_controller import Job
 from tests.manifests import mpijob
 
-pytestmark = pytest.mark.usefixtures("crd", "kueue")
+# The first test runs before the session's Kueue is started (tests run in file order; the
+# `kueue` fixture is session-wide and installs Kueue's API): it checks the cluster without it.
+pytestmark = pytest.mark.usefixtures("crd")
 
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 GPU = "nvidia.com/gpu"
@@ -177,6 +179,31 @@ def live_workers(job: Job) -> list[str]:
     return sorted(n for n, p in job.pods().items() if not p["metadata"].get("deletionTimestamp"))
 
 
+def test_kueue_absent_a_queue_labelled_job_is_held_and_told_why(
+    cluster: Cluster, namespace: str, start_controller: StartController
+) -> None:
+    groups = cluster.raw("GET", "/apis") or {}
+    assert "kueue.x-k8s.io" not in [g["name"] for g in groups.get("groups") or []], (
+        "run this test before the session's Kueue starts"
+    )
+    start_controller(namespace)
+    job = Job(cluster, namespace, "queued")
+    job.create(gpu_job(job.name, 2))
+    wait_for(lambda: reason(job, "QueueAdmitted") == "KueueNotInstalled", 30, "the condition")
+    assert ("Warning", "KueueNotInstalled") in [(t, r) for t, r, _ in job.events()]
+    suspended = job.condition("Suspended")
+    assert suspended is not None
+    assert suspended["status"] == "True"
+    time.sleep(1)
+    assert job.pods() == {}
+    assert job.pods(names.ROLE_LAUNCHER) == {}
+    # An unlabelled job beside it runs as ever.
+    other = Job(cluster, namespace, "plain")
+    other.create(mpijob(other.name, 2))
+    other.wait_hosts(2)
+
+
+@pytest.mark.usefixtures("kueue")
 def test_kueue_admits_resumes_on_flavor_and_releases_quota_after_pods(
     cluster: Cluster, namespace: str, queues: Queues, start_controller: StartController
 ) -> None:
@@ -259,6 +286,7 @@ def in_force(queues: Queues, job: Job) -> dict[str, Any] | None:
     )
 
 
+@pytest.mark.usefixtures("kueue")
 def test_kueue_partial_admission_admits_at_min_replicas(
     cluster: Cluster, namespace: str, queues: Queues, start_controller: StartController
 ) -> None:
@@ -299,6 +327,7 @@ def shrink_to_two(queues: Queues, first: Job) -> None:
     wait_for(lambda: queues.gpus_used() == 4, 30, "4 GPUs reserved after the shrink")
 
 
+@pytest.mark.usefixtures("kueue")
 def test_kueue_elastic_jobs_admitted_at_min_grow_and_give_way_gracefully(
     cluster: Cluster, namespace: str, queues: Queues, start_controller: StartController
 ) -> None:
