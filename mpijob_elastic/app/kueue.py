@@ -4,6 +4,7 @@ and the writes of a job's Workload."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -75,16 +76,14 @@ class KueueShell:
         if not served:
             log.info("Kueue's API is not served: jobs labelled for a queue are held")
             return
-        missing = [
-            p.describe(ns or "")
-            for ns in namespaces
-            for p in PERMISSIONS
-            if not await self._allowed(p, ns or "")
-        ]
+        # Granted cluster-wide (config/rbac/kueue.yaml binds it so, the namespaced install
+        # too): one review per permission, whatever the namespaces watched.
+        allowed = await asyncio.gather(*(self._allowed(p, "") for p in PERMISSIONS))
+        missing = [p.describe("") for p, ok in zip(PERMISSIONS, allowed, strict=True) if not ok]
         if missing:
             # Kueue's caches would never fill: the controller runs without them, and only
             # queue-labelled jobs hear of it.
-            self.denied = f"missing {', '.join(sorted(set(missing)))} (config/rbac/kueue.yaml)"
+            self.denied = f"missing {', '.join(missing)} (config/rbac/kueue.yaml)"
             log.error("Kueue's API is served but not granted", extra={"error": self.denied})
             return
         self.installed = True
