@@ -61,9 +61,24 @@ def workload_writes(
         ]
     if is_true(workload, "Evicted"):
         return _evicted(job, queue, workload, pods, now)
+    if not reserved(workload) and not pending(queue):
+        return _follow(job, queue, workload)
     if elastic(job, queue) and reserved(workload) and is_true(workload, "Admitted"):
         return _resize(job, queue, workload, pods)
     return []
+
+
+def _follow(
+    job: Mapping[str, Any], queue: Queue, workload: Mapping[str, Any]
+) -> list[WorkloadWrite]:
+    """A Workload waiting in the queue follows the job's edits, as Kueue's own integrations
+    do; an admitted one changes only as ``_resize`` says. The counts are compared, not the
+    templates, which the server may default."""
+    first = min_replicas(job) if elastic(job, queue) else replicas(job)
+    wanted = render_workload(job, queue, first or replicas(job))["spec"]["podSets"]
+    if _counts(workload.get("spec") or {}) == _counts({"podSets": wanted}):
+        return []
+    return [_replace_pod_sets(workload, wanted)]
 
 
 def _evicted(
@@ -128,6 +143,10 @@ def _resize(
     return writes
 
 
+def _counts(spec: Mapping[str, Any]) -> list[tuple[Any, Any, Any]]:
+    return [(p.get("name"), p.get("count"), p.get("minCount")) for p in spec.get("podSets") or []]
+
+
 def _count(workload: Mapping[str, Any]) -> int:
     for pod_set in (workload.get("spec") or {}).get("podSets") or []:
         if pod_set.get("name") == WORKER:
@@ -136,12 +155,15 @@ def _count(workload: Mapping[str, Any]) -> int:
 
 
 def _replace(workload: Mapping[str, Any], workers: int) -> WorkloadWrite:
+    pod_sets = (workload.get("spec") or {}).get("podSets") or []
+    return _replace_pod_sets(
+        workload, [{**p, "count": workers} if p.get("name") == WORKER else p for p in pod_sets]
+    )
+
+
+def _replace_pod_sets(workload: Mapping[str, Any], pod_sets: Sequence[Any]) -> WorkloadWrite:
     obj: Obj = {**workload, "apiVersion": API_VERSION, "kind": "Workload"}
-    spec = dict(obj.get("spec") or {})
-    spec["podSets"] = [
-        {**p, "count": workers} if p.get("name") == WORKER else p for p in spec.get("podSets") or []
-    ]
-    obj["spec"] = spec
+    obj["spec"] = {**(obj.get("spec") or {}), "podSets": list(pod_sets)}
     return WorkloadWrite("replace", obj)
 
 

@@ -214,3 +214,15 @@ def test_standing_reports_the_admitted_size() -> None:
     standing = kueue.standing(j, Queue(True, [workload(j, 2, admitted=2)], slices=True))
     assert standing == Standing(True, "Admitted", standing.message)
     assert "with 2 workers" in standing.message
+
+
+def test_a_waiting_workload_follows_the_jobs_edits_an_admitted_one_does_not() -> None:
+    j = job(replicas=3, low=None)
+    waiting = workload(j, 3)
+    assert workload_writes(j, Queue(True, [waiting], FLAVOR), (), NOW) == []
+    edited = job(replicas=5, low=None)
+    (write,) = workload_writes(edited, Queue(True, [waiting], FLAVOR), (), NOW)
+    assert write.verb == "replace"
+    assert next(p["count"] for p in write.obj["spec"]["podSets"] if p["name"] == "worker") == 5
+    admitted = workload(j, 3, admitted=3)
+    assert workload_writes(edited, Queue(True, [admitted], FLAVOR), (), NOW) == []
