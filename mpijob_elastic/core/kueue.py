@@ -76,8 +76,14 @@ class WorkloadWrite:
     obj: Obj
 
 
+def _map(value: Any) -> Mapping[str, Any]:
+    """A mapping, or an empty one where the job has something else (an invalid spec,
+    which spec.py reports; nothing here may raise on it)."""
+    return value if isinstance(value, Mapping) else {}
+
+
 def queue_name(job: Mapping[str, Any]) -> str | None:
-    name = ((job.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL)
+    name = _map(_map(job.get("metadata")).get("labels")).get(QUEUE_LABEL)
     return name if isinstance(name, str) and name else None
 
 
@@ -175,7 +181,11 @@ def finished(job: Mapping[str, Any]) -> str | None:
 
 
 def _specs(job: Mapping[str, Any]) -> Mapping[str, Any]:
-    return (job.get("spec") or {}).get("mpiReplicaSpecs") or {}
+    return _map(_map(job.get("spec")).get("mpiReplicaSpecs"))
+
+
+def _template(job: Mapping[str, Any], role: str) -> Mapping[str, Any]:
+    return _map(_map(_specs(job).get(role)).get("template"))
 
 
 def _int(value: Any, default: int) -> int:
@@ -186,7 +196,7 @@ def _int(value: Any, default: int) -> int:
 
 
 def _replicas(job: Mapping[str, Any]) -> int:
-    return _int((_specs(job).get("Worker") or {}).get("replicas"), 1)
+    return _int(_map(_specs(job).get("Worker")).get("replicas"), 1)
 
 
 def replicas(job: Mapping[str, Any]) -> int:
@@ -194,25 +204,25 @@ def replicas(job: Mapping[str, Any]) -> int:
 
 
 def min_replicas(job: Mapping[str, Any]) -> int | None:
-    annotations = job["metadata"].get("annotations") or {}
+    annotations = _map(job["metadata"].get("annotations"))
     if names.ANN_MIN_REPLICAS not in annotations:
         return None
     return _int(annotations[names.ANN_MIN_REPLICAS], _replicas(job))
 
 
 def max_replicas(job: Mapping[str, Any]) -> int:
-    annotations = job["metadata"].get("annotations") or {}
+    annotations = _map(job["metadata"].get("annotations"))
     return _int(annotations.get(names.ANN_MAX_REPLICAS), _replicas(job))
 
 
 def _pod_set(name: str, template: Mapping[str, Any], count: int, min_count: int | None) -> Obj:
-    meta = template.get("metadata") or {}
+    meta = _map(template.get("metadata"))
     pod_set: Obj = {
         "name": name,
         "count": count,
         "template": {
             "metadata": {k: meta[k] for k in ("labels", "annotations") if meta.get(k)},
-            "spec": copy.deepcopy(dict(template.get("spec") or {})),
+            "spec": copy.deepcopy(dict(_map(template.get("spec")))),
         },
     }
     if min_count is not None and min_count < count:
@@ -228,12 +238,11 @@ def render_workload(
     partial admission); with them, a slice asks for its exact count, and names the slice it
     ``replaces`` (namespace/name) when it grows the job."""
     meta = job["metadata"]
-    specs = _specs(job)
     pod_sets = [
-        _pod_set(LAUNCHER, (specs.get("Launcher") or {}).get("template") or {}, 1, None),
+        _pod_set(LAUNCHER, _template(job, "Launcher"), 1, None),
         _pod_set(
             WORKER,
-            (specs.get("Worker") or {}).get("template") or {},
+            _template(job, "Worker"),
             max(workers, 1),
             None if elastic(job, queue) else min_replicas(job),
         ),
@@ -244,7 +253,7 @@ def render_workload(
     if replaces:
         annotations[REPLACEMENT_ANNOTATION] = replaces
     spec: Obj = {"queueName": queue_name(job), "podSets": pod_sets}
-    priority = (meta.get("labels") or {}).get(PRIORITY_LABEL)
+    priority = _map(meta.get("labels")).get(PRIORITY_LABEL)
     if isinstance(priority, str) and priority in queue.priorities:
         spec["priorityClassRef"] = {
             "group": "kueue.x-k8s.io",
@@ -331,21 +340,29 @@ def gate(job: Obj, queue: Queue) -> Obj:
     )
     gated = copy.deepcopy(dict(job))
     spec = gated.setdefault("spec", {})
+    run_policy = spec.setdefault("runPolicy", {}) if isinstance(spec, dict) else None
+    if not isinstance(run_policy, dict):
+        # Invalid: spec.py freezes the job, which creates nothing.
+        return job
     if not admitted or workload is None:
-        spec.setdefault("runPolicy", {})["suspend"] = True
+        run_policy["suspend"] = True
         return gated
     assigned = _assignments(workload)
     for role, pod_set in (("Launcher", LAUNCHER), ("Worker", WORKER)):
-        replica = (spec.get("mpiReplicaSpecs") or {}).get(role)
+        replica = _map(spec.get("mpiReplicaSpecs")).get(role)
         if not isinstance(replica, dict) or pod_set not in assigned:
             continue
-        if role == "Worker":
-            count = admitted_workers(workload)
-            replica["replicas"] = min(_replicas(job), _replicas(job) if count is None else count)
+        count = admitted_workers(workload)
+        if role == "Worker" and isinstance(replica.get("replicas"), int) and count is not None:
+            replica["replicas"] = min(replica["replicas"], count)
         selector, tolerations = _placement(assigned[pod_set], queue)
-        pod_spec = replica.setdefault("template", {}).setdefault("spec", {})
+        template = replica.setdefault("template", {})
+        pod_spec = template.setdefault("spec", {}) if isinstance(template, dict) else None
+        if not isinstance(pod_spec, dict):
+            continue
         if selector:
-            pod_spec["nodeSelector"] = {**(pod_spec.get("nodeSelector") or {}), **selector}
+            pod_spec["nodeSelector"] = {**_map(pod_spec.get("nodeSelector")), **selector}
         if tolerations:
-            pod_spec["tolerations"] = [*(pod_spec.get("tolerations") or []), *tolerations]
+            own = pod_spec.get("tolerations")
+            pod_spec["tolerations"] = [*(own if isinstance(own, list) else []), *tolerations]
     return gated

@@ -3,6 +3,7 @@ how the job is seen through its admission, and the writes of its Workloads."""
 
 from __future__ import annotations
 
+import copy
 from datetime import UTC, datetime
 from typing import Any
 
@@ -226,3 +227,34 @@ def test_a_waiting_workload_follows_the_jobs_edits_an_admitted_one_does_not() ->
     assert next(p["count"] for p in write.obj["spec"]["podSets"] if p["name"] == "worker") == 5
     admitted = workload(j, 3, admitted=3)
     assert workload_writes(edited, Queue(True, [admitted], FLAVOR), (), NOW) == []
+
+
+def test_nothing_raises_on_a_malformed_job() -> None:
+    """An invalid spec is spec.py's to report; Kueue's part must not raise on it."""
+    base = job(replicas=2, low=None)
+    bad_values: tuple[Any, ...] = ([], "x", 3, None, {"spec": []})
+    paths = (
+        ("spec",),
+        ("spec", "runPolicy"),
+        ("spec", "mpiReplicaSpecs"),
+        ("spec", "mpiReplicaSpecs", "Worker"),
+        ("spec", "mpiReplicaSpecs", "Worker", "template"),
+        ("spec", "mpiReplicaSpecs", "Worker", "replicas"),
+        ("metadata", "labels"),
+        ("metadata", "annotations"),
+    )
+    for path in paths:
+        for value in bad_values:
+            j = copy.deepcopy(base)
+            node = j
+            for key in path[:-1]:
+                node = node[key]
+            node[path[-1]] = value
+            for queue in (
+                Queue(True, [workload(base, 2, admitted=2)], FLAVOR, slices=True),
+                Queue(True, [], FLAVOR),
+                Queue(False),
+            ):
+                kueue.gate(j, queue)
+                kueue.standing(j, queue)
+                workload_writes(j, queue, worker_pods(2), NOW)
