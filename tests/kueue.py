@@ -58,6 +58,8 @@ def configuration(cert_dir: Path) -> dict[str, Any]:
         "webhook": {"port": free_port(), "host": "127.0.0.1", "certDir": str(cert_dir)},
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
+        # Short, so a job whose Workload never got PodsReady would be evicted within a test.
+        "waitForPodsReady": {"timeout": "15s", "blockAdmission": False},
         "integrations": {
             # Kueue's own MPIJob integration speaks v2beta1 of the same group and kind.
             "frameworks": ["batch/job"],

@@ -63,9 +63,44 @@ def workload_writes(
         return _evicted(job, queue, workload, pods, now)
     if not reserved(workload) and not pending(queue):
         return _follow(job, queue, workload)
-    if elastic(job, queue) and reserved(workload) and is_true(workload, "Admitted"):
-        return _resize(job, queue, workload, pods)
+    if reserved(workload) and is_true(workload, "Admitted"):
+        return _admitted(job, queue, workload, pods, now)
     return []
+
+
+def _admitted(
+    job: Mapping[str, Any],
+    queue: Queue,
+    workload: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    now: str,
+) -> list[WorkloadWrite]:
+    """``PodsReady`` once the launcher and the admitted workers first run (what Kueue's
+    waitForPodsReady waits for; the job's own scale-out timeout and below-min suspension
+    handle later losses, so it is not turned back); then, for an elastic job, its size."""
+    if not is_true(workload, "PodsReady") and _started(job, workload, pods):
+        message = "the launcher and the admitted workers run"
+        return [
+            _status_patch(workload, [_cond(workload, "PodsReady", True, "Started", message, now)])
+        ]
+    return _resize(job, queue, workload, pods) if elastic(job, queue) else []
+
+
+def _started(
+    job: Mapping[str, Any], workload: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]
+) -> bool:
+    def running(role: str) -> int:
+        return sum(
+            1
+            for p in pods
+            if (p["metadata"].get("labels") or {}).get(names.LABEL_ROLE) == role
+            and not p["metadata"].get("deletionTimestamp")
+            and (p.get("status") or {}).get("phase") == "Running"
+        )
+
+    admitted = admitted_workers(workload)
+    want = min(replicas(job), admitted if admitted is not None else replicas(job))
+    return running(names.ROLE_LAUNCHER) >= 1 and running(names.ROLE_WORKER) >= want
 
 
 def _follow(

@@ -61,11 +61,19 @@ def workload(
     return w
 
 
-def worker_pods(n: int) -> list[dict[str, Any]]:
+def worker_pods(n: int, phase: str = "Pending") -> list[dict[str, Any]]:
     return [
-        {"metadata": {"name": f"job-worker-{i}", "labels": {names.LABEL_ROLE: "worker"}}}
+        {
+            "metadata": {"name": f"job-worker-{i}", "labels": {names.LABEL_ROLE: "worker"}},
+            "status": {"phase": phase},
+        }
         for i in range(n)
     ]
+
+
+def launcher_pod(phase: str = "Running") -> dict[str, Any]:
+    labels = {names.LABEL_ROLE: names.ROLE_LAUNCHER}
+    return {"metadata": {"name": "job-launcher", "labels": labels}, "status": {"phase": phase}}
 
 
 def test_without_slices_the_workload_admits_from_min_replicas_with_the_jobs_priority() -> None:
@@ -258,3 +266,18 @@ def test_nothing_raises_on_a_malformed_job() -> None:
                 kueue.gate(j, queue)
                 kueue.standing(j, queue)
                 workload_writes(j, queue, worker_pods(2), NOW)
+
+
+def test_pods_ready_once_the_launcher_and_the_admitted_workers_run() -> None:
+    j = job(replicas=2, low=None)
+    queue = Queue(True, [workload(j, 2, admitted=2)], FLAVOR)
+    assert workload_writes(j, queue, [launcher_pod(), *worker_pods(2)], NOW) == []
+    running = [launcher_pod(), *worker_pods(2, "Running")]
+    assert (
+        workload_writes(j, queue, [launcher_pod("Pending"), *worker_pods(2, "Running")], NOW) == []
+    )
+    (write,) = workload_writes(j, queue, running, NOW)
+    ready = next(c for c in write.obj["status"]["conditions"] if c["type"] == "PodsReady")
+    assert (ready["status"], ready["reason"]) == ("True", "Started")
+    done = workload(j, 2, admitted=2, conditions=(("PodsReady", "Started"),))
+    assert workload_writes(j, Queue(True, [done], FLAVOR), running, NOW) == []
