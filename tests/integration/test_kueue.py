@@ -14,6 +14,7 @@ from mpijob_elastic.core import kueue, names
 from tests.cluster import Cluster
 from tests.controller import StartController, wait_for
 from tests.integration.test_controller import Job
+from tests.integration.test_rbac_proof import RunAs, run_as  # noqa: F401 (a fixture)
 from tests.manifests import mpijob
 
 # The first test runs before the session's Kueue is started (tests run in file order; the
@@ -204,6 +205,28 @@ def test_kueue_absent_a_queue_labelled_job_is_held_and_told_why(
 
 
 @pytest.mark.usefixtures("kueue")
+def test_kueue_not_granted_a_queue_labelled_job_is_held_and_told_why(
+    cluster: Cluster,
+    namespace: str,
+    run_as: RunAs,  # noqa: F811 (the fixture imported above)
+) -> None:
+    """The controller as a ServiceAccount with the shipped roles but not
+    config/rbac/kueue.yaml: it runs, and tells queue-labelled jobs why they wait."""
+    controller = run_as(None)
+    wait_for(lambda: "caches synced" in controller.logs(), 120, "the controller's caches")
+    assert "Kueue's API is served but not granted" in controller.logs()
+    job = Job(cluster, namespace, "queued")
+    job.create(gpu_job(job.name, 2))
+    wait_for(lambda: reason(job, "QueueAdmitted") == "KueueNotPermitted", 30, "the condition")
+    assert "config/rbac/kueue.yaml" in (job.condition("QueueAdmitted") or {})["message"]
+    assert ("Warning", "KueueNotPermitted") in [(t, r) for t, r, _ in job.events()]
+    assert job.pods() == {}
+    other = Job(cluster, namespace, "plain")
+    other.create(mpijob(other.name, 2))
+    other.wait_hosts(2)
+
+
+@pytest.mark.usefixtures("kueue")
 def test_kueue_admits_resumes_on_flavor_and_releases_quota_after_pods(
     cluster: Cluster, namespace: str, queues: Queues, start_controller: StartController
 ) -> None:
@@ -246,9 +269,10 @@ def test_kueue_admits_resumes_on_flavor_and_releases_quota_after_pods(
     reserved_while_pods: list[bool] = []
 
     def stopped() -> bool:
+        # The Workload first: pods seen after it were there when it was read.
+        (wl,) = queues.workloads(job)
         pods = {**job.pods(), **job.pods(names.ROLE_LAUNCHER)}
         if pods:
-            (wl,) = queues.workloads(job)
             reserved_while_pods.append((wl.get("status") or {}).get("admission") is not None)
         return not pods
 
@@ -382,17 +406,13 @@ def test_kueue_elastic_jobs_admitted_at_min_grow_and_give_way_gracefully(
     reserved_while_pods: list[bool] = []
 
     def first_stopped() -> bool:
+        # The Workloads first: pods seen after them were there when they were read.
+        held = any(
+            (w.get("status") or {}).get("admission") is not None for w in queues.workloads(first)
+        )
         pods = {**first.pods(), **first.pods(names.ROLE_LAUNCHER)}
-        wl = in_force(queues, first) or {}
-        if pods and wl:
-            reserved_while_pods.append(True)
-        elif pods:
-            reserved_while_pods.append(
-                any(
-                    (w.get("status") or {}).get("admission") is not None
-                    for w in queues.workloads(first)
-                )
-            )
+        if pods:
+            reserved_while_pods.append(held)
         return not pods
 
     urgent.create(gpu_job(urgent.name, 2, priority="high"))
