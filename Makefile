@@ -29,15 +29,16 @@ lock: venv
 	$(VENV)/bin/pip-compile $(LOCK_FLAGS) --extra test --extra dev \
 	  --constraint requirements.lock -o requirements-dev.lock pyproject.toml
 
-# The Kubernetes binaries, Prometheus's promtool and server (the monitoring tests), helm and
-# the scheduler-plugins scheduler (the gang tests): built once from their Go modules into the
-# versioned cache, progress on stderr.
+# The Kubernetes binaries, Prometheus's promtool and server (the monitoring tests), helm,
+# the scheduler-plugins scheduler (the gang tests) and Kueue (the Kueue tests): built once
+# from their Go modules into the versioned cache, progress on stderr.
 binaries:
 	@hack/build-binaries.sh >/dev/null
 	@hack/build-scheduler-plugins.sh >/dev/null
 	@hack/build-promtool.sh promtool >/dev/null
 	@hack/build-promtool.sh prometheus >/dev/null
 	@hack/build-helm.sh >/dev/null
+	@hack/build-kueue.sh >/dev/null
 
 cluster-up: binaries
 	@hack/cluster-up.sh

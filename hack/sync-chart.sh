@@ -24,6 +24,7 @@ copies=(
   rbac/service_account.yaml:templates/rbac-service-account.yaml
   rbac/role.yaml:templates/rbac-role.yaml
   rbac/nodes.yaml:templates/rbac-nodes.yaml
+  rbac/kueue.yaml:templates/rbac-kueue.yaml
   rbac/leader_election.yaml:templates/rbac-leader-election.yaml
   rbac/metrics_auth.yaml:templates/rbac-metrics-auth.yaml
   rbac/metrics_reader.yaml:templates/rbac-metrics-reader.yaml

@@ -150,6 +150,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         opportunistic_priority_class=args.opportunistic_priority_class,
         growth_backoff_max_seconds=args.growth_backoff_max_seconds,
         reconcile_workers=getattr(args, "workers", DEFAULTS.reconcile_workers),
+        kueue_workload_slices=getattr(args, "kueue_workload_slices", False),
     )
 
 
@@ -201,6 +202,12 @@ def parser() -> argparse.ArgumentParser:
         "(to run beside training-operator 1.9)",
     )
     run.add_argument("--workers", type=_whole(1), default=DEFAULTS.reconcile_workers)
+    run.add_argument(
+        "--kueue-workload-slices",
+        action="store_true",
+        help="Kueue runs with its ElasticJobsViaWorkloadSlices feature gate: elastic jobs "
+        "labelled for a Kueue queue grow and shrink by workload slices (docs/scheduling.md)",
+    )
     run.add_argument(
         "--health-port",
         type=_whole(0, 65535),

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mpijob_elastic.app.fleet import Fleet
+from mpijob_elastic.app.kueue import KueueShell
 from mpijob_elastic.app.predicates import job_signature, manages, may_move_hosts
 from mpijob_elastic.app.preflight import RECHECK_SECONDS, Preflight
 from mpijob_elastic.app.watches import (
@@ -31,7 +32,7 @@ from mpijob_elastic.app.watches import (
     pod_groups_served,
     resources,
 )
-from mpijob_elastic.core import names, nodes, podgroups
+from mpijob_elastic.core import kueue, names, nodes, podgroups
 from mpijob_elastic.core.observe import Observed, observe
 from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
@@ -105,6 +106,8 @@ class Controller:
         self._leaving_nodes: dict[str, str] = {}
         # Opportunistic jobs' growth states and capacity changes (fleet.py).
         self.fleet = Fleet()
+        self._watch_api = watch_api
+        self.kueue = KueueShell(self.kube, self.caches, settings.kueue_workload_slices)
         self.writer = Writer(self.kube, self._cache, self._cached)
         self.pod_exec = PodExec(api.configuration)
         self.probes = RankProbes(self._read_launcher, self.queue.add)
@@ -249,6 +252,9 @@ class Controller:
         # Before the caches: a missing list or an MPI Operator v2 CRD keeps them from ever
         # syncing, and the log must say why first.
         await self._check()
+        await self.kueue.discover(
+            self._watch_api, list(self.settings.namespaces) or [None], self._on_child
+        )
         if self.preflight.problems:
             self._rechecks = asyncio.create_task(self._recheck(), name="preflight")
         if await pod_groups_served(self.kube, self.settings):
@@ -386,11 +392,23 @@ class Controller:
         if job is None or not manages(job, self.settings):
             self.writer.forget(key)
             self.probes.forget(key)
+            if job is not None:
+                self.kueue.forget(job["metadata"]["uid"])
             return None
         await self.writer.recheck(key, job)
-        observed = self.observe(job)
+        # A job labelled for a Kueue queue is seen through its admission (core/kueue.py).
+        queue = self.kueue.queue(job) if kueue.queue_name(job) else None
+        seen = kueue.gate(job, queue) if queue is not None else job
+        observed = self.observe(seen)
+        if queue is not None:
+            observed = dataclasses.replace(observed, queue=self.kueue.standing(job, queue))
         writes = plan_writes(observed, self.settings)
-        await self.writer.run(job, writes)
+        await self.writer.run(seen, writes)
+        if queue is not None:
+            # With the status this turn wrote (the cache holds the server's answer): a job
+            # that just finished gives its quota back now, not on its next event.
+            latest = jobs.get(namespace, name) if jobs is not None else None
+            await self.kueue.write(latest or job, queue, observed.pods)
         self.probes.acted_on(key, observed.ranks)
         if writes.probe is not None:
             self.probes.request(key, writes.probe)

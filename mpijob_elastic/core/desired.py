@@ -63,6 +63,7 @@ from mpijob_elastic.core.notices import Stop
 from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec import JobSpec
+from mpijob_elastic.core.status import QUEUE_ADMITTED
 from mpijob_elastic.core.times import format_precise_time
 from mpijob_elastic.core.turn import BUDGET, GANG, POD_WRITES_PER_TURN, Turn
 from mpijob_elastic.core.workers import Worker, discovered_hosts, listed_hosts, split_pods
@@ -113,6 +114,7 @@ def desired(observed: Observed, settings: Settings, now: datetime) -> Desired:
         return Desired({}, None, (), (), (), (), None, status, (), None)
     turn = Turn.start(observed, settings, now)
     children = _decide(turn)
+    _queue(turn)
     # A refused write is reported whatever else the turn decided.
     refusal = reports.refused(turn.status, observed.refused)
     if refusal is not None:
@@ -124,6 +126,18 @@ def desired(observed: Observed, settings: Settings, now: datetime) -> Desired:
         requeue_after=turn.requeue_after,
         probe=turn.probe,
     )
+
+
+def _queue(turn: Turn) -> None:
+    """Where a job labelled for a Kueue queue stands there (kueue.py gates the job)."""
+    standing = turn.observed.queue
+    if standing is not None and turn.status.set(
+        QUEUE_ADMITTED, standing.admitted, standing.reason, standing.message
+    ):
+        if standing.reason in ("KueueNotInstalled", "KueueNotPermitted", "WorkloadRefused"):
+            turn.event("Warning", standing.reason, standing.message)
+        else:
+            turn.event("Normal", f"Queue{standing.reason}", standing.message)
 
 
 def _decide(turn: Turn) -> Desired:

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Refusal
 from mpijob_elastic.core.growth_state import Share
+from mpijob_elastic.core.kueue import Standing
 from mpijob_elastic.core.ranks import RankSnapshot
 from mpijob_elastic.core.spec import launcher_service_account
 
@@ -67,6 +68,8 @@ class Observed:
     # ours that held a node deleted), as far as this controller saw since it started.
     fleet: Sequence[Share] = ()
     capacity_changed: datetime | None = None
+    # Where a job labelled for a Kueue queue stands there (kueue.py); None: not labelled.
+    queue: Standing | None = None
 
 
 class View(Protocol):

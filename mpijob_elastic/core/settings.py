@@ -58,6 +58,10 @@ class Settings:
     # well under etcd's 1.5 MiB per object and the 1 MiB a ConfigMap's data may hold (the
     # first limit reached, near 6500 workers). Larger MPI jobs exist; raise it for them.
     max_workers_per_job: int = 1000
+    # Kueue runs with its ElasticJobsViaWorkloadSlices feature gate: elastic jobs labelled
+    # for a Kueue queue grow and shrink by workload slices (docs/scheduling.md, "Kueue").
+    # It must match Kueue's gate: without the gate Kueue would count each slice on its own.
+    kueue_workload_slices: bool = False
     # The controller's own (namespace, ServiceAccount), from the Deployment's downward API
     # env (cli.py): a job in that namespace whose pods would run as it gets InvalidSpec.
     # None: not known (run outside a cluster), nothing to protect.

@@ -35,8 +35,11 @@ RESTARTING = "Restarting"
 UNSUPPORTED = "Unsupported"
 SPEC_WARNINGS = "SpecWarnings"
 POD_REJECTED = "PodTemplateRejected"
+# Where a job labelled for a Kueue queue stands there (kueue.py).
+QUEUE_ADMITTED = "QueueAdmitted"
 CONDITION_ORDER = (
     CREATED,
+    QUEUE_ADMITTED,
     INVALID,
     UNSUPPORTED,
     SPEC_WARNINGS,

@@ -35,6 +35,7 @@ RESOURCES: Final[Mapping[str, tuple[str, str]]] = {
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     "MPIJob": ("/apis/kubeflow.org/v1", "mpijobs"),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
+    "Workload": ("/apis/kueue.x-k8s.io/v1beta2", "workloads"),
 }
 
 # Kubernetes' verbs for the methods we use; a GET of a collection is a list.

@@ -65,6 +65,8 @@ def test_kustomize_default_renders_every_object(cluster: Cluster) -> None:
         ("ClusterRoleBinding", "mpijob-elastic-controller"),
         ("ClusterRole", "mpijob-elastic-nodes"),
         ("ClusterRoleBinding", "mpijob-elastic-nodes"),
+        ("ClusterRole", "mpijob-elastic-kueue"),
+        ("ClusterRoleBinding", "mpijob-elastic-kueue"),
         ("Role", "mpijob-elastic-leader-election"),
         ("RoleBinding", "mpijob-elastic-leader-election"),
         ("ClusterRole", "mpijob-elastic-metrics-auth"),

@@ -1,0 +1,187 @@
+"""The shell of Kueue admission (core/kueue.py decides; docs/scheduling.md, "Kueue"): whether
+Kueue's API is served, the caches of Workloads, ResourceFlavors and WorkloadPriorityClasses,
+and the writes of a job's Workload."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from mpijob_elastic.app.preflight import REVIEWS_PATH, Permission, review
+from mpijob_elastic.app.watches import CHILD_SELECTOR, Caches
+from mpijob_elastic.core import kueue
+from mpijob_elastic.core.kueue import Queue, Standing
+from mpijob_elastic.core.kueue_writes import workload_writes
+from mpijob_elastic.core.times import format_time
+from mpijob_elastic.machinery.informer import Informer
+from mpijob_elastic.machinery.kube import ApiError, Kube
+from mpijob_elastic.machinery.kubeclient import ApiClient
+from mpijob_elastic.machinery.store import compact
+
+log = logging.getLogger("mpijob_elastic.app.kueue")
+
+Obj = dict[str, Any]
+API_PATH = f"/apis/{kueue.API_VERSION}"
+WORKLOAD = "Workload"
+GROUP = "kueue.x-k8s.io"
+# What the Workload writes and the caches need (config/rbac/kueue.yaml; docs/rbac.md).
+PERMISSIONS = (
+    *(Permission(v, "workloads", GROUP) for v in ("list", "watch", "create", "update", "delete")),
+    Permission("patch", "workloads", GROUP, "status"),
+    *(
+        Permission(v, r, GROUP, cluster_scoped=True)
+        for r in ("resourceflavors", "workloadpriorityclasses")
+        for v in ("list", "watch")
+    ),
+)
+
+
+class KueueShell:
+    def __init__(self, kube: Kube, caches: Caches, slices: bool) -> None:
+        """``slices``: Kueue runs with ElasticJobsViaWorkloadSlices (core/kueue.py)."""
+        self.kube = kube
+        self.caches = caches
+        self.slices = slices
+        self.installed = False
+        # Kueue's API is served but this controller may not use it: why.
+        self.denied = ""
+        self._flavors: Informer | None = None
+        self._priorities: Informer | None = None
+        # The last refusal of a job's Workload write, by job UID, until one goes through.
+        self._refused: dict[str, str] = {}
+
+    async def discover(
+        self,
+        watch_api: ApiClient,
+        namespaces: Sequence[str | None],
+        on_workload: Callable[[str, Obj], None],
+    ) -> None:
+        """Whether Kueue's API is served; if so, add its caches (started with the others).
+        Without it the controller runs as before, and only queue-labelled jobs hear of it."""
+        # The list of API groups: a group that is not served has no document of its own
+        # to 404 with (the server answers plain text there).
+        try:
+            groups = await self.kube.request("GET", "/apis")
+        except ApiError as err:
+            log.warning("cannot tell whether Kueue's API is served", extra={"error": str(err)})
+            return
+        served = any(
+            g.get("name") == GROUP
+            and any(v.get("groupVersion") == kueue.API_VERSION for v in g.get("versions") or [])
+            for g in groups.get("groups") or []
+        )
+        if not served:
+            log.info("Kueue's API is not served: jobs labelled for a queue are held")
+            return
+        # Granted cluster-wide (config/rbac/kueue.yaml binds it so, the namespaced install
+        # too): one review per permission, whatever the namespaces watched.
+        allowed = await asyncio.gather(*(self._allowed(p, "") for p in PERMISSIONS))
+        missing = [p.describe("") for p, ok in zip(PERMISSIONS, allowed, strict=True) if not ok]
+        if missing:
+            # Kueue's caches would never fill: the controller runs without them, and only
+            # queue-labelled jobs hear of it.
+            self.denied = f"missing {', '.join(missing)} (config/rbac/kueue.yaml)"
+            log.error("Kueue's API is served but not granted", extra={"error": self.denied})
+            return
+        self.installed = True
+        for ns in namespaces:
+            self.caches.add(
+                WORKLOAD,
+                ns,
+                Informer(
+                    watch_api,
+                    API_PATH,
+                    "workloads",
+                    on_workload,
+                    namespace=ns,
+                    label_selector=CHILD_SELECTOR,
+                    transform=compact,
+                ),
+            )
+        # Cluster-wide and few; their changes move no job by themselves (a flavor's labels
+        # reach the pods a job creates next).
+        self._flavors = Informer(watch_api, API_PATH, "resourceflavors", _ignore, transform=compact)
+        self._priorities = Informer(
+            watch_api, API_PATH, "workloadpriorityclasses", _ignore, transform=compact
+        )
+        self.caches.add("ResourceFlavor", None, self._flavors)
+        self.caches.add("WorkloadPriorityClass", None, self._priorities)
+
+    def queue(self, job: Mapping[str, Any]) -> Queue:
+        meta = job["metadata"]
+        if not self.installed:
+            return Queue(installed=False)
+        cache = self.caches.pick(WORKLOAD, meta["namespace"])
+        workloads = [
+            w
+            for w in (cache.by_owner(meta["uid"]) if cache else [])
+            if w["metadata"]["namespace"] == meta["namespace"]
+        ]
+        flavors = {f["metadata"]["name"]: f.get("spec") or {} for f in self._list(self._flavors)}
+        priorities = {
+            p["metadata"]["name"]: int(p.get("value", 0)) for p in self._list(self._priorities)
+        }
+        return Queue(True, workloads, flavors, priorities, self.slices)
+
+    async def _allowed(self, permission: Permission, namespace: str) -> bool:
+        answer = await self.kube.request("POST", REVIEWS_PATH, review(permission, namespace))
+        return bool((answer.get("status") or {}).get("allowed"))
+
+    @staticmethod
+    def _list(informer: Informer | None) -> list[Obj]:
+        return informer.list() if informer is not None else []
+
+    def standing(self, job: Mapping[str, Any], queue: Queue) -> Standing:
+        refused = self._refused.get(job["metadata"]["uid"])
+        if refused is not None:
+            return Standing(False, "WorkloadRefused", refused)
+        if self.denied:
+            return Standing(False, "KueueNotPermitted", f"Kueue's API is served, but {self.denied}")
+        return kueue.standing(job, queue)
+
+    async def write(
+        self, job: Mapping[str, Any], queue: Queue, pods: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """The Workload writes the job needs now; a write the server refuses is reported on
+        the job (its condition) until one goes through, a conflict is planned again."""
+        uid = job["metadata"]["uid"]
+        writes = workload_writes(job, queue, pods, format_time(datetime.now(UTC)))
+        for write in writes:
+            meta = write.obj["metadata"]
+            try:
+                written = await self._write(write.verb, write.obj)
+            except ApiError as err:
+                if 400 <= err.status < 500 and not (err.conflict or err.not_found):
+                    self._refused[uid] = f"{write.verb} Workload {meta['name']}: {err.message}"
+                raise
+            self._refused.pop(uid, None)
+            cache = self.caches.pick(WORKLOAD, meta["namespace"])
+            if cache is not None and written is not None:
+                cache.upsert(written)
+
+    async def _write(self, verb: str, obj: Obj) -> Obj | None:
+        """One write; the object as the server holds it now, None once deleted."""
+        meta = obj["metadata"]
+        if verb == "create":
+            return await self.kube.create(obj)
+        if verb == "replace":
+            return await self.kube.replace(obj)
+        if verb == "delete":
+            try:
+                await self.kube.delete(WORKLOAD, meta["namespace"], meta["name"], meta["uid"])
+            except ApiError as err:
+                # Gone already: the cache has yet to hear of the delete it asked for.
+                if not err.not_found:
+                    raise
+            return None
+        return await self.kube.patch(WORKLOAD, meta["namespace"], meta["name"], obj, "status")
+
+    def forget(self, uid: str) -> None:
+        self._refused.pop(uid, None)
+
+
+def _ignore(type_: str, obj: Obj) -> None:
+    """Changes of ResourceFlavors and WorkloadPriorityClasses are read when a job needs them."""

@@ -1,0 +1,461 @@
+"""Issue 23 on the real local cluster with a real Kueue (tests/kueue.py): a `kubeflow.org/v1`
+MPIJob labelled for a Kueue queue is held until Kueue admits the Workload this controller
+writes for it, runs on the admitted flavor's nodes at the admitted size, and gives its quota
+back only once its pods are gone."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from mpijob_elastic.core import kueue, names
+from tests.cluster import Cluster
+from tests.controller import StartController, wait_for
+from tests.integration.test_controller import Job
+from tests.integration.test_rbac_proof import RunAs, run_as  # noqa: F401 (a fixture)
+from tests.manifests import mpijob
+
+# The first test runs before the session's Kueue is started (tests run in file order; the
+# `kueue` fixture is session-wide and installs Kueue's API): it checks the cluster without it.
+pytestmark = pytest.mark.usefixtures("crd")
+
+KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
+GPU = "nvidia.com/gpu"
+
+
+class Queues:
+    """A ResourceFlavor, a ClusterQueue with quota for ``gpus`` GPUs and a LocalQueue, all
+    named after the test's namespace."""
+
+    def __init__(self, cluster: Cluster, namespace: str, gpus: int) -> None:
+        self.cluster, self.ns, self.name = cluster, namespace, namespace
+        cluster.apply(
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "ResourceFlavor",
+                "metadata": {"name": self.name},
+                "spec": {
+                    "nodeLabels": {"type": "kwok"},
+                    "tolerations": [
+                        {
+                            "key": "example.com/gpu-pool",
+                            "operator": "Exists",
+                            "effect": "NoSchedule",
+                        }
+                    ],
+                },
+            }
+        )
+        cluster.apply(
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "ClusterQueue",
+                "metadata": {"name": self.name},
+                "spec": {
+                    "namespaceSelector": {},
+                    "preemption": {"withinClusterQueue": "LowerPriority"},
+                    "resourceGroups": [
+                        {
+                            "coveredResources": ["cpu", GPU],
+                            "flavors": [
+                                {
+                                    "name": self.name,
+                                    "resources": [
+                                        {"name": "cpu", "nominalQuota": "100"},
+                                        {"name": GPU, "nominalQuota": str(gpus)},
+                                    ],
+                                }
+                            ],
+                        }
+                    ],
+                },
+            }
+        )
+        cluster.apply(
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "LocalQueue",
+                "metadata": {"name": "gpus", "namespace": namespace},
+                "spec": {"clusterQueue": self.name},
+            }
+        )
+        for priority, value in (("low", 100), ("high", 1000)):
+            cluster.apply(
+                {
+                    "apiVersion": "kueue.x-k8s.io/v1beta2",
+                    "kind": "WorkloadPriorityClass",
+                    "metadata": {"name": priority},
+                    "value": value,
+                }
+            )
+        wait_for(self._active, 30, "ClusterQueue active")
+
+    def _active(self) -> bool:
+        cq = self.cluster.raw("GET", f"{KUEUE}/clusterqueues/{self.name}") or {}
+        return any(
+            c["type"] == "Active" and c["status"] == "True"
+            for c in (cq.get("status") or {}).get("conditions") or []
+        )
+
+    def gpus_used(self) -> int:
+        """The GPUs the ClusterQueue counts as reserved (status.flavorsReservation)."""
+        cq = self.cluster.raw("GET", f"{KUEUE}/clusterqueues/{self.name}") or {}
+        for flavor in (cq.get("status") or {}).get("flavorsReservation") or []:
+            for resource in flavor.get("resources") or []:
+                if resource["name"] == GPU:
+                    return int(resource["total"])
+        return 0
+
+    def workloads(self, job: Job) -> list[dict[str, Any]]:
+        listed = self.cluster.raw("GET", f"{KUEUE}/namespaces/{self.ns}/workloads") or {}
+        uid = job.get()["metadata"]["uid"]
+        return [
+            w
+            for w in listed.get("items") or []
+            if any(r.get("uid") == uid for r in w["metadata"].get("ownerReferences") or [])
+        ]
+
+    def summary(self, job: Job) -> list[str]:
+        """The job's Workloads, one line each, for a failing test's message."""
+        lines = []
+        for w in self.workloads(job):
+            status = w.get("status") or {}
+            conds = ",".join(
+                f"{c['type']}={c['status']}/{c.get('reason')}"
+                for c in status.get("conditions") or []
+            )
+            sets = {p["name"]: p["count"] for p in w["spec"]["podSets"]}
+            psa = [
+                (a["name"], a.get("count"))
+                for a in (status.get("admission") or {}).get("podSetAssignments") or []
+            ]
+            lines.append(f"{w['metadata']['name']} {sets} admission={psa} {conds}")
+        return lines
+
+    def delete(self) -> None:
+        for kind in ("clusterqueues", "resourceflavors"):
+            self.cluster.raw("DELETE", f"{KUEUE}/{kind}/{self.name}")
+
+
+@pytest.fixture
+def queues(cluster: Cluster, namespace: str) -> Any:
+    made = Queues(cluster, namespace, gpus=6)
+    yield made
+    made.delete()
+
+
+def gpu_job(
+    name: str, workers: int, priority: str = "low", drain: str | None = None, **kw: Any
+) -> dict[str, Any]:
+    """An MPIJob for LocalQueue `gpus`, each worker asking for one GPU."""
+    manifest = mpijob(name, workers, **kw)
+    if drain is not None:
+        manifest["metadata"]["annotations"][names.ANN_DRAIN_SECONDS] = drain
+    manifest["metadata"]["labels"] = {
+        kueue.QUEUE_LABEL: "gpus",
+        kueue.PRIORITY_LABEL: priority,
+    }
+    specs = manifest["spec"]["mpiReplicaSpecs"]
+    launcher = {"name": "main", "image": "busybox", "resources": {"requests": {"cpu": "1"}}}
+    worker = {
+        "name": "main",
+        "image": "busybox",
+        "resources": {"requests": {"cpu": "1", GPU: "1"}, "limits": {GPU: "1"}},
+    }
+    specs["Launcher"]["template"] = {"spec": {"containers": [launcher]}}
+    specs["Worker"]["template"] = {"spec": {"containers": [worker]}}
+    return manifest
+
+
+def admitted(workload: dict[str, Any]) -> bool:
+    return any(
+        c["type"] == "Admitted" and c["status"] == "True"
+        for c in (workload.get("status") or {}).get("conditions") or []
+    )
+
+
+def live_workers(job: Job) -> list[str]:
+    return sorted(n for n, p in job.pods().items() if not p["metadata"].get("deletionTimestamp"))
+
+
+def test_kueue_absent_a_queue_labelled_job_is_held_and_told_why(
+    cluster: Cluster, namespace: str, start_controller: StartController
+) -> None:
+    groups = cluster.raw("GET", "/apis") or {}
+    assert "kueue.x-k8s.io" not in [g["name"] for g in groups.get("groups") or []], (
+        "run this test before the session's Kueue starts"
+    )
+    start_controller(namespace)
+    job = Job(cluster, namespace, "queued")
+    job.create(gpu_job(job.name, 2))
+    wait_for(lambda: reason(job, "QueueAdmitted") == "KueueNotInstalled", 30, "the condition")
+    assert ("Warning", "KueueNotInstalled") in [(t, r) for t, r, _ in job.events()]
+    suspended = job.condition("Suspended")
+    assert suspended is not None
+    assert suspended["status"] == "True"
+    time.sleep(1)
+    assert job.pods() == {}
+    assert job.pods(names.ROLE_LAUNCHER) == {}
+    # An unlabelled job beside it runs as ever.
+    other = Job(cluster, namespace, "plain")
+    other.create(mpijob(other.name, 2))
+    other.wait_hosts(2)
+
+
+@pytest.mark.usefixtures("kueue")
+def test_kueue_not_granted_a_queue_labelled_job_is_held_and_told_why(
+    cluster: Cluster,
+    namespace: str,
+    run_as: RunAs,  # noqa: F811 (the fixture imported above)
+) -> None:
+    """The controller as a ServiceAccount with the shipped roles but not
+    config/rbac/kueue.yaml: it runs, and tells queue-labelled jobs why they wait."""
+    controller = run_as(None)
+    wait_for(lambda: "caches synced" in controller.logs(), 120, "the controller's caches")
+    assert "Kueue's API is served but not granted" in controller.logs()
+    job = Job(cluster, namespace, "queued")
+    job.create(gpu_job(job.name, 2))
+    wait_for(lambda: reason(job, "QueueAdmitted") == "KueueNotPermitted", 30, "the condition")
+    assert "config/rbac/kueue.yaml" in (job.condition("QueueAdmitted") or {})["message"]
+    assert ("Warning", "KueueNotPermitted") in [(t, r) for t, r, _ in job.events()]
+    assert job.pods() == {}
+    other = Job(cluster, namespace, "plain")
+    other.create(mpijob(other.name, 2))
+    other.wait_hosts(2)
+
+
+@pytest.mark.usefixtures("kueue")
+def test_kueue_admits_resumes_on_flavor_and_releases_quota_after_pods(
+    cluster: Cluster, namespace: str, queues: Queues, start_controller: StartController
+) -> None:
+    start_controller(namespace)
+    job = Job(cluster, namespace, "fixed")
+    job.create(gpu_job(job.name, 2))
+    wait_for(lambda: queues.workloads(job), 30, "the job's Workload")
+    (workload,) = queues.workloads(job)
+    sets = {p["name"]: p for p in workload["spec"]["podSets"]}
+    assert (sets["launcher"]["count"], sets["worker"]["count"]) == (1, 2)
+    assert workload["spec"]["priority"] == 100
+    assert workload["metadata"]["ownerReferences"][0]["controller"] is True
+    wait_for(lambda: admitted(queues.workloads(job)[0]), 30, "Workload admitted")
+    job.wait_hosts(2)
+    # Kueue writes the ClusterQueue's status a moment after the admission.
+    wait_for(lambda: queues.gpus_used() == 2, 30, "2 GPUs reserved")
+    for pod in (*job.pods().values(), *job.pods(names.ROLE_LAUNCHER).values()):
+        assert pod["spec"]["nodeSelector"] == {"type": "kwok"}
+        assert {"key": "example.com/gpu-pool", "operator": "Exists", "effect": "NoSchedule"} in pod[
+            "spec"
+        ]["tolerations"]
+    cond = job.condition("QueueAdmitted")
+    assert cond is not None
+    assert cond["status"] == "True", cond
+    # What Kueue's waitForPodsReady (on in tests/kueue.py, 15 s) waits for.
+    wait_for(
+        lambda: any(
+            c["type"] == "PodsReady" and c["status"] == "True"
+            for c in (queues.workloads(job)[0].get("status") or {}).get("conditions") or []
+        ),
+        15,
+        "PodsReady",
+    )
+
+    # Kueue evicts the Workload (here: deactivated, as `kubectl patch` of spec.active does).
+    name = workload["metadata"]["name"]
+    cluster.raw(
+        "PATCH", f"{KUEUE}/namespaces/{namespace}/workloads/{name}", {"spec": {"active": False}}
+    )
+    reserved_while_pods: list[bool] = []
+
+    def stopped() -> bool:
+        # The Workload first: pods seen after it were there when it was read.
+        (wl,) = queues.workloads(job)
+        pods = {**job.pods(), **job.pods(names.ROLE_LAUNCHER)}
+        if pods:
+            reserved_while_pods.append((wl.get("status") or {}).get("admission") is not None)
+        return not pods
+
+    wait_for(stopped, 60, "the evicted job's pods gone")
+    # The Workload kept its admission, so Kueue counted the quota in use, while any pod was
+    # there.
+    assert reserved_while_pods
+    assert all(reserved_while_pods), reserved_while_pods
+    wait_for(lambda: queues.gpus_used() == 0, 30, "quota released")
+    (workload,) = queues.workloads(job)
+    assert (workload.get("status") or {}).get("admission") is None
+    cond = job.condition("QueueAdmitted")
+    assert cond is not None
+    assert cond["reason"] == "Evicted", cond
+
+
+def workers_of(workload: dict[str, Any]) -> int:
+    return int(next(p["count"] for p in workload["spec"]["podSets"] if p["name"] == "worker"))
+
+
+def reason(job: Job, type_: str) -> str:
+    return str((job.condition(type_) or {}).get("reason", ""))
+
+
+def running_pods(job: Job) -> dict[str, str]:
+    """The job's pods (launcher and workers) by name, with their UIDs."""
+    pods = {**job.pods(), **job.pods(names.ROLE_LAUNCHER)}
+    return {n: p["metadata"]["uid"] for n, p in pods.items()}
+
+
+def in_force(queues: Queues, job: Job) -> dict[str, Any] | None:
+    """The job's admitted, unfinished Workload."""
+    return next(
+        (
+            w
+            for w in queues.workloads(job)
+            if admitted(w)
+            and not any(
+                c["type"] == "Finished" and c["status"] == "True"
+                for c in (w.get("status") or {}).get("conditions") or []
+            )
+        ),
+        None,
+    )
+
+
+@pytest.mark.usefixtures("kueue")
+def test_kueue_partial_admission_admits_at_min_replicas(
+    cluster: Cluster, namespace: str, queues: Queues, start_controller: StartController
+) -> None:
+    """Without workload slices an elastic job is admitted once, at what fits from
+    min-replicas up."""
+    start_controller(namespace)
+    holder = Job(cluster, namespace, "holder")
+    holder.create(gpu_job(holder.name, 4))
+    holder.wait_hosts(4)
+    job = Job(cluster, namespace, "partial")
+    job.create(gpu_job(job.name, 6, min_replicas="2", max_replicas="6"))
+    wait_for(lambda: in_force(queues, job), 30, "partial admission")
+    (workload,) = queues.workloads(job)
+    worker_set = next(p for p in workload["spec"]["podSets"] if p["name"] == "worker")
+    assert (worker_set["count"], worker_set["minCount"]) == (6, 2)
+    job.wait_hosts(2)
+    wait_for(lambda: queues.gpus_used() == 6, 30, "6 GPUs reserved")
+    time.sleep(2)
+    assert len(live_workers(job)) == 2
+
+
+def shrink_to_two(queues: Queues, first: Job) -> None:
+    """The first is asked down to 2 (an autoscaler's edit): workers 2 and 3 leave the host
+    list, then go; its Workload keeps counting 4 workers until they are gone, and only
+    then asks for 2, which Kueue takes as the quota given back."""
+    samples: list[tuple[int, int, int]] = []
+
+    def shrunk() -> bool:
+        wl = in_force(queues, first) or {}
+        samples.append((len(first.hosts()), len(first.pods()), workers_of(wl) if wl else -1))
+        return samples[-1] == (2, 2, 2)
+
+    first.set_workers(2)
+    wait_for(shrunk, 60, "the first shrunk to 2 and its Workload with it")
+    # Hosts leave first, pods next, the Workload's count last.
+    assert all(listed <= pods <= counted for listed, pods, counted in samples), samples
+    assert any(listed < pods for listed, pods, _ in samples), samples
+    wait_for(lambda: queues.gpus_used() == 4, 30, "4 GPUs reserved after the shrink")
+
+
+@pytest.mark.usefixtures("kueue")
+def test_kueue_elastic_jobs_admitted_at_min_grow_and_give_way_gracefully(
+    cluster: Cluster, namespace: str, queues: Queues, start_controller: StartController
+) -> None:
+    start_controller(namespace, args=("--kueue-workload-slices",))
+    first, second = Job(cluster, namespace, "first"), Job(cluster, namespace, "second")
+    for job in (first, second):
+        job.create(gpu_job(job.name, 2, min_replicas="2", max_replicas="6", drain="2"))
+    for job in (first, second):
+        job.wait_hosts(2)
+        (workload,) = queues.workloads(job)
+        assert workers_of(workload) == 2
+        assert workload["metadata"]["annotations"][kueue.ELASTIC_ANNOTATION] == "true"
+    wait_for(lambda: queues.gpus_used() == 4, 30, "4 GPUs reserved")
+
+    # The first asks for 6: it grows by slices into the 2 GPUs left, and asks on for more.
+    before = running_pods(first)
+    asked = time.monotonic()
+    first.set_workers(6)
+    first.wait_hosts(4, timeout=60)
+    grown = time.monotonic() - asked
+    # Grown in place: the launcher and the first two workers are the same pods.
+    after = running_pods(first)
+    assert {n: after.get(n) for n in before} == before
+    wait_for(lambda: queues.gpus_used() == 6, 30, "6 GPUs reserved")
+    assert workers_of(in_force(queues, first) or {}) == 4
+    replaced = [
+        w
+        for w in queues.workloads(first)
+        if any(
+            c["type"] == "Finished" and c["reason"] == "WorkloadSliceReplaced"
+            for c in (w.get("status") or {}).get("conditions") or []
+        )
+    ]
+    assert len(replaced) == 2, [w["metadata"]["name"] for w in queues.workloads(first)]
+    time.sleep(2)
+    assert len(live_workers(first)) == 4
+    assert queues.gpus_used() == 6
+
+    # A higher-priority job: Kueue preempts the first (its slice was admitted last) whole;
+    # it stops through its graceful suspend, and its quota is given back only once its
+    # pods are gone; it comes back at its minimum, where the quota lets it.
+    urgent = Job(cluster, namespace, "urgent")
+    reserved_while_pods: list[bool] = []
+
+    def first_stopped() -> bool:
+        # The Workloads first: pods seen after them were there when they were read.
+        held = any(
+            (w.get("status") or {}).get("admission") is not None for w in queues.workloads(first)
+        )
+        pods = {**first.pods(), **first.pods(names.ROLE_LAUNCHER)}
+        if pods:
+            reserved_while_pods.append(held)
+        return not pods
+
+    urgent.create(gpu_job(urgent.name, 2, priority="high"))
+    wait_for(lambda: reason(first, "QueueAdmitted") == "Evicted", 30, "first evicted")
+    wait_for(first_stopped, 60, "the first's pods gone")
+    assert all(reserved_while_pods), reserved_while_pods
+    urgent.wait_hosts(2, timeout=60)
+    first.wait_hosts(2, timeout=60)
+    assert len(live_workers(second)) == 2
+    wait_for(lambda: queues.gpus_used() == 6, 30, "6 GPUs reserved")
+    assert workers_of(in_force(queues, first) or {}) == 2
+
+    # The urgent job ends (its launcher exits 0): the controller finishes its Workload, and
+    # the first grows into the quota that frees.
+    before = running_pods(first)
+    launcher = names.launcher_name(urgent.name)
+    wait_for(
+        lambda: (
+            (urgent.pods(names.ROLE_LAUNCHER).get(launcher) or {}).get("status", {}).get("phase")
+            == "Running"
+        ),
+        30,
+        "the urgent job's launcher running",
+    )
+    freed = time.monotonic()
+    urgent.cluster.kubectl(
+        "annotate", "pod", names.launcher_name(urgent.name), "-n", namespace,
+        "kwok.mpijob-elastic.io/exit-code=0",
+    )  # fmt: skip
+    try:
+        first.wait_hosts(4, timeout=60)
+    except AssertionError as err:
+        raise AssertionError(
+            f"{err}\n"
+            + "\n".join([*queues.summary(first), *queues.summary(urgent)])
+            + f"\nurgent: {urgent.get().get('status')}"
+        ) from None
+    regrown = time.monotonic() - freed
+    after = running_pods(first)
+    assert {n: after.get(n) for n in before} == before
+    wait_for(lambda: queues.gpus_used() == 6, 30, "6 GPUs reserved")
+    shrink_to_two(queues, first)
+    for job in (first, second):
+        failed = job.condition("Failed")
+        assert failed is None or failed["status"] != "True", failed
+    print(f"kueue: grown 2->4 in {grown:.1f}s; regrown 2->4 in {regrown:.1f}s after quota freed")

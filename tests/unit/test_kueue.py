@@ -1,0 +1,283 @@
+"""Kueue admission, pure (core/kueue.py, core/kueue_writes.py): the Workload a job gets,
+how the job is seen through its admission, and the writes of its Workloads."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+from typing import Any
+
+from mpijob_elastic.core import kueue, names
+from mpijob_elastic.core.desired import desired
+from mpijob_elastic.core.kueue import Queue, Standing
+from mpijob_elastic.core.kueue_writes import workload_writes
+from mpijob_elastic.core.observe import Observed
+from mpijob_elastic.core.settings import Settings
+from tests.unit.simulation import make_job
+
+NOW = "2026-11-26T00:00:00Z"
+FLAVOR = {
+    "gpu": {
+        "nodeLabels": {"pool": "a100"},
+        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    }
+}
+
+
+def job(replicas: int = 6, low: str | None = "2", high: str = "6") -> dict[str, Any]:
+    annotations = {names.ANN_MIN_REPLICAS: low, names.ANN_MAX_REPLICAS: high} if low else {}
+    made = make_job(replicas, annotations=annotations)
+    made["metadata"]["labels"] = {kueue.QUEUE_LABEL: "q", kueue.PRIORITY_LABEL: "high"}
+    return made
+
+
+def workload(
+    j: dict[str, Any],
+    workers: int,
+    index: int = 0,
+    *,
+    admitted: int | None = None,
+    conditions: tuple[tuple[str, str], ...] = (),
+    replaces: str = "",
+) -> dict[str, Any]:
+    w = kueue.render_workload(j, Queue(True, slices=True), workers, index, replaces)
+    w["metadata"].update(uid=f"wl-{index}", resourceVersion="7", generation=1)
+    status: dict[str, Any] = {
+        "conditions": [{"type": t, "status": "True", "reason": r} for t, r in conditions]
+    }
+    if admitted is not None:
+        status["admission"] = {
+            "clusterQueue": "cq",
+            "podSetAssignments": [
+                {"name": "launcher", "count": 1, "flavors": {"cpu": "gpu"}},
+                {"name": "worker", "count": admitted, "flavors": {"nvidia.com/gpu": "gpu"}},
+            ],
+        }
+        status["conditions"] += [
+            {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+            {"type": "Admitted", "status": "True", "reason": "Admitted"},
+        ]
+    w["status"] = status
+    return w
+
+
+def worker_pods(n: int, phase: str = "Pending") -> list[dict[str, Any]]:
+    return [
+        {
+            "metadata": {"name": f"job-worker-{i}", "labels": {names.LABEL_ROLE: "worker"}},
+            "status": {"phase": phase},
+        }
+        for i in range(n)
+    ]
+
+
+def launcher_pod(phase: str = "Running") -> dict[str, Any]:
+    labels = {names.LABEL_ROLE: names.ROLE_LAUNCHER}
+    return {"metadata": {"name": "job-launcher", "labels": labels}, "status": {"phase": phase}}
+
+
+def test_without_slices_the_workload_admits_from_min_replicas_with_the_jobs_priority() -> None:
+    w = kueue.render_workload(job(), Queue(True, priorities={"high": 1000}), 6)
+    sets = {p["name"]: p for p in w["spec"]["podSets"]}
+    assert (sets["launcher"]["count"], sets["worker"]["count"]) == (1, 6)
+    assert sets["worker"]["minCount"] == 2
+    assert "minCount" not in sets["launcher"]
+    assert w["spec"]["queueName"] == "q"
+    assert w["spec"]["priority"] == 1000
+    assert w["spec"]["priorityClassRef"]["kind"] == "WorkloadPriorityClass"
+    assert kueue.ELASTIC_ANNOTATION not in w["metadata"]["annotations"]
+    (owner,) = w["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"], owner["controller"]) == (names.KIND, "job-uid", True)
+
+
+def test_with_slices_the_first_workload_asks_for_min_replicas_exactly() -> None:
+    (write,) = workload_writes(job(), Queue(True, slices=True), (), NOW)
+    assert write.verb == "create"
+    worker = next(p for p in write.obj["spec"]["podSets"] if p["name"] == "worker")
+    assert worker["count"] == 2
+    assert "minCount" not in worker
+    assert write.obj["metadata"]["annotations"][kueue.ELASTIC_ANNOTATION] == "true"
+
+
+def test_a_job_is_held_until_admitted_then_runs_at_the_admitted_size_on_the_flavor() -> None:
+    j = job()
+    held = kueue.gate(j, Queue(True, [workload(j, 2)], FLAVOR, slices=True))
+    assert held["spec"]["runPolicy"]["suspend"] is True
+    assert "runPolicy" not in j["spec"]  # the input is left alone
+    admitted = kueue.gate(j, Queue(True, [workload(j, 2, admitted=2)], FLAVOR, slices=True))
+    assert "suspend" not in admitted["spec"].get("runPolicy", {})
+    specs = admitted["spec"]["mpiReplicaSpecs"]
+    assert specs["Worker"]["replicas"] == 2
+    for role in ("Launcher", "Worker"):
+        pod = specs[role]["template"]["spec"]
+        assert pod["nodeSelector"] == {"pool": "a100"}
+        assert pod["tolerations"] == FLAVOR["gpu"]["tolerations"]
+
+
+def test_an_evicted_job_is_held_and_its_quota_released_only_once_its_pods_are_gone() -> None:
+    j = job(replicas=2, low=None)
+    evicted = workload(j, 2, admitted=2, conditions=(("Evicted", "Preempted"),))
+    queue = Queue(True, [evicted], FLAVOR)
+    assert kueue.gate(j, queue)["spec"]["runPolicy"]["suspend"] is True
+    assert kueue.standing(j, queue).reason == "Evicted"
+    assert workload_writes(j, queue, worker_pods(1), NOW) == []
+    (write,) = workload_writes(j, queue, (), NOW)
+    assert write.verb == "patch_status"
+    status = write.obj["status"]
+    assert status["admission"] is None
+    conds = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conds["QuotaReserved"] == ("False", "Pending")
+    assert conds["Requeued"] == ("True", "Preempted")
+    assert conds["Evicted"] == ("True", "Preempted")  # Kueue's, kept
+    assert write.obj["metadata"]["resourceVersion"] == "7"
+
+
+def test_an_evicted_elastic_job_asks_for_its_minimum_again_and_withdraws_its_growth() -> None:
+    j = job()
+    evicted = workload(j, 4, 2, admitted=4, conditions=(("Evicted", "Preempted"),))
+    growing = workload(j, 5, 3, replaces="ns/x")
+    queue = Queue(True, [evicted, growing], FLAVOR, slices=True)
+    writes = workload_writes(j, queue, worker_pods(4), NOW)
+    assert [(w.verb, w.obj["metadata"]["name"]) for w in writes] == [
+        ("delete", kueue.workload_name(j, 3))
+    ]
+    shrink = workload_writes(j, Queue(True, [evicted], FLAVOR, slices=True), (), NOW)
+    assert [w.verb for w in shrink] == ["replace"]
+    assert next(p["count"] for p in shrink[0].obj["spec"]["podSets"] if p["name"] == "worker") == 2
+
+
+def test_an_admitted_elastic_job_grows_one_worker_per_slice() -> None:
+    j = job()
+    now = workload(j, 2, 0, admitted=2)
+    (write,) = workload_writes(j, Queue(True, [now], FLAVOR, slices=True), worker_pods(2), NOW)
+    assert write.verb == "create"
+    assert write.obj["metadata"]["name"] == kueue.workload_name(j, 1)
+    annotations = write.obj["metadata"]["annotations"]
+    assert annotations[kueue.REPLACEMENT_ANNOTATION] == f"{j['metadata']['namespace']}/" + (
+        kueue.workload_name(j)
+    )
+    assert next(p["count"] for p in write.obj["spec"]["podSets"] if p["name"] == "worker") == 3
+    # While that slice waits, no other is asked for.
+    asked = workload(j, 3, 1, replaces="x")
+    assert workload_writes(j, Queue(True, [now, asked], FLAVOR, slices=True), (), NOW) == []
+
+
+def test_the_slice_kueue_replaced_stays_in_force_until_its_replacement_is_admitted() -> None:
+    j = job()
+    ns = j["metadata"]["namespace"]
+    old = workload(j, 2, 0, admitted=2, conditions=(("Finished", "WorkloadSliceReplaced"),))
+    new = workload(j, 3, 1, replaces=f"{ns}/{kueue.workload_name(j)}")
+    queue = Queue(True, [old, new], FLAVOR, slices=True)
+    assert kueue.current(queue) is old
+    assert kueue.gate(j, queue)["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
+    # A slice that was admitted once and lost its quota since leaves the old one behind.
+    new["status"]["conditions"].append({"type": "Admitted", "status": "False", "reason": "x"})
+    assert kueue.current(queue) is new
+    assert kueue.gate(j, queue)["spec"]["runPolicy"]["suspend"] is True
+
+
+def test_a_shrunk_elastic_job_gives_quota_back_once_the_workers_are_gone() -> None:
+    j = job(replicas=2)
+    now = workload(j, 4, 2, admitted=4)
+    queue = Queue(True, [now], FLAVOR, slices=True)
+    assert kueue.gate(j, queue)["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
+    assert workload_writes(j, queue, worker_pods(3), NOW) == []
+    (write,) = workload_writes(j, queue, worker_pods(2), NOW)
+    assert write.verb == "replace"
+    assert write.obj["metadata"]["resourceVersion"] == "7"
+    shrunk = next(p for p in write.obj["spec"]["podSets"] if p["name"] == "worker")
+    assert shrunk["count"] == 2
+    # The admission still says 4; the Workload's own count is what Kueue now counts.
+    assert kueue.admitted_workers(write.obj) == 2
+
+
+def test_a_finished_job_finishes_its_workloads() -> None:
+    j = job(replicas=2, low=None)
+    j["status"] = {"conditions": [{"type": "Succeeded", "status": "True"}]}
+    queue = Queue(True, [workload(j, 2, admitted=2)], FLAVOR)
+    (write,) = workload_writes(j, queue, (), NOW)
+    finished = next(c for c in write.obj["status"]["conditions"] if c["type"] == "Finished")
+    assert (finished["status"], finished["reason"]) == ("True", "Succeeded")
+    assert kueue.gate(j, queue) is j
+
+
+def test_without_kueue_a_queue_labelled_job_is_held_with_a_condition_and_a_warning() -> None:
+    j = job(replicas=2, low=None)
+    queue = Queue(False)
+    gated = kueue.gate(j, queue)
+    assert gated["spec"]["runPolicy"]["suspend"] is True
+    assert workload_writes(j, queue, (), NOW) == []
+    standing = kueue.standing(j, queue)
+    out = desired(
+        Observed(job=gated, queue=standing), Settings(), datetime(2026, 11, 26, tzinfo=UTC)
+    )
+    cond = next(c for c in out.status["conditions"] if c["type"] == "QueueAdmitted")
+    assert (cond["status"], cond["reason"]) == ("False", "KueueNotInstalled")
+    assert ("Warning", "KueueNotInstalled") in [(e.type, e.reason) for e in out.events]
+    assert out.new_pods == ()
+    assert out.launcher is None
+
+
+def test_standing_reports_the_admitted_size() -> None:
+    j = job()
+    standing = kueue.standing(j, Queue(True, [workload(j, 2, admitted=2)], slices=True))
+    assert standing == Standing(True, "Admitted", standing.message)
+    assert "with 2 workers" in standing.message
+
+
+def test_a_waiting_workload_follows_the_jobs_edits_an_admitted_one_does_not() -> None:
+    j = job(replicas=3, low=None)
+    waiting = workload(j, 3)
+    assert workload_writes(j, Queue(True, [waiting], FLAVOR), (), NOW) == []
+    edited = job(replicas=5, low=None)
+    (write,) = workload_writes(edited, Queue(True, [waiting], FLAVOR), (), NOW)
+    assert write.verb == "replace"
+    assert next(p["count"] for p in write.obj["spec"]["podSets"] if p["name"] == "worker") == 5
+    admitted = workload(j, 3, admitted=3)
+    assert workload_writes(edited, Queue(True, [admitted], FLAVOR), (), NOW) == []
+
+
+def test_nothing_raises_on_a_malformed_job() -> None:
+    """An invalid spec is spec.py's to report; Kueue's part must not raise on it."""
+    base = job(replicas=2, low=None)
+    bad_values: tuple[Any, ...] = ([], "x", 3, None, {"spec": []})
+    paths = (
+        ("spec",),
+        ("spec", "runPolicy"),
+        ("spec", "mpiReplicaSpecs"),
+        ("spec", "mpiReplicaSpecs", "Worker"),
+        ("spec", "mpiReplicaSpecs", "Worker", "template"),
+        ("spec", "mpiReplicaSpecs", "Worker", "replicas"),
+        ("metadata", "labels"),
+        ("metadata", "annotations"),
+    )
+    for path in paths:
+        for value in bad_values:
+            j = copy.deepcopy(base)
+            node = j
+            for key in path[:-1]:
+                node = node[key]
+            node[path[-1]] = value
+            for queue in (
+                Queue(True, [workload(base, 2, admitted=2)], FLAVOR, slices=True),
+                Queue(True, [], FLAVOR),
+                Queue(False),
+            ):
+                kueue.gate(j, queue)
+                kueue.standing(j, queue)
+                workload_writes(j, queue, worker_pods(2), NOW)
+
+
+def test_pods_ready_once_the_launcher_and_the_admitted_workers_run() -> None:
+    j = job(replicas=2, low=None)
+    queue = Queue(True, [workload(j, 2, admitted=2)], FLAVOR)
+    assert workload_writes(j, queue, [launcher_pod(), *worker_pods(2)], NOW) == []
+    running = [launcher_pod(), *worker_pods(2, "Running")]
+    assert (
+        workload_writes(j, queue, [launcher_pod("Pending"), *worker_pods(2, "Running")], NOW) == []
+    )
+    (write,) = workload_writes(j, queue, running, NOW)
+    ready = next(c for c in write.obj["status"]["conditions"] if c["type"] == "PodsReady")
+    assert (ready["status"], ready["reason"]) == ("True", "Started")
+    done = workload(j, 2, admitted=2, conditions=(("PodsReady", "Started"),))
+    assert workload_writes(j, Queue(True, [done], FLAVOR), running, NOW) == []
