@@ -20,13 +20,13 @@ from typing import Any
 
 from mpijob_elastic.app.fleet import Fleet
 from mpijob_elastic.app.kueue import KueueShell
-from mpijob_elastic.app.predicates import job_signature, manages, may_move_hosts
+from mpijob_elastic.app.predicates import manages
 from mpijob_elastic.app.preflight import RECHECK_SECONDS, Preflight
+from mpijob_elastic.app.routes import Routes
 from mpijob_elastic.app.watches import (
     CHILD_KINDS,
     CHILD_SELECTOR,
     HANDOVER_SELECTORS,
-    JOB_LABELS,
     POD_GROUP_SELECTOR,
     Caches,
     pod_groups_served,
@@ -37,7 +37,6 @@ from mpijob_elastic.core.observe import Observed, observe
 from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
 from mpijob_elastic.core.settings import Settings
-from mpijob_elastic.core.times import parse_time
 from mpijob_elastic.machinery import metrics
 from mpijob_elastic.machinery.informer import Informer
 from mpijob_elastic.machinery.kube import RESOURCES, ApiError, Kube
@@ -71,20 +70,25 @@ class Controller:
         self.settings = settings
         self.kube = Kube(api, resources(settings))
         self._watch_api = watch_api
+        self.caches = Caches()
+        # Opportunistic jobs' growth states and capacity changes (fleet.py).
+        self.fleet = Fleet()
         self.queue: WorkQueue[Key] = WorkQueue(
-            rank=self._rank, observe_wait=metrics.QUEUE_WAIT_SECONDS.observe
+            rank=lambda key: self.routes.rank(key),
+            observe_wait=metrics.QUEUE_WAIT_SECONDS.observe,
         )
+        self.routes = Routes(settings, self.caches, self.queue, self.fleet)
         metrics.QUEUE_DEPTH.set_function(lambda: len(self.queue))
-        metrics.JOBS.jobs = self._managed_jobs
+        metrics.JOBS.jobs = self.routes.managed_jobs
         metrics.JOB_DETAILS.config_map = lambda ns, name: self._cached("ConfigMap", ns, name)
         metrics.JOB_DETAILS.settings = settings
-        self.latency = metrics.HostListLatency()
-        self.caches = Caches()
         self.handover = Caches()
         namespaces: list[str | None] = list(settings.namespaces) or [None]
         for ns in namespaces:
             path, plural = RESOURCES[names.KIND]
-            jobs = Informer(watch_api, path, plural, self._on_job, namespace=ns, transform=compact)
+            jobs = Informer(
+                watch_api, path, plural, self.routes.on_job, namespace=ns, transform=compact
+            )
             self.caches.add(names.KIND, ns, jobs)
             # What each cache keeps, and why: docs/design.md, "What the caches hold".
             watched = [
@@ -101,18 +105,12 @@ class Controller:
         self.caches.add(
             "Node",
             None,
-            Informer(watch_api, "/api/v1", "nodes", self._on_node, transform=nodes.slim),
+            Informer(watch_api, "/api/v1", "nodes", self.routes.on_node, transform=nodes.slim),
         )
-        self._leaving_nodes: dict[str, str] = {}
-        # Opportunistic jobs' growth states and capacity changes (fleet.py).
-        self.fleet = Fleet()
-        self._watch_api = watch_api
         self.kueue = KueueShell(self.kube, self.caches, settings.kueue_workload_slices)
         self.writer = Writer(self.kube, self._cache, self._cached)
         self.pod_exec = PodExec(api.configuration)
         self.probes = RankProbes(self._read_launcher, self.queue.add)
-        self._job_signatures: dict[Key, tuple[Any, ...]] = {}
-        self._first_seen: dict[Key, float] = {}
         self._workers: list[asyncio.Task[None]] = []
         gang = podgroups.gang(settings)
         self.preflight = Preflight(
@@ -141,105 +139,12 @@ class Controller:
             self._watch_api,
             path,
             plural,
-            self._on_child,
+            self.routes.on_child,
             namespace=namespace,
             label_selector=selector,
             transform=transform,
         )
         (self.caches if caches is None else caches).add(kind, namespace, informer)
-
-    # -- events -> keys ---------------------------------------------------------------------
-
-    def _rank(self, key: Key) -> float:
-        """Older jobs first (docs/design.md, "Which job goes next"); one not in the cache
-        (deleted, or not seen yet) after all that are.
-
-        creationTimestamp has whole seconds, and a hundred jobs submitted together share
-        one: within the second, the order this controller first saw them in decides (after
-        a restart, when all are seen at once, the order they were queued in)."""
-        namespace, name = key
-        jobs = self.caches.pick(names.KIND, namespace)
-        job = jobs.get(namespace, name) if jobs else None
-        created = parse_time(job["metadata"].get("creationTimestamp")) if job else None
-        if created is None:
-            return time.time()
-        seconds = created.timestamp()
-        seen = self._first_seen.get(key, seconds + 1)
-        return seconds + min(max(seen - seconds, 0.0), 0.999)
-
-    def _on_job(self, type_: str, job: Obj) -> None:
-        meta = job["metadata"]
-        key = (meta["namespace"], meta["name"])
-        if type_ == "DELETED":
-            self._job_signatures.pop(key, None)
-            self._first_seen.pop(key, None)
-        else:
-            self._first_seen.setdefault(key, time.time())
-            signature = job_signature(job)
-            if self._job_signatures.get(key) == signature:
-                return
-            self._job_signatures[key] = signature
-        # An edit of a job that has host lists already may shorten them: urgent. A new
-        # job's first turn waits its turn behind older jobs.
-        config_maps = self.caches.pick("ConfigMap", meta["namespace"])
-        listed = config_maps is not None and (
-            config_maps.get(meta["namespace"], names.config_map_name(meta["name"])) is not None
-        )
-        self.queue.add(key, urgent=type_ != "DELETED" and listed)
-
-    def _on_child(self, type_: str, obj: Obj) -> None:
-        meta = obj["metadata"]
-        if obj.get("kind") == "Pod":
-            self.latency.pod(type_, obj, time.monotonic())
-            if type_ == "DELETED":
-                self._wake(self.fleet.pod_deleted(obj))
-        elif obj.get("kind") == "ConfigMap":
-            self._wake(self.fleet.config_map(type_, obj))
-        refs = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
-        urgent = may_move_hosts(type_, obj)
-        for ref in refs:
-            if ref.get("kind") == names.KIND and ref.get("apiVersion", "").startswith(
-                f"{names.GROUP}/"
-            ):
-                self.queue.add((meta["namespace"], ref["name"]), urgent=urgent)
-        if refs:
-            return
-        # An orphan: the job its labels name may adopt it, if there is such a job.
-        labels = meta.get("labels") or {}
-        jobs = self.caches.pick(names.KIND, meta["namespace"])
-        for name in {labels[k] for k in JOB_LABELS if k in labels}:
-            if jobs is not None and jobs.get(meta["namespace"], name) is not None:
-                self.queue.add((meta["namespace"], name))
-
-    def _wake(self, keys: list[Key]) -> None:
-        for key in keys:
-            self.queue.add(key)
-
-    def _on_node(self, type_: str, node: Obj) -> None:
-        name = node["metadata"]["name"]
-        why = None if type_ == "DELETED" else nodes.leaving(node, self.settings.leaving_node_taints)
-        if why is None and (type_ == "ADDED" or name in self._leaving_nodes):
-            # A node added or made schedulable again: room the opportunistic jobs may use.
-            self._wake(self.fleet.changed())
-        if self._leaving_nodes.get(name) == why:
-            return
-        if why is None:
-            self._leaving_nodes.pop(name, None)
-        else:
-            self._leaving_nodes[name] = why
-        # The jobs with workers there move them (or stop moving them).
-        for cache in self.caches.by_kind.get("Pod", {}).values():
-            for pod in cache.list():
-                if (pod.get("spec") or {}).get("nodeName") == name:
-                    self._on_child("MODIFIED", pod)
-
-    def _managed_jobs(self) -> list[Obj]:
-        return [
-            job
-            for cache in self.caches.by_kind.get(names.KIND, {}).values()
-            for job in cache.list()
-            if manages(job, self.settings)
-        ]
 
     def informers(self) -> list[Informer]:
         return self.caches.all() + self.handover.all()
@@ -253,7 +158,7 @@ class Controller:
         # syncing, and the log must say why first.
         await self._check()
         await self.kueue.discover(
-            self._watch_api, list(self.settings.namespaces) or [None], self._on_child
+            self._watch_api, list(self.settings.namespaces) or [None], self.routes.on_child
         )
         if self.preflight.problems:
             self._rechecks = asyncio.create_task(self._recheck(), name="preflight")
@@ -365,7 +270,7 @@ class Controller:
             self.writer.of(key),
             time.monotonic(),
             ranks_read=self.probes.answer(key),
-            leaving_nodes=self._leaving_nodes,
+            leaving_nodes=self.routes.leaving_nodes,
         )
         # The launcher's reports (ranks.py), kept per job so that losses add up.
         launcher = names.launcher_name(meta["name"])
@@ -431,7 +336,7 @@ class Controller:
 
     def _cache(self, obj: Obj) -> None:
         # Every object the server returned from a write passes here.
-        metrics.observe_write(obj, self.latency)
+        metrics.observe_write(obj, self.routes.latency)
         cache = self.caches.pick(obj.get("kind", ""), obj["metadata"]["namespace"])
         if cache is not None:
             cache.upsert(obj)

@@ -16,11 +16,11 @@ ordered writes. Each decision has its own module:
 * ``reports.py``: the conditions and Events no other decision owns, the server's
   refusals of our writes among them, and the warnings ``spec_warnings.py`` finds.
 
-What this module itself decides is what the children are made of: the launcher Role grants
-exec on the workers the job controls and on those it creates in this turn (written once
-their creates went through, ``diff.py``), so a name someone else's pod holds is never
-granted; a worker enters ``discover_hosts.sh`` only once its main container runs and the
-Role we last wrote grants it, and as the host-list rules allow; the launcher starts once
+What this module itself decides is what goes into the children (``children.py`` builds
+them): the launcher Role grants exec on the workers the job controls and on those it
+creates in this turn (written once their creates went through, ``diff.py``), so a name
+someone else's pod holds is never granted; a worker enters ``discover_hosts.sh`` only
+once its main container runs and the Role we last wrote grants it, and as the host-list rules allow; the launcher starts once
 every worker the job wants exists and enough of them run. Bad input never deletes
 anything: an invalid spec freezes the job's children, and Worker replicas outside the
 job's bounds keep the job at its current size. A child name held by an object the job
@@ -36,6 +36,7 @@ from typing import Any
 
 from mpijob_elastic.core import (
     capacity,
+    children,
     drain,
     host_list,
     lifecycle,
@@ -44,7 +45,6 @@ from mpijob_elastic.core import (
     opportunistic,
     podgroups,
     render,
-    render_pods,
     reports,
     spec_warnings,
 )
@@ -180,7 +180,7 @@ def _stopped(
     turn.status.fields["elastic"] = {"listed": 0, "draining": 0, "retired": "", **_bounds(spec)}
     # A new launcher is a new Horovod job with an empty blacklist: names are fresh again.
     data = render.config_data(spec, turn.settings, [], [])
-    objects = _objects(turn, spec, [], data, state)
+    objects = children.objects(turn, spec, [], data, state)
     return Desired(objects, None, (), (), (), deletes, None, obsolete=(BUDGET, GANG), notices=found)
 
 
@@ -332,7 +332,7 @@ def _children(
     members_names = host_list.by_index(spec.name, m.keep, m.new_indexes)
     data = render.config_data(spec, turn.settings, members_names, listed, members.hosts.launcher)
     hash_ = render.config_hash(data)
-    objects = _objects(
+    objects = children.objects(
         turn, spec, members.hosts.role_names, data, {k: v for k, v in state.items() if v}
     )
     obsolete: tuple[str, ...] = ()
@@ -342,11 +342,11 @@ def _children(
         obsolete = (BUDGET,)
     reports.membership(turn, spec, m, members.create_now, size.goal.workers)
     if gang is not None:
-        objects[GANG] = _pod_group(turn, spec, gang)
+        objects[GANG] = children.pod_group(turn, spec, gang)
     old_hosts = discovered_hosts((turn.observed.config_map or {}).get("data"))
     opportunistic.grown(turn, m.keep, listed, old_hosts)
     waiting = launcher is not None or bool(m.new_indexes) or not ready
-    new_launcher = None if waiting else _new_launcher(turn, spec, objects, hash_, needed)
+    new_launcher = None if waiting else children.new_launcher(turn, spec, objects, hash_, needed)
     if new_launcher is not None and resuming:
         lifecycle.resumed(turn, spec, len(listed))
     lifecycle.running(turn, spec, launcher)
@@ -383,62 +383,6 @@ def _children(
         ranks=render.ranks_config_map(spec),
         notices=notices.running(turn, spec, launcher, m, victims, members.stop),
     )
-
-
-def _new_launcher(
-    turn: Turn, spec: JobSpec, objects: Mapping[str, Obj], config_hash: str, needed: int
-) -> Obj | None:
-    """The launcher to create, unless a name it needs is held by someone else."""
-    taken = turn.observed.conflicts
-    if any((kind, obj["metadata"]["name"]) in taken for kind, obj in objects.items()):
-        return None
-    if ("Pod", names.launcher_name(spec.name)) in taken:
-        return None
-    gang = podgroups.gang(turn.settings)
-    return render_pods.launcher_pod(spec, turn.settings, config_hash, needed, gang)
-
-
-def _pod_group(turn: Turn, spec: JobSpec, gang: podgroups.Gang) -> Obj:
-    """The job's PodGroup; an existing one keeps its annotations (copied from the job
-    on create only) and its Volcano queue, as training-operator's sync keeps them."""
-    current = turn.observed.pod_group
-    if current is None:
-        return podgroups.pod_group(spec, gang, turn.job["metadata"].get("annotations") or {})
-    queue = (current.get("spec") or {}).get("queue") if gang.volcano else None
-    return podgroups.pod_group(spec, gang, {}, queue if isinstance(queue, str) else None)
-
-
-def _objects(
-    turn: Turn,
-    spec: JobSpec,
-    role_names: Sequence[str],
-    data: Mapping[str, str],
-    state: Mapping[str, str],
-) -> dict[str, Obj]:
-    return {
-        **_service_account(turn, spec),
-        # The reports' grant on the job's ranks ConfigMap (ranks.py), never on a name
-        # someone else holds: its create comes first (write_order.py), and a refused one
-        # stops the turn before this Role is written.
-        "Role": render.role(
-            spec,
-            role_names,
-            ranks=("ConfigMap", names.ranks_name(spec.name)) not in turn.observed.conflicts,
-        ),
-        "RoleBinding": render.role_binding(spec),
-        "ConfigMap": render.config_map(spec, data, state),
-    }
-
-
-def _service_account(turn: Turn, spec: JobSpec) -> dict[str, Obj]:
-    """The launcher's ServiceAccount to create and keep, unless one of that name that the
-    job does not control exists: that one is used as it is, never written."""
-    observed = turn.observed
-    if observed.service_account is None and (
-        ("ServiceAccount", spec.service_account) in observed.in_use
-    ):
-        return {}
-    return {"ServiceAccount": render.service_account(spec)}
 
 
 def _bounds(spec: JobSpec) -> dict[str, int]:

@@ -1,0 +1,128 @@
+"""Watch events to job keys: which change of a job, a child or a node wakes which job, and
+how urgently (the work queue's order and its urgent lane, docs/design.md). What may wake
+a job is ``predicates.py``'s; this module routes it, and keeps the little it needs to: the
+jobs' last seen signatures, when each was first seen, and which nodes are going away.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from mpijob_elastic.app.fleet import Fleet
+from mpijob_elastic.app.predicates import job_signature, manages, may_move_hosts
+from mpijob_elastic.app.watches import JOB_LABELS, Caches
+from mpijob_elastic.core import names, nodes
+from mpijob_elastic.core.settings import Settings
+from mpijob_elastic.core.times import parse_time
+from mpijob_elastic.machinery import metrics
+from mpijob_elastic.machinery.workqueue import WorkQueue
+
+Key = tuple[str, str]
+Obj = dict[str, Any]
+
+
+class Routes:
+    def __init__(
+        self, settings: Settings, caches: Caches, queue: WorkQueue[Key], fleet: Fleet
+    ) -> None:
+        self.settings = settings
+        self.caches = caches
+        self.queue = queue
+        self.fleet = fleet
+        self.latency = metrics.HostListLatency()
+        # Nodes going away, and why (nodes.py): observe.py moves workers off them.
+        self.leaving_nodes: dict[str, str] = {}
+        self._job_signatures: dict[Key, tuple[Any, ...]] = {}
+        self._first_seen: dict[Key, float] = {}
+
+    def rank(self, key: Key) -> float:
+        """Older jobs first (docs/design.md, "Which job goes next"); one not in the cache
+        (deleted, or not seen yet) after all that are.
+
+        creationTimestamp has whole seconds, and a hundred jobs submitted together share
+        one: within the second, the order this controller first saw them in decides (after
+        a restart, when all are seen at once, the order they were queued in)."""
+        namespace, name = key
+        jobs = self.caches.pick(names.KIND, namespace)
+        job = jobs.get(namespace, name) if jobs else None
+        created = parse_time(job["metadata"].get("creationTimestamp")) if job else None
+        if created is None:
+            return time.time()
+        seconds = created.timestamp()
+        seen = self._first_seen.get(key, seconds + 1)
+        return seconds + min(max(seen - seconds, 0.0), 0.999)
+
+    def on_job(self, type_: str, job: Obj) -> None:
+        meta = job["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if type_ == "DELETED":
+            self._job_signatures.pop(key, None)
+            self._first_seen.pop(key, None)
+        else:
+            self._first_seen.setdefault(key, time.time())
+            signature = job_signature(job)
+            if self._job_signatures.get(key) == signature:
+                return
+            self._job_signatures[key] = signature
+        # An edit of a job that has host lists already may shorten them: urgent. A new
+        # job's first turn waits its turn behind older jobs.
+        config_maps = self.caches.pick("ConfigMap", meta["namespace"])
+        listed = config_maps is not None and (
+            config_maps.get(meta["namespace"], names.config_map_name(meta["name"])) is not None
+        )
+        self.queue.add(key, urgent=type_ != "DELETED" and listed)
+
+    def on_child(self, type_: str, obj: Obj) -> None:
+        meta = obj["metadata"]
+        if obj.get("kind") == "Pod":
+            self.latency.pod(type_, obj, time.monotonic())
+            if type_ == "DELETED":
+                self._wake(self.fleet.pod_deleted(obj))
+        elif obj.get("kind") == "ConfigMap":
+            self._wake(self.fleet.config_map(type_, obj))
+        refs = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
+        urgent = may_move_hosts(type_, obj)
+        for ref in refs:
+            if ref.get("kind") == names.KIND and ref.get("apiVersion", "").startswith(
+                f"{names.GROUP}/"
+            ):
+                self.queue.add((meta["namespace"], ref["name"]), urgent=urgent)
+        if refs:
+            return
+        # An orphan: the job its labels name may adopt it, if there is such a job.
+        labels = meta.get("labels") or {}
+        jobs = self.caches.pick(names.KIND, meta["namespace"])
+        for name in {labels[k] for k in JOB_LABELS if k in labels}:
+            if jobs is not None and jobs.get(meta["namespace"], name) is not None:
+                self.queue.add((meta["namespace"], name))
+
+    def _wake(self, keys: list[Key]) -> None:
+        for key in keys:
+            self.queue.add(key)
+
+    def on_node(self, type_: str, node: Obj) -> None:
+        name = node["metadata"]["name"]
+        why = None if type_ == "DELETED" else nodes.leaving(node, self.settings.leaving_node_taints)
+        if why is None and (type_ == "ADDED" or name in self.leaving_nodes):
+            # A node added or made schedulable again: room the opportunistic jobs may use.
+            self._wake(self.fleet.changed())
+        if self.leaving_nodes.get(name) == why:
+            return
+        if why is None:
+            self.leaving_nodes.pop(name, None)
+        else:
+            self.leaving_nodes[name] = why
+        # The jobs with workers there move them (or stop moving them).
+        for cache in self.caches.by_kind.get("Pod", {}).values():
+            for pod in cache.list():
+                if (pod.get("spec") or {}).get("nodeName") == name:
+                    self.on_child("MODIFIED", pod)
+
+    def managed_jobs(self) -> list[Obj]:
+        return [
+            job
+            for cache in self.caches.by_kind.get(names.KIND, {}).values()
+            for job in cache.list()
+            if manages(job, self.settings)
+        ]
