@@ -19,12 +19,12 @@ ordered writes. Each decision has its own module:
 What this module itself decides is what goes into the children (``children.py`` builds
 them): the launcher Role grants exec on the workers the job controls and on those it
 creates in this turn (written once their creates went through, ``diff.py``), so a name
-someone else's pod holds is never granted; a worker enters ``discover_hosts.sh`` only
-once its main container runs and the Role we last wrote grants it, and as the host-list rules allow; the launcher starts once
-every worker the job wants exists and enough of them run. Bad input never deletes
-anything: an invalid spec freezes the job's children, and Worker replicas outside the
-job's bounds keep the job at its current size. A child name held by an object the job
-does not control is never granted, written or waited on.
+someone else's pod holds is never granted; a worker enters ``discover_hosts.sh`` only once
+its main container runs and the Role we last wrote grants it, and as the host-list rules
+allow; the launcher starts once every worker the job wants exists and enough of them run.
+Bad input never deletes anything: an invalid spec freezes the job's children, and Worker
+replicas outside the job's bounds keep the job at its current size. A child name held by an
+object the job does not control is never granted, written or waited on.
 """
 
 from __future__ import annotations
