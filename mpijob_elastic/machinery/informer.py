@@ -44,12 +44,12 @@ import random
 import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from typing import Any, cast
+from typing import cast
 
 import aiohttp
 
 from mpijob_elastic.machinery import metrics
-from mpijob_elastic.machinery.kube import kind_of
+from mpijob_elastic.machinery.kube import StatusError, kind_of
 from mpijob_elastic.machinery.kubeclient import ApiClient
 from mpijob_elastic.machinery.store import (
     ADDED,
@@ -80,25 +80,6 @@ WATCH_IDLE_SECONDS = 65.0
 STALE_AFTER_SECONDS = 2 * WATCH_IDLE_SECONDS
 BACKOFF_INITIAL_SECONDS = 0.5
 BACKOFF_MAX_SECONDS = 30.0
-
-
-class StatusError(Exception):
-    """A failure the API server reported as a Status (an HTTP error or a watch ERROR event)."""
-
-    def __init__(self, code: int, reason: str, message: str) -> None:
-        super().__init__(f"{code} {reason}: {message}")
-        self.code = code
-
-    @classmethod
-    def from_status(cls, status: Any, http_status: int) -> StatusError:
-        if not isinstance(status, dict):
-            return cls(http_status, "", str(status)[:500])
-        code = status.get("code")
-        return cls(
-            code if isinstance(code, int) else http_status,
-            str(status.get("reason", "")),
-            str(status.get("message", "")),
-        )
 
 
 class Informer:

@@ -226,3 +226,22 @@ class Kube:
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
         return await self.request("DELETE", f"{self._path(kind, namespace)}/{name}", body)
+
+
+class StatusError(Exception):
+    """A failure the API server reported as a Status (an HTTP error or a watch ERROR event)."""
+
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(f"{code} {reason}: {message}")
+        self.code = code
+
+    @classmethod
+    def from_status(cls, status: Any, http_status: int) -> StatusError:
+        if not isinstance(status, dict):
+            return cls(http_status, "", str(status)[:500])
+        code = status.get("code")
+        return cls(
+            code if isinstance(code, int) else http_status,
+            str(status.get("reason", "")),
+            str(status.get("message", "")),
+        )

@@ -8,7 +8,7 @@ hold. What happens next depends on why it failed:
 * The server refused the write (400, 403, 413, 422, a name held by someone else's object):
   the user has to act. The refusal, with the server's message, is remembered for the job
   (``JobMemory.refused`` until a turn's writes all go through; ``conflicts`` for a taken
-  name, until a read finds the name free or the job's own, see ``Writer.recheck``); the
+  name, until a read finds the name free or the job's own, see ``held_names.py``); the
   core reports it on the job (``core/reports.py``: a ``WriteRefused``
   condition, ``InvalidSpec`` for a pod template the server rejects, and one Warning Event,
   quoting the server). A turn that stops at a write refused again still sends what the
@@ -30,7 +30,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from mpijob_elastic.core import names, reports
+from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import (
     Action,
     AnnotatePod,
@@ -45,13 +45,12 @@ from mpijob_elastic.core.actions import (
     WriteStatus,
 )
 from mpijob_elastic.core.workers import discovered_hosts
-from mpijob_elastic.machinery import metrics
+from mpijob_elastic.machinery import held_names, metrics
 from mpijob_elastic.machinery.events import EventRecorder
 from mpijob_elastic.machinery.job_memory import (
     IN_USE_RECHECK_SECONDS,
     JobMemory,
     describe,
-    owner_description,
     refusal,
 )
 from mpijob_elastic.machinery.kube import ApiError, Kube
@@ -211,7 +210,7 @@ class Writer:
                 )
                 return
             if err.reason == "AlreadyExists":
-                await self._conflict(key, job, action)
+                await held_names.learn(self.kube, self.of(key), job, action)
             raise
         self._cache(created)
         log.info(
@@ -312,54 +311,8 @@ class Writer:
         log.info(verb, extra={"job": _job(job), "kind": kind, "object": name})
 
     async def recheck(self, key: Key, job: Obj) -> None:
-        """Before a turn: is each name remembered as held by someone else still held? One
-        read per such name, and none for a job without: the caches cannot tell, as they
-        hold only objects with our labels. The job reports a conflict for as long as it
-        lasts (core/reports.py), and a freed name is the job's again. A read that fails
-        keeps what was known. The first turn of a job in this process starts from the
-        names its status reports held (a restarted controller remembers nothing)."""
-        memory = self.memory.get(key)
-        if memory is None:
-            held = reports.held_names(job)
-            if not held:
-                return
-            memory = self.of(key)
-            memory.conflicts = dict.fromkeys(held, "owner unknown: not read yet")
-        for kind, name in list(memory.conflicts):
-            try:
-                holder = await self._holder(kind, name, job)
-            except ApiError:
-                continue
-            if holder is None:
-                del memory.conflicts[(kind, name)]
-            else:
-                memory.conflicts[(kind, name)] = holder
-
-    async def _conflict(self, key: Key, job: Obj, action: Create) -> None:
-        """Learn who holds a name we wanted, unless it is our own object the cache missed."""
-        kind, name = action.obj["kind"], action.obj["metadata"]["name"]
-        try:
-            holder = await self._holder(kind, name, job)
-        except ApiError as read_err:
-            # Refused (a role without list here) or failed: the holder stays unknown, but
-            # the name is still taken, and the user must hear of it.
-            holder = f"owner unknown: it could not be read ({read_err})"
-        if holder is not None:
-            self.of(key).conflicts[(kind, name)] = holder
-
-    async def _holder(self, kind: str, name: str, job: Obj) -> str | None:
-        """Who controls the object holding ``name``, for the user; None when nothing holds
-        it (gone meanwhile: the next create simply makes it) or the job's own does."""
-        try:
-            holder = await self.kube.list(kind, job["metadata"]["namespace"], name)
-        except ApiError as read_err:
-            if read_err.not_found:
-                return None
-            raise
-        refs = holder["metadata"].get("ownerReferences") or []
-        if any(r.get("controller") and r.get("uid") == job["metadata"]["uid"] for r in refs):
-            return None
-        return owner_description(holder)
+        """Before a turn: whether the names held by someone else still are (held_names.py)."""
+        await held_names.recheck(self.kube, self.memory, key, job)
 
     async def _report(
         self, key: Key, job: Obj, action: Action, err: BaseException, plan: Writes
