@@ -101,6 +101,8 @@ def room(cluster: Cluster) -> Iterator[tuple[str, str, str]]:
         cluster.kubectl("delete", "node", name, "--wait=false", check=False)
         return
     node = colocation_node(cluster)
+    # What earlier tests' jobs leave would free more room once gone: they go first.
+    wait_for(functools.partial(_settled, cluster), 180, "earlier tests' namespaces and pods gone")
     status = json.loads(cluster.kubectl("get", "node", node, "-o", "json").stdout)["status"]
     pods = json.loads(
         cluster.kubectl(
@@ -116,6 +118,15 @@ def room(cluster: Cluster) -> Iterator[tuple[str, str, str]]:
     share = int((_quantity(status["allocatable"]["cpu"]) - used) // ROOM)
     assert share >= 10, f"{node}: {share}m a worker is too little"
     yield node, "cpu", f"{share}m"
+
+
+def _settled(cluster: Cluster) -> bool:
+    """No namespace being deleted and no pod terminating."""
+    namespaces = json.loads(cluster.kubectl("get", "namespaces", "-o", "json").stdout)["items"]
+    pods = json.loads(cluster.kubectl("get", "pods", "-A", "-o", "json").stdout)["items"]
+    return not any(n["status"].get("phase") == "Terminating" for n in namespaces) and not any(
+        p["metadata"].get("deletionTimestamp") for p in pods
+    )
 
 
 def gang_job(name: str, node: str, resource: str, share: str) -> dict[str, Any]:
