@@ -87,6 +87,27 @@ def _set_args(cluster: Cluster, args: list[str]) -> None:
     deployment = ("-n", CONTROLLER_NAMESPACE, "deployment/mpijob-elastic")
     cluster.kubectl("patch", *deployment, "--type=json", "-p", json.dumps(patch))
     cluster.kubectl("rollout", "status", *deployment, "--timeout=180s")
+    # Ready is not leading: a new pod takes the Lease up to a lease period later, and
+    # hack/e2e-kind.sh checks its holder after the suite.
+    wait_for(functools.partial(_leader_is_current, cluster), 120, "a new pod leading")
+
+
+def _leader_is_current(cluster: Cluster) -> bool:
+    lease = json.loads(
+        cluster.kubectl(
+            "get", "lease", "mpijob-elastic", "-n", CONTROLLER_NAMESPACE, "-o", "json"
+        ).stdout
+    )
+    holder = str(lease["spec"].get("holderIdentity") or "").rsplit("_", 1)[0]
+    pods = json.loads(
+        cluster.kubectl(
+            "get", "pods", "-n", CONTROLLER_NAMESPACE, "-o", "json",
+            "-l", "app.kubernetes.io/name=mpijob-elastic",
+        ).stdout
+    )["items"]  # fmt: skip
+    return any(
+        p["metadata"]["name"] == holder and not p["metadata"].get("deletionTimestamp") for p in pods
+    )
 
 
 @pytest.fixture
