@@ -192,6 +192,8 @@ class Eviction:
         self.deleted_at: datetime | None = None
         # The notice's deadline: the end of the checkpoint window.
         self.deadline: datetime | None = None
+        # The evicted job's pods, as the first sample found them.
+        self.uids: set[str] | None = None
         # Each pod's notice at the last sample.
         self.last: dict[str, bool] = {}
 
@@ -202,6 +204,10 @@ class Eviction:
             for w in self.queues.workloads(self.job)
         )
         pods = {**self.job.pods(), **self.job.pods(names.ROLE_LAUNCHER)}
+        if self.uids is None:
+            self.uids = {p["metadata"]["uid"] for p in pods.values()}
+        # The pods of the job readmitted since (same names, new UIDs) are not these.
+        pods = {n: p for n, p in pods.items() if p["metadata"]["uid"] in self.uids}
         noticed = {name: _queue_evicted(pod) is not None for name, pod in pods.items()}
         for pod in pods.values():
             self.deadline = self.deadline or _queue_evicted(pod)
