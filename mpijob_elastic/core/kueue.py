@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from mpijob_elastic.core import names
@@ -326,8 +326,10 @@ def standing(job: Mapping[str, Any], queue: Queue) -> Standing:
     if is_true(workload, "Evicted"):
         evicted = condition(workload, "Evicted") or {}
         message = f"Kueue evicted Workload {wl}: {evicted.get('message', '')}"
-        # Unreadable: at once, as the condition's time is what the window counts from.
-        at = parse_time(evicted.get("lastTransitionTime")) or datetime.min.replace(tzinfo=UTC)
+        # The window counts from the condition's time, which the API keeps in whole seconds
+        # (rounded down): a second later, so it is never shorter. Unreadable: at once.
+        since = parse_time(evicted.get("lastTransitionTime"))
+        at = since + timedelta(seconds=1) if since else datetime.min.replace(tzinfo=UTC)
         return Standing(False, "Evicted", message, at if reserved(workload) else None)
     if is_true(workload, "Admitted"):
         cq = ((workload.get("status") or {}).get("admission") or {}).get("clusterQueue")

@@ -126,7 +126,8 @@ def test_an_evicted_job_is_held_and_its_quota_released_only_once_its_pods_are_go
     assert gated["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["nodeSelector"]
     standing = kueue.standing(j, queue)
     assert standing.reason == "Evicted"
-    assert standing.evicted_at == datetime(2026, 11, 26, tzinfo=UTC)
+    # A second after the condition's whole-second time: the window is never shorter.
+    assert standing.evicted_at == datetime(2026, 11, 26, 0, 0, 1, tzinfo=UTC)
     assert workload_writes(j, queue, worker_pods(1), NOW) == []
     (write,) = workload_writes(j, queue, (), NOW)
     assert write.verb == "patch_status"
