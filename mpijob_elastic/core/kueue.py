@@ -343,8 +343,7 @@ def standing(job: Mapping[str, Any], queue: Queue) -> Standing:
 def gate(job: Obj, queue: Queue) -> Obj:
     """The job as the rest of the core sees it: suspended unless admitted (or evicted with
     its quota still held), at the admitted worker count and on the admitted flavors' nodes
-    once admitted. A finished job is left
-    as it is."""
+    once admitted. A finished job is left as it is."""
     if finished(job):
         return job
     workload = current(queue) if queue.installed else None

@@ -54,7 +54,7 @@ from mpijob_elastic.core.status import (
 )
 from mpijob_elastic.core.times import format_time, parse_time
 from mpijob_elastic.core.turn import NODE_REASONS, POD_WRITES_PER_TURN, Turn, count
-from mpijob_elastic.core.workers import Worker, split_pods
+from mpijob_elastic.core.workers import Worker
 
 
 @dataclass(frozen=True)
@@ -289,7 +289,7 @@ def suspended_by_user(turn: Turn, spec: JobSpec) -> bool:
     also when it was just lifted, which restarts the active deadline's clock, as a
     Kubernetes Job does."""
     s = turn.status
-    if spec.suspend or _queue_evicted(turn, spec):
+    if spec.suspend or notices.queue_stop_due(turn, spec):
         message = f"MPIJob {spec.name} is suspended."
         if s.set(SUSPENDED, True, "MPIJobSuspended", message):
             turn.event("Normal", "MPIJobSuspended", message)
@@ -300,23 +300,6 @@ def suspended_by_user(turn: Turn, spec: JobSpec) -> bool:
         s.set(SUSPENDED, False, "MPIJobResumed", message)
         turn.event("Normal", "MPIJobResumed", message)
         s.fields["startTime"] = s.now
-    return False
-
-
-def _queue_evicted(turn: Turn, spec: JobSpec) -> bool:
-    """Kueue evicted the job and its checkpoint window is over (or there was none: no
-    launcher runs). Within the window the job runs on with the notice posted, and its turn
-    comes back when the window ends."""
-    _, launcher = split_pods(turn.job_name, turn.observed.pods)
-    stop = notices.queue_evicted(turn, spec, launcher)
-    if stop is None:
-        return False
-    if stop.deadline is None:
-        return True
-    notices.announce(turn, spec, launcher, stop)
-    if turn.now >= stop.deadline:
-        return True
-    turn.requeue((stop.deadline - turn.now).total_seconds())
     return False
 
 

@@ -109,6 +109,23 @@ def queue_evicted(turn: Turn, spec: JobSpec, launcher: Mapping[str, Any] | None)
     return Stop("queue-evicted", message, standing.evicted_at + window)
 
 
+def queue_stop_due(turn: Turn, spec: JobSpec) -> bool:
+    """Kueue evicted the job and its checkpoint window is over (or there was none: no
+    launcher runs), so it is suspended now (lifecycle.py). Within the window the job runs on
+    with the notice posted, and its turn comes back when the window ends."""
+    _, launcher = split_pods(turn.job_name, turn.observed.pods)
+    stop = queue_evicted(turn, spec, launcher)
+    if stop is None:
+        return False
+    if stop.deadline is None:
+        return True
+    announce(turn, spec, launcher, stop)
+    if turn.now >= stop.deadline:
+        return True
+    turn.requeue((stop.deadline - turn.now).total_seconds())
+    return False
+
+
 def suspended(turn: Turn, spec: JobSpec, launcher: Mapping[str, Any] | None) -> Stop:
     """The notice of a job stopped as suspended: Kueue's eviction (its window is over), or
     runPolicy.suspend, which is not delayed: the pods' grace periods are all it gives."""
