@@ -159,8 +159,8 @@ def _decide(turn: Turn) -> Desired:
             {}, None, (), (), (), deletes, None, obsolete=(BUDGET, GANG), delete_job=expired
         )
     if lifecycle.suspended_by_user(turn, spec):
-        # Not delayed: the pods' grace periods are all the notice gives.
-        stop = Stop("suspend", "runPolicy.suspend is true")
+        # Kueue's eviction waited out its checkpoint window; runPolicy.suspend is not delayed.
+        stop = notices.suspended(turn, spec, launcher)
         return _stopped(turn, spec, workers, launcher, {}, stop)
     return _scale(turn, spec, workers, launcher, restarts)
 

@@ -9,7 +9,9 @@ job. Kueue itself only reserves quota and evicts.
 
 The rest of the core sees the job through ``gate``: held (``runPolicy.suspend``) until
 admitted and while evicted, at the admitted worker count once admitted, its pods on the
-admitted flavor's nodes. So Kueue's eviction goes through the job's own graceful suspend.
+admitted flavor's nodes. An evicted Workload that still holds its quota keeps the job
+running as admitted: lifecycle.py stops it, after the notice and the checkpoint window
+(notices.queue_evicted), and only then does kueue_writes.py give the quota back.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from mpijob_elastic.core import names
+from mpijob_elastic.core.times import parse_time
 
 Obj = dict[str, Any]
 
@@ -64,6 +68,9 @@ class Standing:
     admitted: bool
     reason: str
     message: str
+    # When Kueue evicted the job's Workload, while that still holds its quota: the job
+    # stops one checkpoint window after it (lifecycle.py).
+    evicted_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -317,8 +324,13 @@ def standing(job: Mapping[str, Any], queue: Queue) -> Standing:
         return Standing(False, "Pending", "the job's Workload is being created")
     wl = workload["metadata"]["name"]
     if is_true(workload, "Evicted"):
-        why = (condition(workload, "Evicted") or {}).get("message", "")
-        return Standing(False, "Evicted", f"Kueue evicted Workload {wl}: {why}")
+        evicted = condition(workload, "Evicted") or {}
+        message = f"Kueue evicted Workload {wl}: {evicted.get('message', '')}"
+        # The window counts from the condition's time, which the API keeps in whole seconds
+        # (rounded down): a second later, so it is never shorter. Unreadable: at once.
+        since = parse_time(evicted.get("lastTransitionTime"))
+        at = since + timedelta(seconds=1) if since else datetime.min.replace(tzinfo=UTC)
+        return Standing(False, "Evicted", message, at if reserved(workload) else None)
     if is_true(workload, "Admitted"):
         cq = ((workload.get("status") or {}).get("admission") or {}).get("clusterQueue")
         count = admitted_workers(workload)
@@ -329,14 +341,17 @@ def standing(job: Mapping[str, Any], queue: Queue) -> Standing:
 
 
 def gate(job: Obj, queue: Queue) -> Obj:
-    """The job as the rest of the core sees it: suspended unless admitted, at the admitted
-    worker count and on the admitted flavors' nodes once admitted. A finished job is left
-    as it is."""
+    """The job as the rest of the core sees it: suspended unless admitted (or evicted with
+    its quota still held), at the admitted worker count and on the admitted flavors' nodes
+    once admitted. A finished job is left as it is."""
     if finished(job):
         return job
     workload = current(queue) if queue.installed else None
-    admitted = (
-        workload is not None and is_true(workload, "Admitted") and not is_true(workload, "Evicted")
+    # Evicted but still holding the quota: the job runs on, as admitted, until lifecycle.py
+    # stops it at the end of its checkpoint window; then the admission is cleared.
+    admitted = workload is not None and (
+        (is_true(workload, "Admitted") and not is_true(workload, "Evicted"))
+        or (is_true(workload, "Evicted") and reserved(workload))
     )
     gated = copy.deepcopy(dict(job))
     spec = gated.setdefault("spec", {})

@@ -123,9 +123,10 @@ def _evicted(
     pods: Sequence[Mapping[str, Any]],
     now: str,
 ) -> list[WorkloadWrite]:
-    """The job stops (kueue.gate suspends it); slices asking to grow it are withdrawn; once
-    its last pod is gone an elastic Workload asks for min-replicas again, then the admission
-    is cleared, which gives the quota back and requeues it."""
+    """The job stops (lifecycle.py, after its notice and checkpoint window); slices asking
+    to grow it are withdrawn; once its last pod is gone an elastic Workload asks for
+    min-replicas again, then the admission is cleared, which gives the quota back and
+    requeues it."""
     writes = [_delete(w) for w in pending(queue)]
     if pods or not reserved(workload):
         return writes

@@ -24,8 +24,11 @@
   decides, first posts a job-stopping notice to every pod (notices.py) and goes ahead
   ``mpijob-elastic.io/checkpoint-seconds`` later (0: at once), so the training can save a
   checkpoint; the job's requeue brings the turn back then, no timer. Back at its minimum
-  in the window, the job runs on and the notice is removed. A user's runPolicy.suspend
-  and a deletion of the job are never delayed.
+  in the window, the job runs on and the notice is removed. Kueue's eviction of the job's
+  Workload (kueue.py) is stopped the same way: a ``job-stopping`` notice (cause
+  ``queue-evicted``), and the pods deleted one window after the eviction; its quota is
+  held until they are gone (kueue_writes.py). A user's runPolicy.suspend and a deletion of
+  the job are never delayed.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from mpijob_elastic.core import names
+from mpijob_elastic.core import names, notices
 from mpijob_elastic.core.capacity import Backoff
 from mpijob_elastic.core.spec import InvalidSpec, JobSpec, parse
 from mpijob_elastic.core.status import (
@@ -122,7 +125,8 @@ def launcher_restarts(turn: Turn, spec: JobSpec, launcher: Mapping[str, Any] | N
     fails instead."""
     s = turn.status
     done = count(turn.state.get(names.ANN_LAUNCHER_RESTARTS))
-    if s.is_true(SUCCEEDED) or s.is_true(FAILED) or spec.suspend:
+    stopping = turn.observed.queue is not None and turn.observed.queue.evicted_at is not None
+    if s.is_true(SUCCEEDED) or s.is_true(FAILED) or spec.suspend or stopping:
         return Restarts(done)
     why = _why_restart(turn, spec, launcher)
     if why is None:
@@ -280,10 +284,12 @@ def clean_up(
 
 
 def suspended_by_user(turn: Turn, spec: JobSpec) -> bool:
-    """runPolicy.suspend, as training-operator does it; False also when it was just lifted,
-    which restarts the active deadline's clock, as a Kubernetes Job does."""
+    """runPolicy.suspend, as training-operator does it (kueue.gate sets it while the job
+    waits in Kueue's queue), or Kueue's eviction once its checkpoint window is over; False
+    also when it was just lifted, which restarts the active deadline's clock, as a
+    Kubernetes Job does."""
     s = turn.status
-    if spec.suspend:
+    if spec.suspend or notices.queue_stop_due(turn, spec):
         message = f"MPIJob {spec.name} is suspended."
         if s.set(SUSPENDED, True, "MPIJobSuspended", message):
             turn.event("Normal", "MPIJobSuspended", message)

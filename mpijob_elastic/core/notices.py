@@ -13,7 +13,8 @@ The format (docs/formats.md), one line, the annotation absent when there is no n
     <kind> <deadline, RFC 3339> <cause> <message>
 
 * kind ``job-stopping`` (every pod of the job gets it): ``below-min`` (a suspension for
-  capacity, after the checkpoint window, lifecycle.py), ``suspend`` (runPolicy.suspend),
+  capacity, after the checkpoint window, lifecycle.py), ``queue-evicted`` (Kueue evicted
+  the job's Workload: after the checkpoint window too), ``suspend`` (runPolicy.suspend),
   ``launcher-node-leaving``, ``launcher-evicted``, ``launcher-preempted``,
   ``active-deadline``;
 * kind ``worker-leaving`` (that worker only): ``scale-in``, ``node-leaving``,
@@ -92,6 +93,43 @@ def below_min(spec: JobSpec, decided: datetime, listed: int) -> Stop:
         f"{spec.below_min_timeout:g}s: the job is suspended until capacity returns"
     )
     return Stop("below-min", message, decided + timedelta(seconds=spec.checkpoint_seconds))
+
+
+def queue_evicted(turn: Turn, spec: JobSpec, launcher: Mapping[str, Any] | None) -> Stop | None:
+    """Kueue evicted the job's Workload, which still holds its quota (kueue.py): the whole
+    job stops one checkpoint window after the eviction (lifecycle.py), or at once, at each
+    pod's own deadline, when no launcher runs: then there is no training to save."""
+    standing = turn.observed.queue
+    if standing is None or standing.evicted_at is None:
+        return None
+    message = f"{standing.message}; the job stops until Kueue admits it again"
+    if launcher is None or Worker(-1, launcher).phase != "Running":
+        return Stop("queue-evicted", message)
+    window = timedelta(seconds=spec.checkpoint_seconds)
+    return Stop("queue-evicted", message, standing.evicted_at + window)
+
+
+def queue_stop_due(turn: Turn, spec: JobSpec) -> bool:
+    """Kueue evicted the job and its checkpoint window is over (or there was none: no
+    launcher runs), so it is suspended now (lifecycle.py). Within the window the job runs on
+    with the notice posted, and its turn comes back when the window ends."""
+    _, launcher = split_pods(turn.job_name, turn.observed.pods)
+    stop = queue_evicted(turn, spec, launcher)
+    if stop is None:
+        return False
+    if stop.deadline is None:
+        return True
+    announce(turn, spec, launcher, stop)
+    if turn.now >= stop.deadline:
+        return True
+    turn.requeue((stop.deadline - turn.now).total_seconds())
+    return False
+
+
+def suspended(turn: Turn, spec: JobSpec, launcher: Mapping[str, Any] | None) -> Stop:
+    """The notice of a job stopped as suspended: Kueue's eviction (its window is over), or
+    runPolicy.suspend, which is not delayed: the pods' grace periods are all it gives."""
+    return queue_evicted(turn, spec, launcher) or Stop("suspend", "runPolicy.suspend is true")
 
 
 def announce(turn: Turn, spec: JobSpec, launcher: Mapping[str, Any] | None, stop: Stop) -> None:
@@ -193,7 +231,8 @@ def _disruption(pod: Worker) -> str | None:
 
 def _job_stop(turn: Turn, spec: JobSpec, launcher: Mapping[str, Any] | None) -> Stop | None:
     """A stop that is not the controller's to delay: the launcher's node is going, the
-    launcher is being taken, or the active deadline is near."""
+    launcher is being taken; or one it delays by the checkpoint window: Kueue evicted the
+    job, or the active deadline is near."""
     if launcher is not None:
         pod = Worker(-1, launcher)
         cause = _disruption(pod)
@@ -204,7 +243,7 @@ def _job_stop(turn: Turn, spec: JobSpec, launcher: Mapping[str, Any] | None) -> 
         why = turn.observed.leaving_nodes.get(node) if node is not None else None
         if why is not None:
             return Stop("launcher-node-leaving", f"the launcher's node {node} is {why}")
-    return _active_deadline(turn, spec)
+    return queue_evicted(turn, spec, launcher) or _active_deadline(turn, spec)
 
 
 def _active_deadline(turn: Turn, spec: JobSpec) -> Stop | None:

@@ -6,11 +6,13 @@ back only once its pods are gone."""
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from mpijob_elastic.core import kueue, names
+from mpijob_elastic.core.notices import parse_notice
 from tests.cluster import Cluster
 from tests.controller import StartController, wait_for
 from tests.integration.test_controller import Job
@@ -23,6 +25,7 @@ pytestmark = pytest.mark.usefixtures("crd")
 
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 GPU = "nvidia.com/gpu"
+CHECKPOINT = 3
 
 
 class Queues:
@@ -151,6 +154,8 @@ def gpu_job(
 ) -> dict[str, Any]:
     """An MPIJob for LocalQueue `gpus`, each worker asking for one GPU."""
     manifest = mpijob(name, workers, **kw)
+    # An eviction is stopped a checkpoint window after it (the notice first).
+    manifest["metadata"]["annotations"][names.ANN_CHECKPOINT_SECONDS] = str(CHECKPOINT)
     if drain is not None:
         manifest["metadata"]["annotations"][names.ANN_DRAIN_SECONDS] = drain
     manifest["metadata"]["labels"] = {
@@ -167,6 +172,92 @@ def gpu_job(
     specs["Launcher"]["template"] = {"spec": {"containers": [launcher]}}
     specs["Worker"]["template"] = {"spec": {"containers": [worker]}}
     return manifest
+
+
+class Eviction:
+    """Samples of an evicted job until its pods are gone: whether its Workloads held their
+    admission while any pod was there, and the notice each pod carried, before and once
+    it was being deleted."""
+
+    def __init__(self, queues: Queues, job: Job, window: int = CHECKPOINT) -> None:
+        self.queues, self.job, self.window = queues, job, window
+        self.reserved: list[bool] = []
+        # A sample where every pod carried the job-stopping notice and none was deleted.
+        self.noticed_before_deletes = False
+        # Pods seen being deleted without the notice.
+        self.unnoticed: set[str] = set()
+        self.started = time.monotonic()
+        self.noticed_after: float | None = None
+        self.deleted_after: float | None = None
+        self.deleted_at: datetime | None = None
+        # The notice's deadline: the end of the checkpoint window.
+        self.deadline: datetime | None = None
+        # The evicted job's pods, as the first sample found them.
+        self.uids: set[str] | None = None
+        # Each pod's notice at the last sample.
+        self.last: dict[str, bool] = {}
+
+    def gone(self) -> bool:
+        # The Workloads first: pods seen after them were there when they were read.
+        held = any(
+            (w.get("status") or {}).get("admission") is not None
+            for w in self.queues.workloads(self.job)
+        )
+        pods = {**self.job.pods(), **self.job.pods(names.ROLE_LAUNCHER)}
+        if self.uids is None:
+            self.uids = {p["metadata"]["uid"] for p in pods.values()}
+        # The pods of the job readmitted since (same names, new UIDs) are not these.
+        pods = {n: p for n, p in pods.items() if p["metadata"]["uid"] in self.uids}
+        noticed = {name: _queue_evicted(pod) is not None for name, pod in pods.items()}
+        for pod in pods.values():
+            self.deadline = self.deadline or _queue_evicted(pod)
+        deleting = {n for n, p in pods.items() if p["metadata"].get("deletionTimestamp")}
+        # A pod gone since the last sample (KWOK removes one at once) was deleted as it was
+        # then; one being deleted, as it is now.
+        vanished = {n: was for n, was in self.last.items() if n not in pods}
+        for name, was in [*vanished.items(), *((n, noticed[n]) for n in deleting)]:
+            if not was:
+                self.unnoticed.add(name)
+        if (vanished or deleting) and self.deleted_after is None:
+            self.deleted_after = time.monotonic() - self.started
+            self.deleted_at = datetime.now(UTC)
+        self.last = noticed
+        if not pods:
+            return True
+        self.reserved.append(held)
+        if all(noticed.values()) and not deleting and not vanished:
+            self.noticed_before_deletes = True
+            if self.noticed_after is None:
+                self.noticed_after = time.monotonic() - self.started
+        return False
+
+    def check(self) -> None:
+        # Kueue counted the quota in use while any pod was there.
+        assert self.reserved
+        assert all(self.reserved), self.reserved
+        assert self.noticed_before_deletes, "every pod noticed before any was deleted"
+        assert not self.unnoticed, self.unnoticed
+        # Deleted at the deadline the notice gave, not before: the window after the Evicted
+        # condition's time (whole seconds, rounded up), seen here after some delay.
+        assert self.deleted_at is not None
+        assert self.deadline is not None
+        assert self.deleted_at >= self.deadline, (self.deleted_at, self.deadline)
+        assert self.deleted_after is not None
+        assert self.deleted_after >= self.window - 1, self.deleted_after
+
+    def figures(self) -> str:
+        return (
+            f"notice seen after {self.noticed_after or 0:.1f}s, "
+            f"first delete seen after {self.deleted_after or 0:.1f}s"
+        )
+
+
+def _queue_evicted(pod: dict[str, Any]) -> datetime | None:
+    """The deadline of the job-stopping notice of a Kueue eviction the pod carries."""
+    found = parse_notice((pod["metadata"].get("annotations") or {}).get(names.ANN_NOTICE))
+    if found is None or (found[0], found[2]) != ("job-stopping", "queue-evicted"):
+        return None
+    return found[1]
 
 
 def admitted(workload: dict[str, Any]) -> bool:
@@ -266,21 +357,14 @@ def test_kueue_admits_resumes_on_flavor_and_releases_quota_after_pods(
     cluster.raw(
         "PATCH", f"{KUEUE}/namespaces/{namespace}/workloads/{name}", {"spec": {"active": False}}
     )
-    reserved_while_pods: list[bool] = []
-
-    def stopped() -> bool:
-        # The Workload first: pods seen after it were there when it was read.
-        (wl,) = queues.workloads(job)
-        pods = {**job.pods(), **job.pods(names.ROLE_LAUNCHER)}
-        if pods:
-            reserved_while_pods.append((wl.get("status") or {}).get("admission") is not None)
-        return not pods
-
-    wait_for(stopped, 60, "the evicted job's pods gone")
-    # The Workload kept its admission, so Kueue counted the quota in use, while any pod was
-    # there.
-    assert reserved_while_pods
-    assert all(reserved_while_pods), reserved_while_pods
+    eviction = Eviction(queues, job)
+    wait_for(eviction.gone, 60, "the evicted job's pods gone")
+    stopped = time.monotonic() - eviction.started
+    # The job-stopping notice (queue-evicted) on every pod, a checkpoint window before the
+    # deletes; the Workload kept its admission, so Kueue counted the quota in use, while
+    # any pod was there.
+    eviction.check()
+    print(f"FIGURE deactivated: {eviction.figures()}, pods gone after {stopped:.1f}s")
     wait_for(lambda: queues.gpus_used() == 0, 30, "quota released")
     (workload,) = queues.workloads(job)
     assert (workload.get("status") or {}).get("admission") is None
@@ -403,22 +487,12 @@ def test_kueue_elastic_jobs_admitted_at_min_grow_and_give_way_gracefully(
     # it stops through its graceful suspend, and its quota is given back only once its
     # pods are gone; it comes back at its minimum, where the quota lets it.
     urgent = Job(cluster, namespace, "urgent")
-    reserved_while_pods: list[bool] = []
-
-    def first_stopped() -> bool:
-        # The Workloads first: pods seen after them were there when they were read.
-        held = any(
-            (w.get("status") or {}).get("admission") is not None for w in queues.workloads(first)
-        )
-        pods = {**first.pods(), **first.pods(names.ROLE_LAUNCHER)}
-        if pods:
-            reserved_while_pods.append(held)
-        return not pods
-
     urgent.create(gpu_job(urgent.name, 2, priority="high"))
     wait_for(lambda: reason(first, "QueueAdmitted") == "Evicted", 30, "first evicted")
-    wait_for(first_stopped, 60, "the first's pods gone")
-    assert all(reserved_while_pods), reserved_while_pods
+    eviction = Eviction(queues, first)
+    wait_for(eviction.gone, 60, "the first's pods gone")
+    eviction.check()
+    print(f"FIGURE preempted: {eviction.figures()}")
     urgent.wait_hosts(2, timeout=60)
     first.wait_hosts(2, timeout=60)
     assert len(live_workers(second)) == 2

@@ -117,9 +117,17 @@ def test_a_job_is_held_until_admitted_then_runs_at_the_admitted_size_on_the_flav
 def test_an_evicted_job_is_held_and_its_quota_released_only_once_its_pods_are_gone() -> None:
     j = job(replicas=2, low=None)
     evicted = workload(j, 2, admitted=2, conditions=(("Evicted", "Preempted"),))
+    evicted["status"]["conditions"][0]["lastTransitionTime"] = NOW
     queue = Queue(True, [evicted], FLAVOR)
-    assert kueue.gate(j, queue)["spec"]["runPolicy"]["suspend"] is True
-    assert kueue.standing(j, queue).reason == "Evicted"
+    # Its quota still held: the job runs on as admitted, until lifecycle.py stops it once
+    # the checkpoint window after the eviction is over (tests/unit/test_notices.py).
+    gated = kueue.gate(j, queue)
+    assert "suspend" not in gated["spec"].get("runPolicy", {})
+    assert gated["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["nodeSelector"]
+    standing = kueue.standing(j, queue)
+    assert standing.reason == "Evicted"
+    # A second after the condition's whole-second time: the window is never shorter.
+    assert standing.evicted_at == datetime(2026, 11, 26, 0, 0, 1, tzinfo=UTC)
     assert workload_writes(j, queue, worker_pods(1), NOW) == []
     (write,) = workload_writes(j, queue, (), NOW)
     assert write.verb == "patch_status"
@@ -130,6 +138,12 @@ def test_an_evicted_job_is_held_and_its_quota_released_only_once_its_pods_are_go
     assert conds["Requeued"] == ("True", "Preempted")
     assert conds["Evicted"] == ("True", "Preempted")  # Kueue's, kept
     assert write.obj["metadata"]["resourceVersion"] == "7"
+    # Once the admission is cleared the job is held again, and no longer stopping.
+    cleared = copy.deepcopy(evicted)
+    cleared["status"].pop("admission")
+    queue = Queue(True, [cleared], FLAVOR)
+    assert kueue.gate(j, queue)["spec"]["runPolicy"]["suspend"] is True
+    assert kueue.standing(j, queue).evicted_at is None
 
 
 def test_an_evicted_elastic_job_asks_for_its_minimum_again_and_withdraws_its_growth() -> None:

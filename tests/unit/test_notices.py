@@ -11,6 +11,7 @@ import pytest
 
 from mpijob_elastic.core import names, render_pods
 from mpijob_elastic.core.actions import AnnotatePod, DeletePod, Emit, Writes
+from mpijob_elastic.core.kueue import Standing
 from mpijob_elastic.core.notices import format_notice, parse_notice
 from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.spec import DEFAULT_CHECKPOINT_SECONDS, InvalidSpec, parse
@@ -255,6 +256,57 @@ def test_a_user_s_suspend_is_not_delayed_and_noticed_before_the_deletes() -> Non
     assert set(notice_writes(p).values()) == {
         f"job-stopping {deadline} suspend runPolicy.suspend is true"
     }
+
+
+def evicted_plan(c: Cluster, evicted_at: datetime) -> Writes:
+    """A turn of the job while Kueue's eviction of its Workload (still holding its quota)
+    is in force."""
+    standing = Standing(False, "Evicted", "Kueue evicted Workload w: Preempted", evicted_at)
+    return plan_writes(dataclasses.replace(c.observed(), queue=standing), SETTINGS, c.now)
+
+
+def test_a_kueue_eviction_is_noticed_and_stops_the_job_after_its_window() -> None:
+    c = elastic(2, **{names.ANN_CHECKPOINT_SECONDS: "20"})
+    evicted_at = c.now
+    p = evicted_plan(c, evicted_at)
+    assert not p.of_type(DeletePod), "the window first"
+    due = format_time(evicted_at + timedelta(seconds=20))
+    found = notice_writes(p)
+    assert found.keys() == {"job-launcher", "job-worker-0", "job-worker-1"}
+    (text,) = set(found.values())
+    assert text is not None
+    assert text.startswith(f"job-stopping {due} queue-evicted Kueue evicted Workload w")
+    assert p.requeue_after == pytest.approx(20)
+    (emit,) = [e for e in p.of_type(Emit) if e.reason == "StopNoticed"]
+    assert f"stopping at {due}, 20s to checkpoint" in emit.message
+    c.apply(p)
+    c.tick(19)
+    p = evicted_plan(c, evicted_at)
+    assert not p.of_type(DeletePod)
+    assert not [e for e in p.of_type(Emit) if e.reason == "StopNoticed"], "once"
+    c.apply(p)
+    c.tick(1)
+    p = evicted_plan(c, evicted_at)
+    assert sorted(d.name for d in p.of_type(DeletePod)) == [
+        "job-launcher",
+        "job-worker-0",
+        "job-worker-1",
+    ]
+    assert "notices" not in [ph.step for ph in p.phases], "the notice was there already"
+    c.apply(p)
+    assert notice(c, "job-launcher") == text
+    suspended = next(x for x in c.job["status"]["conditions"] if x["type"] == "Suspended")
+    assert suspended["status"] == "True"
+
+
+def test_a_kueue_eviction_with_no_launcher_running_stops_at_once() -> None:
+    c = elastic(2, **{names.ANN_CHECKPOINT_SECONDS: "20"})
+    launcher = c.get("Pod", "job-launcher")
+    assert launcher is not None
+    launcher["status"]["phase"] = "Pending"  # e.g. its image still pulling: nothing to save
+    p = evicted_plan(c, c.now)
+    assert len(p.of_type(DeletePod)) == 3
+    assert {t.split(" ")[2] for t in notice_writes(p).values() if t} == {"queue-evicted"}
 
 
 def test_the_active_deadline_is_noticed_a_window_before_it_is_over() -> None:
