@@ -31,7 +31,6 @@ from e2e.test_relocation import colocation_node, nothing_fatal
 from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster
 from tests.controller import ControllerProcess, wait_for
-from tests.manifests import AdmissionPolicy, create_namespace
 
 SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
 PRIORITY_CLASS = ROOT / "config" / "default" / "priority_class.yaml"
@@ -39,13 +38,6 @@ IN_CLUSTER = os.environ.get("E2E_IN_CLUSTER") == "1"
 BASELINE, MAXIMUM = 2, 8
 DRIVER_ARGS = ("-np", str(BASELINE), "--min-np", "1", "--max-np", str(MAXIMUM))
 HOSTNAME = "kubernetes.io/hostname"
-
-
-@pytest.fixture(scope="module")
-def e2e_namespace(cluster: Cluster, admission_policy: AdmissionPolicy) -> Iterator[str]:
-    name = create_namespace(cluster, admission_policy.namespace_labels)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -39,7 +38,6 @@ from e2e.mockhorovod import events as ev
 from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster
 from tests.controller import ControllerProcess, wait_for
-from tests.manifests import AdmissionPolicy, create_namespace
 
 OUT = ROOT / "e2e" / "out"
 SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
@@ -58,28 +56,6 @@ def job_manifest(name: str) -> dict[str, Any]:
     job["metadata"]["annotations"]["mpijob-elastic.io/min-replicas"] = "1"
     job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = WORKERS
     return job
-
-
-@pytest.fixture(scope="module")
-def e2e_namespace(cluster: Cluster, admission_policy: AdmissionPolicy) -> Iterator[str]:
-    name = create_namespace(cluster, admission_policy.namespace_labels)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
-
-
-@pytest.fixture(scope="module")
-def controller(
-    cluster: Cluster, e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ControllerProcess | None]:
-    if IN_CLUSTER:
-        yield None  # deployed from config/default by hack/e2e-kind.sh
-        return
-    proc = ControllerProcess(
-        cluster, (e2e_namespace,), tmp_path_factory.mktemp("controller") / "controller.log"
-    )
-    proc.start()
-    yield proc
-    proc.stop()
 
 
 def report(run: ElasticRun, tag: str) -> None:

@@ -34,7 +34,6 @@ from e2e.mockhorovod import events as ev
 from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster
 from tests.controller import ControllerProcess, wait_for
-from tests.manifests import AdmissionPolicy, create_namespace
 
 OUT = ROOT / "e2e" / "out"
 # hack/e2e-kind.sh sets these: the controller is deployed in the cluster, and the launcher
@@ -59,28 +58,6 @@ def sample_job() -> dict[str, Any]:
     if IN_CLUSTER:
         in_cluster_job(job, os.environ["E2E_LAUNCHER_IMAGE"], os.environ["E2E_WORKER_IMAGE"])
     return job
-
-
-@pytest.fixture(scope="module")
-def e2e_namespace(cluster: Cluster, admission_policy: AdmissionPolicy) -> Iterator[str]:
-    name = create_namespace(cluster, admission_policy.namespace_labels)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
-
-
-@pytest.fixture(scope="module")
-def controller(
-    cluster: Cluster, e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ControllerProcess | None]:
-    if IN_CLUSTER:
-        yield None  # deployed from config/default by hack/e2e-kind.sh
-        return
-    proc = ControllerProcess(
-        cluster, (e2e_namespace,), tmp_path_factory.mktemp("controller") / "controller.log"
-    )
-    proc.start()
-    yield proc
-    proc.stop()
 
 
 @pytest.fixture(scope="module")

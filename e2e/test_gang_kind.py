@@ -35,7 +35,6 @@ from tests.cluster import ROOT, Cluster
 from tests.controller import ControllerProcess, wait_for
 from tests.gang import GANG_TAINT, bound, gang_node_manifest
 from tests.integration.test_controller import Job
-from tests.manifests import AdmissionPolicy, create_namespace
 
 SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
 IN_CLUSTER = os.environ.get("E2E_IN_CLUSTER") == "1"
@@ -43,13 +42,6 @@ MINIMUM, WANTED, ROOM = 3, 4, 5
 DRIVER_ARGS = ("-np", str(WANTED), "--min-np", str(MINIMUM), "--max-np", str(WANTED))
 CONTROLLER_NAMESPACE = "mpijob-elastic-system"
 FLAG = "--gang-scheduler-name=scheduler-plugins-scheduler"
-
-
-@pytest.fixture(scope="module")
-def e2e_namespace(cluster: Cluster, admission_policy: AdmissionPolicy) -> Iterator[str]:
-    name = create_namespace(cluster, admission_policy.namespace_labels)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -35,35 +35,13 @@ from mpijob_elastic.core import names
 from mpijob_elastic.core.notices import parse_notice
 from tests.cluster import ROOT, Cluster
 from tests.controller import ControllerProcess, wait_for
-from tests.manifests import AdmissionPolicy, create_namespace, mpijob
+from tests.manifests import mpijob
 
 IN_CLUSTER = os.environ.get("E2E_IN_CLUSTER") == "1"
 HELPER = ROOT / "contrib" / "mpijob_elastic_notice.py"
 TAINT = "aws-node-termination-handler/spot-itn"
 NOTICE_FILE = f"{names.NOTICE_MOUNT}/{names.NOTICE_FILE}"
 SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
-
-
-@pytest.fixture(scope="module")
-def e2e_namespace(cluster: Cluster, admission_policy: AdmissionPolicy) -> Iterator[str]:
-    name = create_namespace(cluster, admission_policy.namespace_labels)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
-
-
-@pytest.fixture(scope="module")
-def controller(
-    cluster: Cluster, e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ControllerProcess | None]:
-    if IN_CLUSTER:
-        yield None  # deployed from config/default by hack/e2e-kind.sh
-        return
-    proc = ControllerProcess(
-        cluster, (e2e_namespace,), tmp_path_factory.mktemp("controller") / "controller.log"
-    )
-    proc.start()
-    yield proc
-    proc.stop()
 
 
 def job_manifest(name: str) -> dict[str, Any]:

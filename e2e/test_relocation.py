@@ -30,7 +30,6 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -48,7 +47,6 @@ from e2e.mockhorovod import events as ev
 from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster
 from tests.controller import ControllerProcess, wait_for
-from tests.manifests import AdmissionPolicy, create_namespace
 
 OUT = ROOT / "e2e" / "out"
 SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
@@ -125,30 +123,8 @@ def colocated_job(name: str, node: str, min_replicas: int) -> dict[str, Any]:
     return job
 
 
-@pytest.fixture(scope="module")
-def e2e_namespace(cluster: Cluster, admission_policy: AdmissionPolicy) -> Iterator[str]:
-    name = create_namespace(cluster, admission_policy.namespace_labels)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
-
-
 def driver_args(min_replicas: int) -> tuple[str, ...]:
     return ("-np", str(WORKERS), "--min-np", str(min_replicas), "--max-np", "5")
-
-
-@pytest.fixture(scope="module")
-def controller(
-    cluster: Cluster, e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ControllerProcess | None]:
-    if IN_CLUSTER:
-        yield None  # deployed from config/default by hack/e2e-kind.sh
-        return
-    proc = ControllerProcess(
-        cluster, (e2e_namespace,), tmp_path_factory.mktemp("controller") / "controller.log"
-    )
-    proc.start()
-    yield proc
-    proc.stop()
 
 
 def start_job(
