@@ -18,6 +18,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from mpijob_elastic.app.capacity_watch import CapacityWatch
 from mpijob_elastic.app.fleet import Fleet
 from mpijob_elastic.app.kueue import KueueShell
 from mpijob_elastic.app.predicates import job_signature, manages, may_move_hosts
@@ -105,7 +106,7 @@ class Controller:
         )
         self._leaving_nodes: dict[str, str] = {}
         # Opportunistic jobs' growth states and capacity changes (fleet.py).
-        self.fleet = Fleet()
+        self.fleet = Fleet(CapacityWatch(watch_api, settings.namespaces), self._wake)
         self._watch_api = watch_api
         self.kueue = KueueShell(self.kube, self.caches, settings.kueue_workload_slices)
         self.writer = Writer(self.kube, self._cache, self._cached)
@@ -319,6 +320,7 @@ class Controller:
         await self.writer.events.close()
         await self.pod_exec.close()
         await asyncio.gather(*(i.stop() for i in self.informers()))
+        await self.fleet.watch.stop()
 
     async def _worker(self) -> None:
         while True:
