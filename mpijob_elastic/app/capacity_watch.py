@@ -161,6 +161,7 @@ class CapacityWatch:
             ("resourceVersion", resource_version),
             ("timeoutSeconds", seconds),
         ]
+        started, first = time.monotonic(), resource_version
         response = await self._get(path, ACCEPT_WATCH, query)
         try:
             async for event in _events(response.content):
@@ -173,6 +174,9 @@ class CapacityWatch:
                     return None
         finally:
             response.close()
+        if resource_version == first and time.monotonic() - started < seconds / 2:
+            # Cut short with nothing said: something in between ends watches; back off.
+            raise ConnectionError("watch closed early without any event")
         return resource_version
 
 
