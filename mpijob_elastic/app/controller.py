@@ -18,6 +18,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from mpijob_elastic.app.capacity_watch import CapacityWatch
 from mpijob_elastic.app.fleet import Fleet
 from mpijob_elastic.app.kueue import KueueShell
 from mpijob_elastic.app.predicates import manages
@@ -72,7 +73,9 @@ class Controller:
         self._watch_api = watch_api
         self.caches = Caches()
         # Opportunistic jobs' growth states and capacity changes (fleet.py).
-        self.fleet = Fleet()
+        self.fleet = Fleet(
+            CapacityWatch(watch_api, settings.namespaces), lambda keys: self.routes.wake(keys)
+        )
         self.queue: WorkQueue[Key] = WorkQueue(
             rank=lambda key: self.routes.rank(key),
             observe_wait=metrics.QUEUE_WAIT_SECONDS.observe,
@@ -224,6 +227,7 @@ class Controller:
         await self.writer.events.close()
         await self.pod_exec.close()
         await asyncio.gather(*(i.stop() for i in self.informers()))
+        await self.fleet.watch.stop()
 
     async def _worker(self) -> None:
         while True:

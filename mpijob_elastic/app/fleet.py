@@ -3,15 +3,17 @@ states, read from the ConfigMap cache's events, and when capacity last changed.
 
 Kept from the watch events the controller receives anyway, so reading it costs a turn
 nothing; it tells the event handlers which jobs a change concerns, and nothing here runs
-on a timer. Capacity changes the controller cannot see (a pod of another workload that
-ends) reach a job at its next probe, at most ``--growth-backoff-max-seconds`` later.
+on a timer. A pod of another workload that ends reaches it through capacity_watch.py,
+which watches while some job is hungry (its growth backoff is on).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from mpijob_elastic.app.capacity_watch import CapacityWatch
 from mpijob_elastic.core import names
 from mpijob_elastic.core.growth_state import Share, share
 
@@ -22,9 +24,11 @@ _SUFFIX = names.config_map_name("")
 
 
 class Fleet:
-    def __init__(self) -> None:
+    def __init__(self, watch: CapacityWatch, wake: Callable[[list[Key]], None]) -> None:
         self.shares: dict[Key, Share] = {}
         self.capacity_changed: datetime | None = None
+        self.watch = watch
+        watch.changed = lambda: wake(self.changed())
 
     def config_map(self, type_: str, obj: Obj) -> list[Key]:
         """A job's ConfigMap changed: the jobs to wake (a newly hungry job's peers, which
@@ -36,9 +40,11 @@ class Fleet:
         key = (str(meta["namespace"]), name[: -len(_SUFFIX)])
         found = None if type_ == "DELETED" else share(f"{key[0]}/{key[1]}", obj)
         before = self.shares.pop(key, None)
+        if found is not None:
+            self.shares[key] = found
+        self.watch.wanted(any(s.hungry_since is not None for s in self.shares.values()))
         if found is None:
             return []
-        self.shares[key] = found
         if found.hungry_since is None or (before and before.hungry_since == found.hungry_since):
             return []
         return [k for k, s in self.shares.items() if k != key and s.workers >= found.workers + 2]

@@ -78,9 +78,9 @@ class Routes:
         if obj.get("kind") == "Pod":
             self.latency.pod(type_, obj, time.monotonic())
             if type_ == "DELETED":
-                self._wake(self.fleet.pod_deleted(obj))
+                self.wake(self.fleet.pod_deleted(obj))
         elif obj.get("kind") == "ConfigMap":
-            self._wake(self.fleet.config_map(type_, obj))
+            self.wake(self.fleet.config_map(type_, obj))
         refs = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
         urgent = may_move_hosts(type_, obj)
         for ref in refs:
@@ -97,7 +97,7 @@ class Routes:
             if jobs is not None and jobs.get(meta["namespace"], name) is not None:
                 self.queue.add((meta["namespace"], name))
 
-    def _wake(self, keys: list[Key]) -> None:
+    def wake(self, keys: list[Key]) -> None:
         for key in keys:
             self.queue.add(key)
 
@@ -106,7 +106,7 @@ class Routes:
         why = None if type_ == "DELETED" else nodes.leaving(node, self.settings.leaving_node_taints)
         if why is None and (type_ == "ADDED" or name in self.leaving_nodes):
             # A node added or made schedulable again: room the opportunistic jobs may use.
-            self._wake(self.fleet.changed())
+            self.wake(self.fleet.changed())
         if self.leaving_nodes.get(name) == why:
             return
         if why is None:

@@ -14,7 +14,8 @@ room; this module never models the cluster's capacity. It only probes:
   off: 10 s doubling per failed probe up to ``--growth-backoff-max-seconds``. A probe
   after a failure adds one worker; a probe worker that runs ends the backoff. A capacity
   change (``Observed.capacity_changed``: a node added or made schedulable, a pod of ours
-  that held a node deleted) ends the pause at once, not the count of attempts.
+  that held a node deleted, another workload's bound pod deleted or ended) ends the pause
+  at once, not the count of attempts.
 * A worker the scheduler preempts (``DisruptionTarget``, ``PreemptionByScheduler``)
   leaves through the graceful path every deleted worker takes; growth backs off as after
   an unschedulable probe, so the job does not grow back into the room it just gave up.

@@ -1,0 +1,49 @@
+"""The spacing of capacity wakes and the watch stream's framing (app/capacity_watch.py);
+the watch itself against the API server: tests/integration/test_capacity_watch.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+from aiohttp.base_protocol import BaseProtocol
+
+from mpijob_elastic.app.capacity_watch import Spacer, _events
+
+
+async def test_wakes_are_spaced_and_the_last_one_is_deferred_not_dropped() -> None:
+    fired: list[float] = []
+    loop = asyncio.get_running_loop()
+    spacer = Spacer(lambda: fired.append(loop.time()), 0.3)
+    start = loop.time()
+    spacer()
+    assert len(fired) == 1  # the first at once
+    spacer()
+    spacer()  # within the period: one deferred call for both
+    assert len(fired) == 1
+    await asyncio.sleep(0.5)
+    assert len(fired) == 2
+    assert fired[1] - start >= 0.29
+    await asyncio.sleep(0.4)
+    spacer()  # a quiet period has passed: at once again
+    assert len(fired) == 3
+
+
+async def test_cancel_drops_the_deferred_wake() -> None:
+    fired: list[int] = []
+    spacer = Spacer(lambda: fired.append(1), 0.2)
+    spacer()
+    spacer()
+    spacer.cancel()
+    await asyncio.sleep(0.3)
+    assert fired == [1]
+
+
+async def test_events_are_split_at_newlines_across_chunks() -> None:
+    loop = asyncio.get_running_loop()
+    protocol = BaseProtocol(loop)
+    stream = aiohttp.StreamReader(protocol, 2**16, loop=loop)
+    stream.feed_data(b'{"type": "ADDED"}\n{"type": "DEL')
+    stream.feed_data(b'ETED"}\n\n{"type": "BOOKMARK"}\n')
+    stream.feed_eof()
+    assert [e["type"] async for e in _events(stream)] == ["ADDED", "DELETED", "BOOKMARK"]
