@@ -18,7 +18,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from mpijob_elastic.app.capacity_watch import CapacityWatch
 from mpijob_elastic.app.fleet import Fleet
 from mpijob_elastic.app.kueue import KueueShell
 from mpijob_elastic.app.predicates import manages
@@ -39,6 +38,7 @@ from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.machinery import metrics
+from mpijob_elastic.machinery.capacity_watch import CapacityWatch
 from mpijob_elastic.machinery.informer import Informer
 from mpijob_elastic.machinery.kube import RESOURCES, ApiError, Kube
 from mpijob_elastic.machinery.kubeclient import ApiClient

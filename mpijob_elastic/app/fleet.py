@@ -13,9 +13,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from mpijob_elastic.app.capacity_watch import CapacityWatch
 from mpijob_elastic.core import names
 from mpijob_elastic.core.growth_state import Share, share
+from mpijob_elastic.machinery.capacity_watch import CapacityWatch
 
 Key = tuple[str, str]
 Obj = dict[str, Any]

@@ -1,4 +1,4 @@
-"""The cluster-wide signal of room freed by other workloads (app/capacity_watch.py) against
+"""The cluster-wide signal of room freed by other workloads (machinery/capacity_watch.py) against
 the real API server: a hungry job's ConfigMap turns the watch on, a bound pod of another
 workload that is deleted or ends wakes the hungry job, our own pods and unbound pods do
 not, and the watch stops once no job is hungry."""
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.config import new_client_from_config
 
-from mpijob_elastic.app.capacity_watch import QUIET_SECONDS, CapacityWatch
 from mpijob_elastic.app.fleet import Fleet, Key
 from mpijob_elastic.core import names
+from mpijob_elastic.machinery.capacity_watch import QUIET_SECONDS, CapacityWatch
 from tests.cluster import Cluster
 
 HUNGRY = "0 1 2026-11-26T03:00:00.000000Z 2099-01-01T00:00:00.000000Z refused"

@@ -1,4 +1,4 @@
-"""The spacing of capacity wakes and the watch stream's framing (app/capacity_watch.py);
+"""The spacing of capacity wakes and the watch stream's framing (machinery/capacity_watch.py);
 the watch itself against the API server: tests/integration/test_capacity_watch.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 import aiohttp
 from aiohttp.base_protocol import BaseProtocol
 
-from mpijob_elastic.app.capacity_watch import Spacer, _events
+from mpijob_elastic.machinery.capacity_watch import Spacer, _events
 
 
 async def test_wakes_are_spaced_and_the_last_one_is_deferred_not_dropped() -> None:

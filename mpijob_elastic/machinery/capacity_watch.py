@@ -31,7 +31,7 @@ from mpijob_elastic.core import names
 from mpijob_elastic.core.opportunistic import BACKOFF_SECONDS
 from mpijob_elastic.machinery.kubeclient import ApiClient
 
-log = logging.getLogger("mpijob_elastic.app.capacity_watch")
+log = logging.getLogger("mpijob_elastic.machinery.capacity_watch")
 
 FIELDS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 LABELS = f"!{names.LABEL_JOB}"
