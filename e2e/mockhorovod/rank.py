@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -340,8 +341,22 @@ def watch_for_delete(
         cmd += ["--namespace", namespace]
     cmd += ["wait", "--for=delete", f"pod/{host}", "--timeout=-1s"]
     return subprocess.Popen(
-        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=_die_with_parent,
     )
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """The watch ends with the rank: a rank killed outright (SIGKILL, a test's teardown)
+    must not leave a kubectl waiting for ever on a cluster that is gone."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass
