@@ -44,6 +44,16 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30, what: str = "con
         time.sleep(0.1)
 
 
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @dataclass
 class ControllerProcess:
     cluster: Cluster
@@ -93,13 +103,9 @@ class ControllerProcess:
             return
         if kill:
             self.proc.kill()
-        else:
-            self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
             self.proc.wait()
+        else:
+            stop_process(self.proc)
 
     def logs(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""

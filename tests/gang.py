@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from tests.cluster import HACK, ROOT, Cluster
-from tests.controller import free_port, wait_for
+from tests.controller import free_port, stop_process, wait_for
 
 SCHEDULER_NAME = "scheduler-plugins-scheduler"
 VOLCANO_CRD = ROOT / "config" / "gang" / "volcano-podgroup-crd.yaml"
@@ -130,12 +130,7 @@ def scheduler_plugins(
     try:
         yield SCHEDULER_NAME
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         print(f"scheduler-plugins log: {log_path}")
 
 

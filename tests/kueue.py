@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from tests.cluster import HACK, Cluster
-from tests.controller import free_port, wait_for
+from tests.controller import free_port, stop_process, wait_for
 
 # The visibility server (an aggregated API) is not needed; workload slices are what elastic
 # jobs grow by (docs/scheduling.md, "Kueue"; the controller's --kueue-workload-slices).
@@ -147,12 +147,7 @@ def kueue(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         assert proc.poll() is None, f"Kueue exited:\n{running.logs()[-5000:]}"
         yield running
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         print(f"--- Kueue log: {log_path} ---\n{running.logs()[-20000:]}")
         # Other tests of the session share the cluster: leave it without Kueue's API.
         cluster.kubectl("delete", "--wait=false", "-f", crds, check=False)

@@ -27,7 +27,7 @@ import pytest
 from mpijob_elastic.app.preflight import METRICS_AUTH, REQUIRED, Permission
 from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster
-from tests.controller import free_port, metrics_reader, wait_for
+from tests.controller import free_port, metrics_reader, stop_process, wait_for
 from tests.integration.test_controller import Job, elastic_job
 from tests.manifests import CONFIG, load_documents
 
@@ -78,12 +78,7 @@ class Controller:
             return 0, ""
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
 
 
 RunAs = Callable[..., Controller]
