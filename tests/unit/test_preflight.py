@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from mpijob_elastic.app import preflight
-from mpijob_elastic.app.cli import own_service_account
+from mpijob_elastic.app.flags import own_service_account
 from mpijob_elastic.app.preflight import (
     METRICS_AUTH,
     REQUIRED,
