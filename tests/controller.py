@@ -63,6 +63,21 @@ class ControllerProcess:
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> None:
+        offset = self.launch()
+        wait_for(
+            lambda: (
+                "caches synced" in self.log_path.read_text()[offset:]
+                or self.proc is None
+                or self.proc.poll() is not None
+            ),
+            # Generous: a loaded machine starts Python slowly, and many namespaces mean many lists.
+            timeout=120,
+            what="controller caches to sync",
+        )
+        assert self.proc is not None and self.proc.poll() is None, self.logs()
+
+    def launch(self) -> int:
+        """Start the process without waiting for its caches; where its log starts."""
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
@@ -86,17 +101,7 @@ class ControllerProcess:
             stderr=subprocess.STDOUT,
         )
         log.close()
-        wait_for(
-            lambda: (
-                "caches synced" in self.log_path.read_text()[offset:]
-                or self.proc is None
-                or self.proc.poll() is not None
-            ),
-            # Generous: a loaded machine starts Python slowly, and many namespaces mean many lists.
-            timeout=120,
-            what="controller caches to sync",
-        )
-        assert self.proc.poll() is None, f"controller exited:\n{self.logs()}"
+        return offset
 
     def stop(self, kill: bool = False) -> None:
         if self.proc is None or self.proc.poll() is not None:

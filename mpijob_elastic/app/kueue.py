@@ -64,7 +64,7 @@ class KueueShell:
         # The list of API groups: a group that is not served has no document of its own
         # to 404 with (the server answers plain text there).
         try:
-            groups = await self.kube.request("GET", "/apis")
+            groups = await self.kube.discover("/apis")
         except ApiError as err:
             log.warning("cannot tell whether Kueue's API is served", extra={"error": str(err)})
             return
@@ -127,7 +127,7 @@ class KueueShell:
         return Queue(True, workloads, flavors, priorities, self.slices)
 
     async def _allowed(self, permission: Permission, namespace: str) -> bool:
-        answer = await self.kube.request("POST", REVIEWS_PATH, review(permission, namespace))
+        answer = await self.kube.discover(REVIEWS_PATH, review(permission, namespace))
         return bool((answer.get("status") or {}).get("allowed"))
 
     @staticmethod

@@ -76,7 +76,7 @@ async def pod_groups_served(kube: Kube, settings: Settings) -> bool:
     if gang is None:
         return False
     try:
-        found = await kube.request("GET", f"/apis/{gang.api_version}")
+        found = await kube.discover(f"/apis/{gang.api_version}")
     except ApiError as err:
         if not err.not_found:
             raise

@@ -6,6 +6,7 @@ server's status code and message, so callers can tell a conflict from a rejected
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -54,6 +55,8 @@ REVIEWS: Final = frozenset({"selfsubjectaccessreviews", "subjectaccessreviews", 
 
 MERGE_PATCH = "application/merge-patch+json"
 WRITE_TIMEOUT = 30
+# Seconds between tries of a start-up discovery the server does not answer, at most.
+DISCOVERY_BACKOFF_MAX = 30.0
 
 
 class ApiError(Exception):
@@ -196,6 +199,27 @@ class Kube:
             "kind": kind,
             **items[0],
         }
+
+    async def discover(self, path: str, review: Obj | None = None) -> Obj:
+        """What the server serves (a GET of an API group) or grants (a POSTed ``review``),
+        asked once at start to choose the caches: there is nothing to go on without its
+        answer, so an unreachable or failing server is waited out, as the informers wait
+        it out. A SIGTERM meanwhile cancels the wait (cli.py)."""
+        delay = 1.0
+        while True:
+            try:
+                if review is None:
+                    return await self.request("GET", path)
+                return await self.request("POST", path, review)
+            except ApiError as err:
+                if err.status < 500:
+                    raise
+                problem = str(err)
+            except (aiohttp.ClientError, OSError, TimeoutError) as err:
+                problem = str(err) or type(err).__name__
+            log.warning("API discovery: no answer yet", extra={"path": path, "error": problem})
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, DISCOVERY_BACKOFF_MAX)
 
     async def get(self, kind: str, namespace: str, name: str) -> Obj:
         """A GET of one object: for what the controller may read by name only, its Lease

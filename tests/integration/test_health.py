@@ -152,3 +152,34 @@ def test_a_controller_whose_watches_died_turns_unready_and_back(
         finally:
             controller.stop()
             print(f"--- controller log ---\n{controller.logs()[-20000:]}")
+
+
+def test_a_controller_started_while_the_server_is_away_waits_for_it_and_turns_ready(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """What the server serves (Kueue's API, the gang scheduler's PodGroup) is asked once at
+    start: an unreachable server is waited out there, as the informers wait it out, and the
+    controller neither exits nor skips the question."""
+    port = free_port()
+    with tcp_proxy(cluster.kubeconfig) as proxy:
+        proxy.cut()
+        kubeconfig = proxied_kubeconfig(cluster.kubeconfig, proxy.port, tmp_path / "proxied")
+        controller = ControllerProcess(
+            Cluster(kubeconfig, cluster.kubectl_path),
+            (namespace,),
+            tmp_path / "controller.log",
+            ("--health-port", str(port), "--gang-scheduler-name", "scheduler-plugins"),
+        )
+        controller.launch()
+        try:
+            wait_for(
+                lambda: "API discovery: no answer yet" in controller.logs(), 60, "a retry logged"
+            )
+            assert get(port, "/readyz")[0] == 503
+            assert controller.proc is not None and controller.proc.poll() is None
+            proxy.restore()
+            wait_for(lambda: get(port, "/readyz") == (200, "ok\n"), 120, "/readyz ready")
+        finally:
+            controller.stop()
+            print(f"--- controller log ---\n{controller.logs()[-20000:]}")
+
