@@ -74,7 +74,8 @@ class ControllerProcess:
             timeout=120,
             what="controller caches to sync",
         )
-        assert self.proc is not None and self.proc.poll() is None, self.logs()
+        assert self.proc is not None
+        assert self.proc.poll() is None, f"controller exited:\n{self.logs()}"
 
     def launch(self) -> int:
         """Start the process without waiting for its caches; where its log starts."""

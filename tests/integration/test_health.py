@@ -176,10 +176,10 @@ def test_a_controller_started_while_the_server_is_away_waits_for_it_and_turns_re
                 lambda: "API discovery: no answer yet" in controller.logs(), 60, "a retry logged"
             )
             assert get(port, "/readyz")[0] == 503
-            assert controller.proc is not None and controller.proc.poll() is None
+            assert controller.proc is not None
+            assert controller.proc.poll() is None
             proxy.restore()
             wait_for(lambda: get(port, "/readyz") == (200, "ok\n"), 120, "/readyz ready")
         finally:
             controller.stop()
             print(f"--- controller log ---\n{controller.logs()[-20000:]}")
-

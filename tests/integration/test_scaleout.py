@@ -86,9 +86,17 @@ def test_workers_move_off_a_node_that_is_going_away(
         else:
             cluster.kubectl("taint", "node", node, "karpenter.sh/disrupted=:NoSchedule")
 
+        ended: dict[str, float] = {}
+
         def moved_out() -> bool:
-            listed = job.hosts()
-            return len(listed) == 3 and not {f"{n}:1" for n in moving} & set(listed)
+            listed = {h.rsplit(":", 1)[0] for h in job.hosts()}
+            for name in moving:
+                if name not in listed and name not in ended:
+                    # Horovod lets an unlisted host's ranks go at its reset: so does the test,
+                    # and the worker is still there to let them go.
+                    assert name in job.workers(), f"{name} deleted before its rank left"
+                    ended[name] = shells.end(name)
+            return len(listed) == 3 and not set(moving) & listed
 
         # The replacements are listed (beside the workers they replace when those were the
         # job's only rank-holders); Horovod starts ranks on them, as it would
@@ -100,13 +108,14 @@ def test_workers_move_off_a_node_that_is_going_away(
         wait_for(lambda: len(replacements()) == len(moving), 20, "replacements listed")
         for name in replacements():
             shells.start(name)
-        wait_for(moved_out, 20, f"{moving} replaced in discover_hosts.sh")
+        # One host-list change at a time (host_rules.py): the ranks of the workers unlisted
+        # first leave before the last rank-holder there is unlisted.
+        wait_for(moved_out, 40, f"{moving} replaced in discover_hosts.sh")
         unlisted = time.monotonic() - started
-        assert set(moving) <= set(job.workers()), "deleted before its rank left"
         for name in job.workers():
             if name not in moving:
                 assert job.pods()[name]["spec"]["nodeName"] != node
-        left = max(shells.end(n) for n in moving)
+        left = max(ended.values())
         wait_for(lambda: not set(moving) & set(job.workers()), 15, f"{moving} deleted")
         gone = time.monotonic()
     finally:
