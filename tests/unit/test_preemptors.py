@@ -89,8 +89,8 @@ def test_a_victim_whose_preemptor_never_shows_is_reported_after_the_wait() -> No
     run(c, 6, WAIT.total_seconds() + 1, preemptors=known)
     preempted = events(c, "Preempted")
     assert len(preempted) == 1, preempted
-    assert "job-worker-7 preempted by team-b/other-0; job-worker-6 preempted by the " in (
-        preempted[0]
+    assert (
+        "job-worker-7 preempted by team-b/other-0; job-worker-6 preempted by the " in (preempted[0])
     )
     assert preempted[0].endswith(
         "(the scheduler's Preempted Event on each pod names the preemptor)"
@@ -104,9 +104,7 @@ def test_without_the_schedulers_events_the_event_goes_at_once_and_says_why() -> 
     turn(c, 7)  # Observed.preemptors None: this controller may not read Events
     preempted = events(c, "Preempted")
     assert len(preempted) == 1, preempted
-    assert "job-worker-6 preempted by the scheduler for a pod of higher priority" in (
-        preempted[0]
-    )
+    assert "job-worker-6 preempted by the scheduler for a pod of higher priority" in (preempted[0])
     assert "may not list and watch Events" in preempted[0]
     assert waiting(c) == Pending()
 
@@ -119,7 +117,9 @@ def test_the_message_groups_victims_by_preemptor() -> None:
         "why",
         at,
     )
-    assert text.startswith("opportunistic workers w-1, w-3 preempted by ns/p; w-2 preempted by ns/q;")
+    assert text.startswith(
+        "opportunistic workers w-1, w-3 preempted by ns/p; w-2 preempted by ns/q;"
+    )
     assert "(" not in text
 
 

@@ -47,7 +47,9 @@ def test_the_check_asks_for_exactly_what_the_shipped_roles_grant() -> None:
         *pod_group_permissions("scheduling.volcano.sh"),
         *pod_group_permissions("scheduling.x-k8s.io"),
     ]
-    asked = {(p.verb, p.group, p.resource, p.subresource) for p in (*REQUIRED, *gangs, *SCHEDULER_EVENTS)}
+    asked = {
+        (p.verb, p.group, p.resource, p.subresource) for p in (*REQUIRED, *gangs, *SCHEDULER_EVENTS)
+    }
     assert asked == shipped()
 
 
