@@ -106,8 +106,9 @@ class Routes:
         namespace = event["metadata"]["namespace"]
         pods = self.caches.pick("Pod", namespace)
         victim = pods.get(namespace, event["involvedObject"].get("name") or "") if pods else None
-        if victim is not None:
-            self.on_child("MODIFIED", victim)
+        for ref in (victim or {"metadata": {}})["metadata"].get("ownerReferences") or []:
+            if ref.get("controller") and ref.get("kind") == names.KIND:
+                self.queue.add((namespace, ref["name"]))
 
     def wake(self, keys: list[Key]) -> None:
         for key in keys:
