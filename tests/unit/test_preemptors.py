@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 from datetime import UTC, datetime, timedelta
 
+from mpijob_elastic.app import preemptions
 from mpijob_elastic.core import names
 from mpijob_elastic.core.preemptors import WAIT, Pending, message, parse_pending
 from mpijob_elastic.core.times import format_precise_time
@@ -128,3 +129,31 @@ def test_the_waiting_victims_round_trip_and_junk_reads_as_none() -> None:
     assert parse_pending(pending.format()) == pending
     for junk in (None, "", "x u/w-1", "2026-01-01T00:00:00Z", "2026-01-01T00:00:00Z nope"):
         assert parse_pending(junk) == Pending()
+
+
+def test_the_cache_keeps_the_victim_and_the_preemptor_of_the_schedulers_event() -> None:
+    # As the kube-scheduler 1.34 of the local cluster wrote it (read as core/v1).
+    event = {
+        "kind": "Event",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": "early-worker-7.18eb8190fd5f7908",
+            "namespace": "t",
+            "resourceVersion": "363",
+            "managedFields": [{"manager": "kube-scheduler"}],
+        },
+        "involvedObject": {"kind": "Pod", "namespace": "t", "name": "early-worker-7", "uid": "v"},
+        "reason": "Preempted",
+        "message": "Preempted by pod p on node kwok-capacity",
+        "action": "Preempting",
+        "related": {"kind": "Pod", "namespace": "t", "name": "late-worker-0", "uid": "p"},
+    }
+    kept = preemptions.slim(event)
+    assert kept["metadata"] == {
+        "name": "early-worker-7.18eb8190fd5f7908",
+        "namespace": "t",
+        "resourceVersion": "363",
+    }
+    assert kept["involvedObject"] == {"name": "early-worker-7", "uid": "v"}
+    assert preemptions.preemptor(kept) == "t/late-worker-0"
+    assert preemptions.preemptor(preemptions.slim({**event, "related": None})) is None
