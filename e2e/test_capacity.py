@@ -248,14 +248,19 @@ def test_grows_into_idle_capacity_and_gives_it_back_to_higher_priority(
         assert run.driver_events(ev.HOST_BLACKLISTED) == []
         preempted = events(run, "Preempted")
         assert preempted
-        assert "preempted by the scheduler" in preempted[0], preempted
-        # Each victim named once, in one Event or another.
+        # Each victim named once, in one Event or another, with the higher-priority pod
+        # the scheduler preempted it for (its own Event names it: docs/capacity.md).
         named = [
-            n
+            (victim, by)
             for m in preempted
-            for n in m.removeprefix("opportunistic workers ").split(" preempted")[0].split(", ")
+            for group in m.removeprefix("opportunistic workers ")
+            .split("; they leave")[0]
+            .split("; ")
+            for victim in group.partition(" preempted by ")[0].split(", ")
+            for by in [group.partition(" preempted by ")[2]]
         ]
-        assert sorted(named) == sorted(pods), preempted
+        assert sorted(n for n, _ in named) == sorted(pods), preempted
+        assert {by for _, by in named} <= {f"{run.namespace}/{name}" for name in high}, preempted
         # 3. They finish: the job grows back into the room.
         run.kubectl("delete", "pod", *high, "--wait=true")
         back = time.monotonic()

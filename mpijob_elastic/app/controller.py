@@ -18,6 +18,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from mpijob_elastic.app import preemptions
 from mpijob_elastic.app.fleet import Fleet
 from mpijob_elastic.app.kueue import KueueShell
 from mpijob_elastic.app.predicates import manages
@@ -125,6 +126,8 @@ class Controller:
         )
         self._rechecks: asyncio.Task[None] | None = None
         self._synced = False
+        # Whether the scheduler's Preempted Events are watched (preemptions.py).
+        self.preemptions = False
         # Leader election (leader.py): a standby keeps its caches and makes no writes.
         self.standby = False
 
@@ -162,6 +165,13 @@ class Controller:
         await self._check()
         await self.kueue.discover(
             self._watch_api, list(self.settings.namespaces) or [None], self.routes.on_child
+        )
+        self.preemptions = await preemptions.watch(
+            self.kube,
+            self._watch_api,
+            list(self.settings.namespaces) or [None],
+            self.caches,
+            self.routes.on_preempted,
         )
         if self.preflight.problems:
             self._rechecks = asyncio.create_task(self._recheck(), name="preflight")
@@ -290,6 +300,9 @@ class Controller:
                 observed,
                 fleet=self.fleet.others(key),
                 capacity_changed=self.fleet.capacity_changed,
+                preemptors=preemptions.preemptors(self.caches.pick(preemptions.KIND, ns), ns)
+                if self.preemptions
+                else None,
             )
         return dataclasses.replace(observed, ranks=pushed)
 

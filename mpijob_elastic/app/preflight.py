@@ -79,6 +79,16 @@ REQUIRED: Final[tuple[Permission, ...]] = (
 )
 
 
+# Reading the scheduler's Preempted Events, to name a preempted worker's preemptor
+# (app/preemptions.py): granted by the shipped ClusterRole, but not required: without them
+# the controller runs as before and its Events say so, so they are asked for apart, by
+# the cache they serve, and do not make the controller unready.
+SCHEDULER_EVENTS: Final[tuple[Permission, ...]] = (
+    Permission("list", "events"),
+    Permission("watch", "events"),
+)
+
+
 def review(permission: Permission, namespace: str) -> dict[str, Any]:
     """The SelfSubjectAccessReview asking whether we may do this ("" namespace: in all)."""
     attributes = {

@@ -97,6 +97,19 @@ class Routes:
             if jobs is not None and jobs.get(meta["namespace"], name) is not None:
                 self.queue.add((meta["namespace"], name))
 
+    def on_preempted(self, type_: str, event: Obj) -> None:
+        """The scheduler's Event on a pod it preempted: the victim's job may be waiting for
+        it to name the preemptor (core/preemptors.py). A victim already gone from the pod
+        cache is named at the end of that wait, from the Events cache."""
+        if type_ == "DELETED":
+            return
+        namespace = event["metadata"]["namespace"]
+        pods = self.caches.pick("Pod", namespace)
+        victim = pods.get(namespace, event["involvedObject"].get("name") or "") if pods else None
+        for ref in (victim or {"metadata": {}})["metadata"].get("ownerReferences") or []:
+            if ref.get("controller") and ref.get("kind") == names.KIND:
+                self.queue.add((namespace, ref["name"]))
+
     def wake(self, keys: list[Key]) -> None:
         for key in keys:
             self.queue.add(key)

@@ -328,6 +328,7 @@ def _children(
         names.ANN_BELOW_MIN_SINCE: format_precise_time(below_since) if below_since else "",
         names.ANN_SUSPENDED: (size.suspension.format() if size.suspension and not resuming else ""),
         names.ANN_GROWTH: size.growth.state.format(),
+        names.ANN_PREEMPTED: size.growth.preempted,
     }
     members_names = host_list.by_index(spec.name, m.keep, m.new_indexes)
     data = render.config_data(spec, turn.settings, members_names, listed, members.hosts.launcher)

@@ -74,6 +74,9 @@ LABEL_OPPORTUNISTIC: Final = "mpijob-elastic.io/opportunistic"
 # On the ConfigMap: "<opportunistic workers> <attempts> <since> <retry at> <why>", the growth
 # backoff (attempts 0: none) and what the fleet's fair split reads of the job.
 ANN_GROWTH: Final = "mpijob-elastic.io/growth"
+# On the ConfigMap: preempted workers whose Event waits for their preemptors' names,
+# "<deadline> <uid>/<pod> ..." (preemptors.py).
+ANN_PREEMPTED: Final = "mpijob-elastic.io/preempted"
 
 # State the controller keeps on the objects it owns, so a restart resumes where it was.
 ANN_DRAINING_SINCE: Final = "mpijob-elastic.io/draining-since"
@@ -106,6 +109,7 @@ STATE_ANNOTATIONS: Final = (
     ANN_WORKER_FAILURES,
     ANN_WORKERS,
     ANN_GROWTH,
+    ANN_PREEMPTED,
 )
 
 CONFIG_MOUNT: Final = "/etc/mpi"

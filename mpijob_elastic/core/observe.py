@@ -68,6 +68,10 @@ class Observed:
     # ours that held a node deleted), as far as this controller saw since it started.
     fleet: Sequence[Share] = ()
     capacity_changed: datetime | None = None
+    # The pod of higher priority (<namespace>/<name>) that preempted each pod, by the
+    # victim's UID, from the scheduler's Preempted Events (preemptors.py); None: this
+    # controller may not read Events.
+    preemptors: Mapping[str, str] | None = None
     # Where a job labelled for a Kueue queue stands there (kueue.py); None: not labelled.
     queue: Standing | None = None
 

@@ -19,6 +19,7 @@ room; this module never models the cluster's capacity. It only probes:
 * A worker the scheduler preempts (``DisruptionTarget``, ``PreemptionByScheduler``)
   leaves through the graceful path every deleted worker takes; growth backs off as after
   an unschedulable probe, so the job does not grow back into the room it just gave up.
+  The Event names the preemptor (preemptors.py).
 * Fair split among opportunistic jobs (``Observed.fleet``): a job that asks for more and
   was refused (its backoff is on) is *hungry*. A job does not grow while a hungry job
   holds fewer opportunistic workers than it does, and gives one worker back (a graceful
@@ -37,7 +38,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from mpijob_elastic.core import names, podgroups, render_pods
+from mpijob_elastic.core import names, podgroups, preemptors, render_pods
 from mpijob_elastic.core.growth_state import GrowthState, parse_growth
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec import JobSpec
@@ -96,6 +97,8 @@ class Growth:
     # Unschedulable opportunistic pods: deleted now, without a drain (they hold no rank).
     refused: Sequence[Worker]
     state: GrowthState
+    # Preempted victims whose Event waits for their preemptors (``names.ANN_PREEMPTED``).
+    preempted: str = ""
 
 
 def next_backoff(state: GrowthState, now: datetime, cap: float, why: str) -> GrowthState:
@@ -116,7 +119,10 @@ def grow(turn: Turn, spec: JobSpec, workers: Sequence[Worker], baseline: int, he
     ours = [w for w in workers if w.opportunistic and not turn.gone(w.uid)]
     refused = [w for w in ours if not w.terminating and unschedulable(w)]
     staying = [w for w in ours if not w.terminating and not w.marked and w not in refused]
-    state = _failed(turn, spec, ours, refused, state)
+    state, victims = _failed(turn, spec, ours, refused, state)
+    cause = state.why.partition(": ")[2] if _wave(state) else ""
+    waiting = preemptors.parse_pending(turn.state.get(names.ANN_PREEMPTED))
+    waiting = preemptors.announce(turn, waiting, victims, cause, state.retry_at or turn.now)
     main = spec.main_container
     since = state.since
     if since is not None and any(
@@ -135,7 +141,7 @@ def grow(turn: Turn, spec: JobSpec, workers: Sequence[Worker], baseline: int, he
         extra = have
     else:
         extra = have + _step(turn, state, room, have)
-    return Growth(extra, refused, replace(state, workers=len(staying)))
+    return Growth(extra, refused, replace(state, workers=len(staying)), waiting.format())
 
 
 def _failed(
@@ -144,8 +150,9 @@ def _failed(
     ours: Sequence[Worker],
     refused: Sequence[Worker],
     state: GrowthState,
-) -> GrowthState:
-    """The backoff after a refused probe or a preemption, with its Event."""
+) -> tuple[GrowthState, Sequence[Worker]]:
+    """The backoff after a refused probe (with its Event) or a preemption, and the
+    victims of a preemption counted now (their Event: preemptors.py)."""
     cap = turn.settings.growth_backoff_max_seconds
     if refused:
         why = _message(refused[0], "PodScheduled")
@@ -159,7 +166,7 @@ def _failed(
             f"(attempt {state.attempts})",
             counts=(("withdrawn", len(refused)),),
         )
-        return state
+        return state, ()
     # Each victim once. The scheduler preempts a wave of victims within a second or so,
     # conditions carry whole seconds and reach us a moment later: a victim whose
     # condition changed up to 2 s before the backoff began is new unless already counted.
@@ -171,25 +178,12 @@ def _failed(
         if preempted(w) and w.uid not in wave and _changed(w, "DisruptionTarget") > start
     ]
     if not victims:
-        return state
+        return state, ()
     why = _message(victims[0], "DisruptionTarget")
     named = ",".join(sorted({*wave, *(w.uid for w in victims)}))
     if wave and state.since is not None and turn.now - state.since < WAVE:
-        state = replace(state, why=f"{PREEMPTED} {named}: {why}")
-    else:
-        state = next_backoff(state, turn.now, cap, f"{PREEMPTED} {named}: {why}")
-    # The DisruptionTarget condition does not name the preemptor; the scheduler's
-    # Preempted Event on the victim pod does ("Preempted by pod <uid> on node <node>").
-    turn.event(
-        "Normal",
-        "Preempted",
-        f"opportunistic workers {', '.join(w.name for w in victims)} preempted by the "
-        f"scheduler for a pod of higher priority ({why}); they leave gracefully, and the "
-        f"job grows again at {format_time(state.retry_at or turn.now)} at the earliest "
-        "(the scheduler's Preempted Event on each pod names the preemptor)",
-        counts=(("preempted", len(victims)),),
-    )
-    return state
+        return replace(state, why=f"{PREEMPTED} {named}: {why}"), victims
+    return next_backoff(state, turn.now, cap, f"{PREEMPTED} {named}: {why}"), victims
 
 
 def _wave(state: GrowthState) -> frozenset[str]:

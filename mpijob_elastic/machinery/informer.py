@@ -140,6 +140,11 @@ class Informer:
         selector = f"?{self._selector[0][1]}" if self._selector else ""
         return f"Informer({self._path}{selector})"
 
+    def narrow(self, field_selector: str) -> Informer:
+        """List and watch only the objects ``field_selector`` selects too (before start)."""
+        self._selector.append(("fieldSelector", field_selector))
+        return self
+
     # -- reading the cache ----------------------------------------------------------------
 
     def get(self, namespace: str, name: str) -> Obj | None:

@@ -1,7 +1,8 @@
 """Elastic by capacity on the real local cluster (issue 21, docs/capacity.md): the real
 kube-scheduler places, refuses and preempts the workers on a KWOK node of 8 GPUs that only
 these tests use. Two opportunistic jobs split the idle GPUs as documented; a job without
-the annotation stays at its Worker replicas. (The preemption by a higher-priority workload,
+the annotation stays at its Worker replicas. The job's Preempted Event names the pod of
+higher priority, from the scheduler's own Event. (The preemption by a higher-priority workload,
 judged from the mock Horovod driver, is e2e/test_capacity.py.)"""
 
 from __future__ import annotations
@@ -113,6 +114,11 @@ def test_two_opportunistic_jobs_split_the_idle_gpus(
     wait_for(split, 180, "a 3/3 split of the 6 idle GPUs")
     reasons = {r for _, r, _ in first.events()}
     assert {"Grew", "Preempted", "FairShare"} <= reasons, reasons
+    # The scheduler's own Preempted Event on the victim names the newcomer's baseline
+    # worker (its opportunistic ones never preempt); the job's Event passes the name on.
+    preempted = [m for _, r, m in first.events() if r == "Preempted"]
+    assert len(preempted) == 1, preempted
+    assert f"preempted by {namespace}/{second.name}-worker-0;" in preempted[0], preempted
     assert "Grew" in {r for _, r, _ in second.events()}
     # It stays split: neither job grows into the other's share.
     time.sleep(10)

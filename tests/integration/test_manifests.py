@@ -327,6 +327,8 @@ GRANTED = [
     # grant only what it holds (docs/rbac.md).
     ("get", "configmaps", ""),
     ("create", "events", ""),
+    # The scheduler's Preempted Events name who preempted a worker (app/preemptions.py).
+    *[(v, "events", "") for v in ("list", "watch")],
     *[(v, "nodes", "") for v in ("list", "watch")],
     *[
         (v, "poddisruptionbudgets.policy", "")

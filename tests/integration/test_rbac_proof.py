@@ -1,4 +1,5 @@
-"""Every verb the shipped ClusterRoles grant is needed: the controller runs as a
+"""Every verb the shipped ClusterRoles grant is needed (but reading Events, which only
+names preemptors: the controller runs without it, below): the controller runs as a
 ServiceAccount bound to the roles minus that one verb, and a scenario that needs it fails
 (the job's condition, or the controller's log, quotes the API server's 403), while the
 controller reports the missing permission at start-up and is not ready.
@@ -24,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic.app.preflight import METRICS_AUTH, REQUIRED, Permission
+from mpijob_elastic.app.preflight import METRICS_AUTH, REQUIRED, SCHEDULER_EVENTS, Permission
 from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster
 from tests.controller import free_port, metrics_reader, stop_process, wait_for
@@ -394,7 +395,25 @@ def test_with_every_verb_every_scenario_succeeds(
         job = Job(cluster, namespace, f"control-{n}")
         assert scenario(job, lambda: False), scenario.__name__
     assert "forbidden" not in controller.logs().lower()
+    assert NO_PREEMPTORS not in controller.logs()
     assert controller.readyz()[0] == 200
+
+
+NO_PREEMPTORS = "may not read the scheduler's Preempted Events"
+
+
+@pytest.mark.parametrize("permission", SCHEDULER_EVENTS, ids=describe)
+def test_without_reading_events_the_controller_runs_and_says_so(
+    cluster: Cluster, namespace: str, run_as: RunAs, permission: Permission
+) -> None:
+    """The scheduler's Preempted Events only name preemptors (app/preemptions.py): without
+    them the controller is ready and works, and its log says what it leaves out (the
+    Preempted Events of its jobs say so too: tests/unit/test_preemptors.py)."""
+    controller = run_as(permission)
+    wait_for(lambda: controller.readyz()[0] == 200, 60, "/readyz ok")
+    assert NO_PREEMPTORS in controller.logs()
+    assert start(Job(cluster, namespace, "proof"), lambda: False)
+    assert "forbidden" not in controller.logs().lower()
 
 
 def scrape(port: int, token: str) -> int:

@@ -12,6 +12,7 @@ from mpijob_elastic.app.flags import own_service_account
 from mpijob_elastic.app.preflight import (
     METRICS_AUTH,
     REQUIRED,
+    SCHEDULER_EVENTS,
     Permission,
     checks,
     crd_problem,
@@ -40,12 +41,15 @@ def shipped() -> set[tuple[str, str, str, str]]:
 
 def test_the_check_asks_for_exactly_what_the_shipped_roles_grant() -> None:
     # A verb granted but not checked, or checked but not granted, is a mistake either way.
-    # The PodGroups of both gang schedulers are checked only under one (the next test).
+    # The PodGroups of both gang schedulers are checked only under one (the next test);
+    # reading Events is asked for by the cache it serves (app/preemptions.py).
     gangs = [
         *pod_group_permissions("scheduling.volcano.sh"),
         *pod_group_permissions("scheduling.x-k8s.io"),
     ]
-    asked = {(p.verb, p.group, p.resource, p.subresource) for p in (*REQUIRED, *gangs)}
+    asked = {
+        (p.verb, p.group, p.resource, p.subresource) for p in (*REQUIRED, *gangs, *SCHEDULER_EVENTS)
+    }
     assert asked == shipped()
 
 

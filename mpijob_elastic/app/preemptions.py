@@ -1,0 +1,102 @@
+"""The scheduler's ``Preempted`` Events, for the job's Event to name who took a worker's
+room (core/preemptors.py; docs/capacity.md, "Giving capacity back: preemption").
+
+The kube-scheduler records one on each pod it preempts: reason ``Preempted``, the victim as
+``involvedObject`` (``regarding`` in events.k8s.io), the preemptor as ``related``. One cache
+per watched namespace (all namespaces: one), narrowed by the API server to those Events on
+pods and trimmed to the two references, a couple of hundred bytes each; Events live an hour
+(the API server's ``--event-ttl``), so the cache holds at most the last hour's preemptions.
+
+Reading Events needs ``list`` and ``watch`` on them (docs/rbac.md). A controller that may
+not is asked once, at start (SelfSubjectAccessReviews): without them it runs as before,
+without this cache, and its Events say so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mpijob_elastic.app.preflight import REVIEWS_PATH, SCHEDULER_EVENTS, review
+from mpijob_elastic.app.watches import Caches
+from mpijob_elastic.machinery.informer import Informer
+from mpijob_elastic.machinery.kube import Kube
+from mpijob_elastic.machinery.kubeclient import ApiClient
+
+log = logging.getLogger("mpijob_elastic.app.preemptions")
+
+Obj = dict[str, Any]
+# Its own name among the caches: not the kind of the Events the controller writes.
+KIND = "PreemptedEvent"
+FIELDS = "reason=Preempted,involvedObject.kind=Pod"
+
+
+def slim(event: Obj) -> Obj:
+    """What the cache keeps of one: its key, the victim's name and UID, the preemptor."""
+    meta = event.get("metadata") or {}
+    victim = event.get("involvedObject") or {}
+    related = event.get("related") or {}
+    return {
+        "apiVersion": event.get("apiVersion"),
+        "kind": event.get("kind"),
+        "metadata": {k: meta[k] for k in ("name", "namespace", "resourceVersion") if k in meta},
+        "involvedObject": {k: victim.get(k) for k in ("name", "uid")},
+        "related": {k: related.get(k) for k in ("namespace", "name")},
+    }
+
+
+def preemptor(event: Obj) -> str | None:
+    """``<namespace>/<pod>`` of the pod the victim made room for, if the Event names it."""
+    related = event.get("related") or {}
+    if not related.get("namespace") or not related.get("name"):
+        return None
+    return f"{related['namespace']}/{related['name']}"
+
+
+def preemptors(informer: Informer | None, namespace: str) -> dict[str, str]:
+    """The preemptor by victim UID, of the pods of ``namespace``."""
+    found = {}
+    for event in informer.list(namespace) if informer is not None else []:
+        uid, who = event["involvedObject"].get("uid"), preemptor(event)
+        if uid and who:
+            found[str(uid)] = who
+    return found
+
+
+async def watch(
+    kube: Kube,
+    watch_api: ApiClient,
+    namespaces: Sequence[str | None],
+    caches: Caches,
+    on_event: Callable[[str, Obj], None],
+) -> bool:
+    """Add the caches (started with the others) if this controller may read Events in
+    every namespace it serves; whether it may."""
+    wanted = [(p, ns or "") for ns in namespaces for p in SCHEDULER_EVENTS]
+    answers = await asyncio.gather(
+        *(kube.discover(REVIEWS_PATH, review(p, ns)) for p, ns in wanted)
+    )
+    missing = [
+        p.describe(ns)
+        for (p, ns), answer in zip(wanted, answers, strict=True)
+        if not (answer.get("status") or {}).get("allowed")
+    ]
+    if missing:
+        # The cache would never fill: the controller runs without it.
+        log.error(
+            "may not read the scheduler's Preempted Events: the Events of preempted "
+            "opportunistic workers will not name their preemptors",
+            extra={"error": f"missing {', '.join(missing)} (config/rbac/role.yaml)"},
+        )
+        return False
+    for ns in namespaces:
+        caches.add(
+            KIND,
+            ns,
+            Informer(watch_api, "/api/v1", "events", on_event, namespace=ns, transform=slim).narrow(
+                FIELDS
+            ),
+        )
+    return True

@@ -1,0 +1,159 @@
+"""The job's Preempted Event names who took a worker's room, ``preempted by <ns>/<pod>``,
+from the scheduler's Preempted Events (core/preemptors.py, docs/capacity.md): it waits a
+bounded time for them, never holds the backoff back, and names each victim once."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+
+from mpijob_elastic.app import preemptions
+from mpijob_elastic.core import names
+from mpijob_elastic.core.preemptors import WAIT, Pending, message, parse_pending
+from mpijob_elastic.core.times import format_precise_time
+from tests.unit.simulation import Cluster
+from tests.unit.test_opportunistic import events, growth, job, run, turn, workers
+
+VICTIMS = ("job-worker-6", "job-worker-7")
+HIGH = "team-b/trainer-0"
+
+
+def grown() -> Cluster:
+    c = job()
+    run(c, 8, 60)
+    assert len(workers(c)) == 8
+    return c
+
+
+def preempt(c: Cluster, *victims: str) -> dict[str, str]:
+    """The scheduler's condition on the victims (its delete follows); their UIDs by name."""
+    uids = {}
+    for name in victims:
+        pod = copy.deepcopy(c.objects[("Pod", name)])
+        pod["status"]["conditions"] = [
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": "PreemptionByScheduler",
+                "message": "default-scheduler: preempting to accommodate a higher priority pod",
+                "lastTransitionTime": format_precise_time(c.now),
+            }
+        ]
+        c.world._put(pod)
+        uids[name] = pod["metadata"]["uid"]
+    return uids
+
+
+def waiting(c: Cluster) -> Pending:
+    cm = c.get("ConfigMap", "job-config") or {}
+    return parse_pending((cm["metadata"].get("annotations") or {}).get(names.ANN_PREEMPTED))
+
+
+def test_the_event_waits_for_the_schedulers_and_names_the_preemptor() -> None:
+    c = grown()
+    uids = preempt(c, *VICTIMS)
+    c.tick(0.5)
+    # The turn that sees the conditions comes before the scheduler's Events: the victims
+    # count at once (the backoff begins), the job's Event waits, and the turn comes back
+    # by the end of the wait.
+    requeue = turn(c, 6, preemptors={})
+    assert growth(c).attempts == 1
+    assert events(c, "Preempted") == []
+    assert [n for _, n in waiting(c).victims] == list(VICTIMS)
+    assert requeue <= WAIT.total_seconds()
+    # One of the two known is not enough; both are, even with the pods gone by then.
+    c.tick(0.5)
+    turn(c, 6, preemptors={uids[VICTIMS[0]]: HIGH})
+    assert events(c, "Preempted") == []
+    c.tick(0.5)
+    turn(c, 6, preemptors={uid: HIGH for uid in uids.values()})
+    preempted = events(c, "Preempted")
+    assert len(preempted) == 1, preempted
+    assert preempted[0].startswith(
+        f"opportunistic workers job-worker-6, job-worker-7 preempted by {HIGH}; they leave "
+        "gracefully"
+    ), preempted
+    assert waiting(c) == Pending()
+    # Never twice, whatever comes later.
+    run(c, 6, 20, preemptors={uid: HIGH for uid in uids.values()})
+    assert len(events(c, "Preempted")) == 1
+    assert growth(c).attempts == 1
+
+
+def test_a_victim_whose_preemptor_never_shows_is_reported_after_the_wait() -> None:
+    c = grown()
+    uids = preempt(c, *VICTIMS)
+    c.tick(0.5)
+    known = {uids[VICTIMS[1]]: "team-b/other-0"}
+    turn(c, 6, preemptors=known)
+    assert events(c, "Preempted") == []
+    run(c, 6, WAIT.total_seconds() + 1, preemptors=known)
+    preempted = events(c, "Preempted")
+    assert len(preempted) == 1, preempted
+    assert (
+        "job-worker-7 preempted by team-b/other-0; job-worker-6 preempted by the " in (preempted[0])
+    )
+    assert preempted[0].endswith(
+        "(the scheduler's Preempted Event on each pod names the preemptor)"
+    ), preempted
+
+
+def test_without_the_schedulers_events_the_event_goes_at_once_and_says_why() -> None:
+    c = grown()
+    preempt(c, VICTIMS[0])
+    c.tick(0.5)
+    turn(c, 7)  # Observed.preemptors None: this controller may not read Events
+    preempted = events(c, "Preempted")
+    assert len(preempted) == 1, preempted
+    assert "job-worker-6 preempted by the scheduler for a pod of higher priority" in (preempted[0])
+    assert "may not list and watch Events" in preempted[0]
+    assert waiting(c) == Pending()
+
+
+def test_the_message_groups_victims_by_preemptor() -> None:
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    text = message(
+        [("a", "w-1"), ("b", "w-2"), ("c", "w-3")],
+        {"a": "ns/p", "b": "ns/q", "c": "ns/p"},
+        "why",
+        at,
+    )
+    assert text.startswith(
+        "opportunistic workers w-1, w-3 preempted by ns/p; w-2 preempted by ns/q;"
+    )
+    assert "(" not in text
+
+
+def test_the_waiting_victims_round_trip_and_junk_reads_as_none() -> None:
+    pending = Pending(datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=1.5), (("u", "w-1"),))
+    assert parse_pending(pending.format()) == pending
+    for junk in (None, "", "x u/w-1", "2026-01-01T00:00:00Z", "2026-01-01T00:00:00Z nope"):
+        assert parse_pending(junk) == Pending()
+
+
+def test_the_cache_keeps_the_victim_and_the_preemptor_of_the_schedulers_event() -> None:
+    # As the kube-scheduler 1.34 of the local cluster wrote it (read as core/v1).
+    event = {
+        "kind": "Event",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": "early-worker-7.18eb8190fd5f7908",
+            "namespace": "t",
+            "resourceVersion": "363",
+            "managedFields": [{"manager": "kube-scheduler"}],
+        },
+        "involvedObject": {"kind": "Pod", "namespace": "t", "name": "early-worker-7", "uid": "v"},
+        "reason": "Preempted",
+        "message": "Preempted by pod p on node kwok-capacity",
+        "action": "Preempting",
+        "related": {"kind": "Pod", "namespace": "t", "name": "late-worker-0", "uid": "p"},
+    }
+    kept = preemptions.slim(event)
+    assert kept["metadata"] == {
+        "name": "early-worker-7.18eb8190fd5f7908",
+        "namespace": "t",
+        "resourceVersion": "363",
+    }
+    assert kept["involvedObject"] == {"name": "early-worker-7", "uid": "v"}
+    assert preemptions.preemptor(kept) == "t/late-worker-0"
+    assert preemptions.preemptor(preemptions.slim({**event, "related": None})) is None
