@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -336,7 +335,11 @@ def watch_for_delete(
     what Horovod sees as a failure into a graceful removal. A watch is as fast as the
     controller's own.
     """
-    cmd = [kubectl, "--kubeconfig", kubeconfig]
+    # The watch ends with the rank: a rank killed outright (SIGKILL, a test's teardown)
+    # must not leave a kubectl waiting for ever on a cluster that is gone. setpriv (util-
+    # linux) sets that up in the child: a preexec_fn would run Python between fork and
+    # exec in a process with threads, whose fork handlers can raise there.
+    cmd = ["setpriv", "--pdeathsig", "KILL", "--", kubectl, "--kubeconfig", kubeconfig]
     if namespace:
         cmd += ["--namespace", namespace]
     cmd += ["wait", "--for=delete", f"pod/{host}", "--timeout=-1s"]
@@ -345,18 +348,7 @@ def watch_for_delete(
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        preexec_fn=_die_with_parent,
     )
-
-
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """The watch ends with the rank: a rank killed outright (SIGKILL, a test's teardown)
-    must not leave a kubectl waiting for ever on a cluster that is gone."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass

@@ -97,7 +97,8 @@ class Desired:
     obsolete: Sequence[str] = ()
     # The finished job's runPolicy.ttlSecondsAfterFinished is over: delete the job itself.
     delete_job: bool = False
-    # Workers that hold ranks (host_rules.py): labelled so, the others not.
+    # Workers that hold ranks, joined a reset that has ended (host_rules.py ``committed``):
+    # labelled so, the others not.
     rank_holders: frozenset[str] = frozenset()
     # The ranks ConfigMap to create if missing; its data is the launcher's (ranks.py).
     ranks: Obj | None = None
@@ -380,7 +381,7 @@ def _children(
         deletes=restarted + list(m.replace[:POD_WRITES_PER_TURN]),
         launcher=new_launcher,
         obsolete=obsolete,
-        rank_holders=members.hosts.rules.holders,
+        rank_holders=members.hosts.rules.committed,
         ranks=render.ranks_config_map(spec),
         notices=notices.running(turn, spec, launcher, m, victims, members.stop),
     )

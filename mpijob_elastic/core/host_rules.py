@@ -83,6 +83,9 @@ class HostList:
     waiting: str = ""
     # When to look again, in seconds from now.
     recheck: float | None = None
+    # Holders whose ranks have run for COMMIT_SECONDS: the reset they joined has ended.
+    # Only these count for the disruption budget (render.py).
+    committed: frozenset[str] = frozenset()
 
 
 def rank_holders(
@@ -101,6 +104,25 @@ def rank_holders(
         and h.running_since is not None
         and h.running_since + settled <= now
     )
+
+
+def committed_holders(
+    snapshot: RankSnapshot | None, holders: frozenset[str], now: datetime
+) -> tuple[frozenset[str], float | None]:
+    """The holders the disruption budget may count, and when the next one may be counted
+    (seconds from now). Beside holders whose reset has ended, a new host's ranks count once
+    the reset they joined has ended too: an eviction the budget allowed on the strength of
+    ranks still re-initialising would unlist the last old rank-holder during that reset, a
+    notice the driver drops, and its ranks would be killed at the end of its grace period
+    (a failure, a blacklist: seen in e2e under load). When none has committed yet (the
+    job's first ranks), all count: there is no older state to keep."""
+    since = snapshot.since if snapshot is not None else {}
+    commit = timedelta(seconds=COMMIT_SECONDS)
+    counted = frozenset(n for n in holders if n not in since or since[n] + commit <= now)
+    if not counted:
+        return holders, None
+    later = [(since[n] + commit - now).total_seconds() for n in holders - counted]
+    return counted, min(later, default=None)
 
 
 def _pending(
@@ -194,7 +216,10 @@ def next_hosts(
         missing = minimum - sum(1 for n in chosen if n in hosts)
         chosen += spare[: max(missing, 0)]
     ordered = tuple(sorted(set(chosen), key=lambda n: (hosts[n].index if n in hosts else -1, n)))
-    return HostList(ordered, frozenset(ordered) - set(wanted), holders, why, recheck)
+    committed, counted_in = committed_holders(snapshot, holders, now)
+    if counted_in is not None:
+        recheck = counted_in if recheck is None else min(recheck, counted_in)
+    return HostList(ordered, frozenset(ordered) - set(wanted), holders, why, recheck, committed)
 
 
 def for_job(

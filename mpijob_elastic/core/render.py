@@ -207,8 +207,9 @@ def disruption_budget(spec: JobSpec, min_available: int) -> Obj:
     consolidation: anything that evicts) from taking the job below ``min_available``
     workers that hold ranks; our own deletes are not evictions and pass. It selects only
     the workers the controller labels as rank-holders (host_rules.py): a replacement that
-    runs but holds no rank yet does not count, so a drain cannot evict the last worker
-    Horovod could reset from before a replacement holds ranks. A worker that is not
+    runs but holds no rank yet, or whose ranks are still in the reset they joined, does not
+    count, so a drain cannot evict the last worker Horovod could reset from before a
+    replacement holds ranks, nor one whose removal the driver would miss. A worker that is not
     Ready (crash-looping) may always be evicted: it must never block a node's drain."""
     selector: Obj = {
         "matchLabels": {

@@ -8,6 +8,7 @@ from mpijob_elastic.core.host_rules import (
     COMMIT_SECONDS,
     SETTLE_SECONDS,
     Host,
+    committed_holders,
     next_hosts,
     rank_holders,
 )
@@ -131,3 +132,19 @@ def test_a_launcher_that_holds_ranks_is_enough() -> None:
     hosts = {w(0): host(0), w(1): host(1)}
     got = next_hosts([w(1)], [w(0)], hosts, seen(0), NOW, fixed_holder=True)
     assert got.hosts == (w(1),)
+
+
+def test_the_budget_counts_a_new_holder_once_the_reset_it_joined_has_ended() -> None:
+    old = {w(0): LONG_AGO}
+    new = {w(3): NOW - timedelta(seconds=1), w(4): NOW - timedelta(seconds=2)}
+    snapshot = RankSnapshot(NOW, frozenset([*old, *new]), since={**old, **new})
+    counted, later = committed_holders(snapshot, frozenset([*old, *new]), NOW)
+    assert counted == {w(0)}
+    assert later == COMMIT_SECONDS - 2
+    done = NOW + timedelta(seconds=COMMIT_SECONDS)
+    assert committed_holders(snapshot, frozenset([*old, *new]), done) == (
+        frozenset({w(0), *new}),
+        None,
+    )
+    # The job's first ranks: no older state to keep, all of them count at once.
+    assert committed_holders(snapshot, frozenset(new), NOW) == (frozenset(new), None)
