@@ -26,18 +26,39 @@ cat "$bin_dir/kwok-default-stages.yaml" "$here/kwok/stages.yaml" \
 # kwokctl logs JSON lines; keep them in a file and show them only if something fails.
 log_file="$KWOK_WORKDIR/$cluster_name-up.log"
 mkdir -p "$KWOK_WORKDIR"
-kwokctl create cluster --name "$cluster_name" --runtime binary --config "$config" \
-  --kube-authorization=true --kube-admission=true \
-  --kube-apiserver-binary "$bin_dir/kube-apiserver" \
-  --kube-controller-manager-binary "$bin_dir/kube-controller-manager" \
-  --kube-scheduler-binary "$bin_dir/kube-scheduler" \
-  --kwok-controller-binary "$bin_dir/kwok" \
-  --etcd-binary "$bin_dir/etcd" \
-  --wait 60s >"$log_file" 2>&1 || { cat "$log_file" >&2; log "kwokctl failed"; exit 1; }
-kubectl --kubeconfig "$kubeconfig" apply -f "$here/kwok/nodes.yaml" >/dev/null
-kubectl --kubeconfig "$kubeconfig" wait --for=condition=Ready node --all --timeout=60s >/dev/null
-# The default ServiceAccount is made by the controller-manager a moment after a namespace
-# exists; pods need it, so wait for it once here rather than in every test.
-until kubectl --kubeconfig "$kubeconfig" -n default get serviceaccount default >/dev/null 2>&1; do sleep 0.2; done
+# One try: the components, the nodes, and the default ServiceAccount, which the
+# controller-manager makes a moment after a namespace exists (pods need it: waited for once
+# here rather than in every test). kwokctl picks each component's ports at random and a
+# component whose port another process took in the meantime dies at once
+# ("bind: address already in use", seen with several clusters on one machine): the try
+# fails within a bounded time and the next starts from a clean slate.
+create() {
+  kwokctl create cluster --name "$cluster_name" --runtime binary --config "$config" \
+    --kube-authorization=true --kube-admission=true \
+    --kube-apiserver-binary "$bin_dir/kube-apiserver" \
+    --kube-controller-manager-binary "$bin_dir/kube-controller-manager" \
+    --kube-scheduler-binary "$bin_dir/kube-scheduler" \
+    --kwok-controller-binary "$bin_dir/kwok" \
+    --etcd-binary "$bin_dir/etcd" \
+    --wait 60s >"$log_file" 2>&1 || { cat "$log_file" >&2; log "kwokctl failed"; return 1; }
+  kubectl --kubeconfig "$kubeconfig" apply -f "$here/kwok/nodes.yaml" >/dev/null || return 1
+  kubectl --kubeconfig "$kubeconfig" wait --for=condition=Ready node --all --timeout=60s \
+    >/dev/null || return 1
+  local deadline=$((SECONDS + 90))
+  until kubectl --kubeconfig "$kubeconfig" -n default get serviceaccount default >/dev/null 2>&1; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      log "no default ServiceAccount after 90s; the components' last log lines:"
+      tail -n 3 "$KWOK_WORKDIR/clusters/$cluster_name"/logs/*.log >&2 || true
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+for attempt in 1 2 3; do
+  create && break
+  kwokctl delete cluster --name "$cluster_name" >/dev/null 2>&1 || true
+  [ "$attempt" -lt 3 ] || { log "cluster $cluster_name did not come up in 3 tries"; exit 1; }
+  log "cluster $cluster_name did not come up (try $attempt of 3): starting it again"
+done
 log "cluster $cluster_name up in $((SECONDS - start))s; kubeconfig: $kubeconfig"
 echo "$kubeconfig"
