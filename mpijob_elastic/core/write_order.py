@@ -11,7 +11,8 @@ refused, so every write may rely on the phases above it having landed:
    Then ``notices``: each pod's notice to the training (notices.py) set, changed or
    removed, before anything of this turn happens to the pod: a scale-in victim reads its
    notice before the host list drops it, a pod of a suspended job before its delete. The
-   patch carries the pod's observed resourceVersion like every pod patch; a later patch
+   patch carries the pod's observed resourceVersion like every pod patch (but for a pod
+   carrying ``DisruptionTarget``, whose deletion is under way and rewrites it); a later patch
    of the same pod in the same turn (``config hash``, ``pod marks``) then carries none:
    the notice's patch landing proved that view current, and its own write changed it.
    Then ``PodGroup`` (under a gang scheduler, podgroups.py): the gang before its pods,
@@ -76,6 +77,7 @@ from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.reports import REFUSAL_EVENTS
 from mpijob_elastic.core.status import REFUSED, StatusBuilder
 from mpijob_elastic.core.times import format_precise_time
+from mpijob_elastic.core.workers import Worker
 
 Obj = dict[str, Any]
 
@@ -277,9 +279,12 @@ def _notices(want: Desired, observed: Observed) -> list[AnnotatePod]:
         has = (meta.get("annotations") or {}).get(names.ANN_NOTICE)
         wanted = want.notices.get(meta["name"])
         if has != wanted:
-            writes.append(
-                AnnotatePod(meta["name"], {names.ANN_NOTICE: wanted}, _resource_version(pod))
-            )
+            # A pod the scheduler or an eviction is taking (DisruptionTarget) changes under
+            # us as it goes: its notice is patched unconditionally. Conditional, it met the
+            # deletion's own write with 409, the turn stopped there, and the pod was gone
+            # before the next one (KWOK), so the turn's Preempted Event was never sent.
+            rv = "" if Worker(0, pod).disrupted else _resource_version(pod)
+            writes.append(AnnotatePod(meta["name"], {names.ANN_NOTICE: wanted}, rv))
     return writes
 
 

@@ -164,3 +164,26 @@ def test_every_plan_of_a_job_s_life_follows_the_order() -> None:
     c.converge()
     seen = {phase.step for p in c.plans for phase in p.phases}
     assert {"notices", "launcher", "deletes", "config hash", "pod marks"} <= seen
+
+
+def test_the_notice_of_a_pod_being_taken_is_patched_unconditionally() -> None:
+    """Its deletion rewrites the pod under us: a conditional patch met it with 409 and
+    stopped the turn (and the pod was gone before the next one)."""
+    c = _Recorded(make_job(3, annotations=dict(ELASTIC)))
+    c.converge()
+    pod = next(p for p in c.pods if p["metadata"]["name"] == "job-worker-2")
+    pod["status"].setdefault("conditions", []).append(
+        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+    )
+    notices = [ph for ph in c.plan().phases if ph.step == "notices"]
+    (notice,) = notices[0].writes
+    assert isinstance(notice, AnnotatePod)
+    assert notice.name == "job-worker-2"
+    assert str(notice.annotations[names.ANN_NOTICE]).startswith("worker-leaving ")
+    assert notice.resource_version == ""
+    # A pod nothing is taking keeps the condition on its patch (the scale-in above).
+    c.set_replicas(2)
+    pod["status"]["conditions"].pop()
+    (plain,) = next(ph for ph in c.plan().phases if ph.step == "notices").writes
+    assert isinstance(plain, AnnotatePod)
+    assert plain.resource_version != ""
