@@ -70,6 +70,13 @@ def unschedulable(worker: Worker) -> bool:
     )
 
 
+def scheduled(worker: Worker) -> bool:
+    """The scheduler found room: the pod is bound to a node, its containers perhaps still
+    starting (phase Pending lasts until they run)."""
+    found = _condition(worker, "PodScheduled") or {}
+    return worker.phase != "Pending" or worker.node is not None or found.get("status") == "True"
+
+
 def preempted(worker: Worker) -> bool:
     """The scheduler preempts the pod for a pod of higher priority."""
     found = _condition(worker, "DisruptionTarget") or {}
@@ -119,15 +126,15 @@ def grow(turn: Turn, spec: JobSpec, workers: Sequence[Worker], baseline: int, he
     state = _failed(turn, spec, ours, refused, state)
     main = spec.main_container
     since = state.since
-    if since is not None and any(
-        w.created > since.timestamp() and w.main_running(main) for w in staying
-    ):
-        # The last preemption's victims stay counted (``why``) while they terminate.
+    if since is not None and any(w.created > since.timestamp() and scheduled(w) for w in staying):
+        # A probe the scheduler bound has its room: the answer is in. The last
+        # preemption's victims stay counted (``why``) while they terminate.
         state = replace(state, attempts=0, since=None, retry_at=None)
     room = max(spec.bounds.max - baseline, 0)
     have = min(len(staying), room)
     ready = sum(1 for w in workers if not w.opportunistic and w.can_take_ranks(main))
-    pending = any(w.phase == "Pending" and not w.terminating for w in ours)
+    # Only a pod the scheduler has not placed yet is an unanswered probe.
+    pending = any(not scheduled(w) and not w.terminating for w in ours)
     leaving = any(w.terminating or w.marked for w in ours if not preempted(w))
     if _yield_to(turn, have, leaving) is not None:
         extra = have - 1
@@ -209,7 +216,9 @@ def _step(turn: Turn, state: GrowthState, room: int, have: int) -> int:
         return 0  # a job with fewer asks for more: the next room is its
     if state.attempts:
         return 1
-    return min(GROWTH_STEP, -(-(room - have) // 2))
+    # Slow start: double what it holds, so an overshoot refuses at most as many probes as
+    # the job runs already.
+    return min(max(GROWTH_STEP, have), room - have)
 
 
 def _yield_to(turn: Turn, have: int, leaving: bool) -> str | None:
