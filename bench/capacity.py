@@ -23,6 +23,7 @@ Figures per run:
   gone from the start of its drain), integrated over the trace;
 * the higher-priority pods' wait, creation to Running (polled every 0.1 s);
 * churn: worker pods the job created and deleted, per hour of the trace (a watch);
+* resets: the driver's resets (host-list changes it acted on) during the trace;
 * ``failures`` and ``blacklists`` in the driver's record.
 
     python -m bench.capacity [--seed N] [--kubeconfig FILE]   (make bench-capacity)
@@ -268,6 +269,7 @@ class Result:
     hours: float
     failures: int
     blacklists: int
+    resets: int
 
 
 def run_trace(
@@ -329,6 +331,7 @@ def run_trace(
         trained, available = harvest(records, usable, end_wall)
         failures = len(run.driver_events(ev.RANK_FAILED, ev.EXEC_FAILED))
         blacklists = len(run.driver_events(ev.HOST_BLACKLISTED))
+        resets = sum(begin_wall <= r["ts"] <= end_wall for r in run.driver_events(ev.RESET))
         return Result(
             tag,
             variant,
@@ -339,6 +342,7 @@ def run_trace(
             (time.monotonic() - begin) / 3600,
             failures,
             blacklists,
+            resets,
         )
     finally:
         churn.stop()
@@ -357,14 +361,15 @@ def table(results: list[Result], host: dict[str, Any]) -> str:
         "compressed).",
         "",
         "| trace | job | harvest | higher-priority wait p50 / max | churn (creates, deletes "
-        "per hour) | failures | blacklists |",
-        "|---|---|---|---|---|---|---|",
+        "per hour) | resets | failures | blacklists |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         wait = f"{statistics.median(r.waits):.1f} s / {max(r.waits):.1f} s" if r.waits else "none"
         rows.append(
             f"| {r.trace} | {r.variant} | harvest {r.harvest:.0%} | {wait} | "
-            f"{r.created / r.hours:.0f}, {r.deleted / r.hours:.0f} | failures {r.failures} | "
+            f"{r.created / r.hours:.0f}, {r.deleted / r.hours:.0f} | {r.resets} | "
+            f"failures {r.failures} | "
             f"blacklists {r.blacklists} |"
         )
     return "\n".join(rows)

@@ -7,12 +7,15 @@ low PriorityClass with ``preemptionPolicy: Never``: they never push anyone out, 
 pod of higher priority that needs the room preempts them. The scheduler decides who gets
 room; this module never models the cluster's capacity. It only probes:
 
-* Growth comes a few workers at a time (``GROWTH_STEP``, and at most half the room left),
-  and only while the baseline is complete and the job holds no Pending opportunistic pod.
+* Growth comes in steps, a slow start: each step doubles the opportunistic workers the job
+  holds (at least ``GROWTH_STEP``, at most the room left), so an overshoot refuses at most
+  as many probes as it runs. It grows only while the baseline is complete and the
+  scheduler has placed every opportunistic pod (bound to a node: a bound pod has its room,
+  its containers may still be starting); an unplaced pod is a probe not yet answered.
 * An opportunistic pod the scheduler reports unschedulable (``PodScheduled=False``,
   ``Unschedulable``) is deleted at once (a Pending pod holds no rank), and growth backs
   off: 10 s doubling per failed probe up to ``--growth-backoff-max-seconds``. A probe
-  after a failure adds one worker; a probe worker that runs ends the backoff. A capacity
+  after a failure adds one worker; a probe worker the scheduler binds ends the backoff. A capacity
   change (``Observed.capacity_changed``: a node added or made schedulable, a pod of ours
   that held a node deleted, another workload's bound pod deleted or ended) ends the pause
   at once, not the count of attempts.
@@ -37,7 +40,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from mpijob_elastic.core import names, podgroups, render_pods
+from mpijob_elastic.core import host_rules, names, podgroups, render_pods
 from mpijob_elastic.core.growth_state import GrowthState, parse_growth
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec import JobSpec
@@ -254,6 +257,41 @@ def mark(pod: dict[str, Any], spec: JobSpec, settings: Settings) -> dict[str, An
     pod_spec.pop("priority", None)
     pod_spec.pop("preemptionPolicy", None)
     return pod
+
+
+def gathered(
+    turn: Turn,
+    spec: JobSpec,
+    keep: Sequence[Worker],
+    wanted: Sequence[str],
+    listed: set[str],
+    creating: bool,
+) -> list[str]:
+    """The host list the job wants, less the new opportunistic workers that wait for the
+    rest of their growth step: while workers are created this turn or a kept
+    opportunistic one does not run yet, one that runs waits up to ``COMMIT_SECONDS`` so
+    that they enter the list together. Each host-list change is a reset of the driver, and
+    rule 2 (host_rules.py) holds the list for ``COMMIT_SECONDS`` after one that added
+    hosts: a worker that came a moment too late would wait that long, and one that waits
+    here for a slow sibling waits no longer."""
+    main = spec.main_container
+    coming = creating or any(
+        w.opportunistic and not w.terminating and not w.main_running(main) for w in keep
+    )
+    if not spec.opportunistic or not coming:
+        return list(wanted)
+    by_name = {w.name: w for w in keep}
+    hold = timedelta(seconds=host_rules.COMMIT_SECONDS)
+    out = []
+    for name in wanted:
+        worker = by_name.get(name)
+        since = worker.running_since(main) if worker is not None else None
+        new = worker is not None and worker.opportunistic and name not in listed
+        if new and since is not None and turn.now < since + hold:
+            turn.requeue((since + hold - turn.now).total_seconds())
+        else:
+            out.append(name)
+    return out
 
 
 def grown(turn: Turn, workers: Sequence[Worker], listed: Sequence[str], old: set[str]) -> None:
