@@ -12,6 +12,10 @@ room; this module never models the cluster's capacity. It only probes:
   as many probes as it runs. It grows only while the baseline is complete and the
   scheduler has placed every opportunistic pod (bound to a node: a bound pod has its room,
   its containers may still be starting); an unplaced pod is a probe not yet answered.
+  The workers of a step enter ``discover_hosts.sh`` together (``gathered``): one that runs
+  waits, ``COMMIT_SECONDS`` at most, while its step's others are being created or start,
+  since each host-list change is one reset of the driver, and after one that adds hosts
+  the list holds still for ``COMMIT_SECONDS`` (host_rules.py, rule 2).
 * An opportunistic pod the scheduler reports unschedulable (``PodScheduled=False``,
   ``Unschedulable``) is deleted at once (a Pending pod holds no rank), and growth backs
   off: 10 s doubling per failed probe up to ``--growth-backoff-max-seconds``. A probe
