@@ -273,15 +273,13 @@ def gathered(
 ) -> list[str]:
     """The host list the job wants, less the new opportunistic workers that wait for the
     rest of their growth step: while workers are created this turn or a kept
-    opportunistic one does not run yet, one that runs waits up to ``COMMIT_SECONDS`` so
-    that they enter the list together. Each host-list change is a reset of the driver, and
-    rule 2 (host_rules.py) holds the list for ``COMMIT_SECONDS`` after one that added
-    hosts: a worker that came a moment too late would wait that long, and one that waits
-    here for a slow sibling waits no longer."""
+    opportunistic one is Pending (unplaced, or starting), one that runs waits up to
+    ``COMMIT_SECONDS`` so that they enter the list together. Each host-list change is a
+    reset of the driver, and rule 2 (host_rules.py) holds the list for ``COMMIT_SECONDS``
+    after one that added hosts: a worker that came a moment too late would wait that
+    long, and one that waits here for a slow sibling waits no longer."""
     main = spec.main_container
-    coming = creating or any(
-        w.opportunistic and not w.terminating and not w.main_running(main) for w in keep
-    )
+    coming = creating or any(w.opportunistic and w.phase == "Pending" for w in keep)
     if not spec.opportunistic or not coming:
         return list(wanted)
     by_name = {w.name: w for w in keep}
