@@ -8,7 +8,12 @@ says which hosts trained when. A trace, time compressed, changes the capacity: n
 added, nodes drained and removed, a higher-priority workload (pods at priority 0, above
 the opportunistic workers' -100) arriving and leaving. Each trace runs twice in the same
 run: ``opportunistic`` (the annotation on) and ``fixed`` (the same job without it).
-``scripted`` is a fixed trace; ``random`` is drawn from ``--seed``.
+``scripted`` is a fixed trace; ``random`` is drawn from ``--seed``. The scripted trace runs
+a third time, ``opportunistic, ignores SIGTERM``: the worker command ignores SIGTERM, so a
+preempted worker holds its GPU for its whole grace period (``SIGTERM_GRACE``, time
+compressed), as a real kubelet would keep it (KWOK: the ``pod-delete-ignoring-sigterm``
+stage of ``hack/kwok/stages.yaml``); the default command ends its container once its ranks
+have left.
 
 Figures per run:
 
@@ -18,6 +23,7 @@ Figures per run:
   gone from the start of its drain), integrated over the trace;
 * the higher-priority pods' wait, creation to Running (polled every 0.1 s);
 * churn: worker pods the job created and deleted, per hour of the trace (a watch);
+* resets: the driver's resets (host-list changes it acted on) during the trace;
 * ``failures`` and ``blacklists`` in the driver's record.
 
     python -m bench.capacity [--seed N] [--kubeconfig FILE]   (make bench-capacity)
@@ -58,6 +64,12 @@ TAINT = "example.com/bench-gpu"
 GPUS_PER_NODE = 2
 BASELINE, MAXIMUM = 2, 8
 BACKOFF_CAP = 20
+# The grace period of the SIGTERM-ignoring variant: Kubernetes' default of 30 s compressed
+# like the backoff cap, and shorter than the scripted trace's higher-priority pods stay.
+SIGTERM_GRACE = 10
+IGNORES_SIGTERM = "kwok.mpijob-elastic.io/ignores-sigterm"
+OPPORTUNISTIC, FIXED, NO_TERM = "opportunistic", "fixed", "opportunistic, ignores SIGTERM"
+VARIANTS = {OPPORTUNISTIC: "opp", FIXED: "fixed", NO_TERM: "noterm"}  # namespace suffixes
 # (seconds into the trace, action, argument): "nodes" sets the pool's size, "high" the
 # higher-priority pods (one GPU each).
 Trace = list[tuple[float, str, int]]
@@ -170,7 +182,7 @@ class Pool:
         return max(min(count * GPUS_PER_NODE - len(self.high), MAXIMUM), 0)
 
 
-def job(name: str, grows: bool) -> dict[str, Any]:
+def job(name: str, grows: bool, ignores_sigterm: bool = False) -> dict[str, Any]:
     manifest: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
     manifest["metadata"]["name"] = name
     manifest["metadata"]["annotations"].update(
@@ -185,6 +197,9 @@ def job(name: str, grows: bool) -> dict[str, Any]:
     spec["tolerations"] = [{"key": TAINT, "operator": "Exists"}]
     for container in spec["containers"]:
         container["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    if ignores_sigterm:
+        worker["template"].setdefault("metadata", {})["annotations"] = {IGNORES_SIGTERM: "true"}
+        spec["terminationGracePeriodSeconds"] = SIGTERM_GRACE
     return manifest
 
 
@@ -254,19 +269,26 @@ class Result:
     hours: float
     failures: int
     blacklists: int
+    resets: int
 
 
 def run_trace(
-    cluster_: Cluster, kubeconfig: str, tag: str, trace: Trace, grows: bool, workdir: Path
+    cluster_: Cluster,
+    kubeconfig: str,
+    tag: str,
+    trace: Trace,
+    variant: str,
+    workdir: Path,
 ) -> Result:
-    namespace = f"bench-cap-{tag}-{'opp' if grows else 'fixed'}"
+    grows = variant != FIXED
+    namespace = f"bench-cap-{tag}-{VARIANTS[variant]}"
     cluster_.kubectl("create", "namespace", namespace)
     pool = Pool(cluster_, namespace=namespace)
     pool.set_nodes(trace[0][2])
     run = ElasticRun(
         cluster_,
         namespace,
-        job("cap", grows),
+        job("cap", grows, ignores_sigterm=variant == NO_TERM),
         workdir / namespace,
         driver_args=("-np", str(BASELINE), "--min-np", "1", "--max-np", str(MAXIMUM)),
     )
@@ -309,9 +331,10 @@ def run_trace(
         trained, available = harvest(records, usable, end_wall)
         failures = len(run.driver_events(ev.RANK_FAILED, ev.EXEC_FAILED))
         blacklists = len(run.driver_events(ev.HOST_BLACKLISTED))
+        resets = sum(begin_wall <= r["ts"] <= end_wall for r in run.driver_events(ev.RESET))
         return Result(
             tag,
-            "opportunistic" if grows else "fixed",
+            variant,
             trained / available if available else 0.0,
             pool.waits,
             churn.created - created,
@@ -319,6 +342,7 @@ def run_trace(
             (time.monotonic() - begin) / 3600,
             failures,
             blacklists,
+            resets,
         )
     finally:
         churn.stop()
@@ -337,14 +361,15 @@ def table(results: list[Result], host: dict[str, Any]) -> str:
         "compressed).",
         "",
         "| trace | job | harvest | higher-priority wait p50 / max | churn (creates, deletes "
-        "per hour) | failures | blacklists |",
-        "|---|---|---|---|---|---|---|",
+        "per hour) | resets | failures | blacklists |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         wait = f"{statistics.median(r.waits):.1f} s / {max(r.waits):.1f} s" if r.waits else "none"
         rows.append(
             f"| {r.trace} | {r.variant} | harvest {r.harvest:.0%} | {wait} | "
-            f"{r.created / r.hours:.0f}, {r.deleted / r.hours:.0f} | failures {r.failures} | "
+            f"{r.created / r.hours:.0f}, {r.deleted / r.hours:.0f} | {r.resets} | "
+            f"failures {r.failures} | "
             f"blacklists {r.blacklists} |"
         )
     return "\n".join(rows)
@@ -355,9 +380,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kubeconfig", help="default: a local KWOK cluster of its own")
     parser.add_argument("--seed", type=int, default=21)
     args = parser.parse_args(argv)
-    traces: list[tuple[str, Trace]] = [
-        ("scripted", SCRIPTED),
-        (f"random (seed {args.seed})", random_trace(args.seed)),
+    # The random trace's higher-priority pods may never run (seed 21: they do not), so the
+    # SIGTERM variant, which is about their wait, runs on the scripted trace only.
+    traces: list[tuple[str, Trace, tuple[str, ...]]] = [
+        ("scripted", SCRIPTED, (OPPORTUNISTIC, FIXED, NO_TERM)),
+        (f"random (seed {args.seed})", random_trace(args.seed), (OPPORTUNISTIC, FIXED)),
     ]
     results: list[Result] = []
     # A cluster of its own: other benchmarks share mpijob-elastic-bench.
@@ -368,9 +395,9 @@ def main(argv: list[str] | None = None) -> None:
         c.kubectl("apply", "-f", str(PRIORITY_CLASS), "-f", str(CRD))
         c.kubectl("wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
         with tempfile.TemporaryDirectory() as tmp:
-            for i, (tag, trace) in enumerate(traces):
-                for grows in (True, False):
-                    result = run_trace(c, kubeconfig, str(i), trace, grows, Path(tmp))
+            for i, (tag, trace, variants) in enumerate(traces):
+                for variant in variants:
+                    result = run_trace(c, kubeconfig, str(i), trace, variant, Path(tmp))
                     result.trace = tag
                     results.append(result)
                     print(table(results[-1:], machine()).splitlines()[-1], flush=True)

@@ -10,11 +10,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mpijob_elastic.core import drain, host_rules, names, render
+from mpijob_elastic.core import drain, host_rules, names, opportunistic, render
 from mpijob_elastic.core.membership import Membership
 from mpijob_elastic.core.spec import JobSpec
 from mpijob_elastic.core.turn import Turn
-from mpijob_elastic.core.workers import Worker
+from mpijob_elastic.core.workers import Worker, discovered_hosts
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ def hosts(
     granted = render.exec_names(turn.observed.role)
     main = spec.main_container
     listed = [w.name for w in m.keep if w.can_take_ranks(main) and w.name in granted]
+    current = discovered_hosts((turn.observed.config_map or {}).get("data"))
+    listed = opportunistic.gathered(turn, spec, m.keep, listed, current, bool(create_now))
     # A launcher that is a host may exec into itself once it exists as the job's (a pod
     # of that name that is not ours is never granted), and is listed, first, once the
     # Role we wrote grants it. It is no worker: never a victim, not counted against

@@ -7,12 +7,19 @@ low PriorityClass with ``preemptionPolicy: Never``: they never push anyone out, 
 pod of higher priority that needs the room preempts them. The scheduler decides who gets
 room; this module never models the cluster's capacity. It only probes:
 
-* Growth comes a few workers at a time (``GROWTH_STEP``, and at most half the room left),
-  and only while the baseline is complete and the job holds no Pending opportunistic pod.
+* Growth comes in steps, a slow start: each step doubles the opportunistic workers the job
+  holds (at least ``GROWTH_STEP``, at most the room left), so an overshoot refuses at most
+  as many probes as it runs. It grows only while the baseline is complete and the
+  scheduler has placed every opportunistic pod (bound to a node: a bound pod has its room,
+  its containers may still be starting); an unplaced pod is a probe not yet answered.
+  The workers of a step enter ``discover_hosts.sh`` together (``gathered``): one that runs
+  waits, ``COMMIT_SECONDS`` at most, while its step's others are being created or start,
+  since each host-list change is one reset of the driver, and after one that adds hosts
+  the list holds still for ``COMMIT_SECONDS`` (host_rules.py, rule 2).
 * An opportunistic pod the scheduler reports unschedulable (``PodScheduled=False``,
   ``Unschedulable``) is deleted at once (a Pending pod holds no rank), and growth backs
   off: 10 s doubling per failed probe up to ``--growth-backoff-max-seconds``. A probe
-  after a failure adds one worker; a probe worker that runs ends the backoff. A capacity
+  after a failure adds one worker; a probe worker the scheduler binds ends the backoff. A capacity
   change (``Observed.capacity_changed``: a node added or made schedulable, a pod of ours
   that held a node deleted, another workload's bound pod deleted or ended) ends the pause
   at once, not the count of attempts.
@@ -38,7 +45,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from mpijob_elastic.core import names, podgroups, preemptors, render_pods
+from mpijob_elastic.core import host_rules, names, podgroups, preemptors, render_pods
 from mpijob_elastic.core.growth_state import GrowthState, parse_growth
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec import JobSpec
@@ -69,6 +76,13 @@ def unschedulable(worker: Worker) -> bool:
         and found.get("status") == "False"
         and found.get("reason") == "Unschedulable"
     )
+
+
+def scheduled(worker: Worker) -> bool:
+    """The scheduler found room: the pod is bound to a node, its containers perhaps still
+    starting (phase Pending lasts until they run)."""
+    found = _condition(worker, "PodScheduled") or {}
+    return worker.phase != "Pending" or worker.node is not None or found.get("status") == "True"
 
 
 def preempted(worker: Worker) -> bool:
@@ -125,15 +139,15 @@ def grow(turn: Turn, spec: JobSpec, workers: Sequence[Worker], baseline: int, he
     waiting = preemptors.announce(turn, waiting, victims, cause, state.retry_at or turn.now)
     main = spec.main_container
     since = state.since
-    if since is not None and any(
-        w.created > since.timestamp() and w.main_running(main) for w in staying
-    ):
-        # The last preemption's victims stay counted (``why``) while they terminate.
+    if since is not None and any(w.created > since.timestamp() and scheduled(w) for w in staying):
+        # A probe the scheduler bound has its room: the answer is in. The last
+        # preemption's victims stay counted (``why``) while they terminate.
         state = replace(state, attempts=0, since=None, retry_at=None)
     room = max(spec.bounds.max - baseline, 0)
     have = min(len(staying), room)
     ready = sum(1 for w in workers if not w.opportunistic and w.can_take_ranks(main))
-    pending = any(w.phase == "Pending" and not w.terminating for w in ours)
+    # Only a pod the scheduler has not placed yet is an unanswered probe.
+    pending = any(not scheduled(w) and not w.terminating for w in ours)
     leaving = any(w.terminating or w.marked for w in ours if not preempted(w))
     if _yield_to(turn, have, leaving) is not None:
         extra = have - 1
@@ -203,7 +217,9 @@ def _step(turn: Turn, state: GrowthState, room: int, have: int) -> int:
         return 0  # a job with fewer asks for more: the next room is its
     if state.attempts:
         return 1
-    return min(GROWTH_STEP, -(-(room - have) // 2))
+    # Slow start: double what it holds, so an overshoot refuses at most as many probes as
+    # the job runs already.
+    return min(max(GROWTH_STEP, have), room - have)
 
 
 def _yield_to(turn: Turn, have: int, leaving: bool) -> str | None:
@@ -239,6 +255,39 @@ def mark(pod: dict[str, Any], spec: JobSpec, settings: Settings) -> dict[str, An
     pod_spec.pop("priority", None)
     pod_spec.pop("preemptionPolicy", None)
     return pod
+
+
+def gathered(
+    turn: Turn,
+    spec: JobSpec,
+    keep: Sequence[Worker],
+    wanted: Sequence[str],
+    listed: set[str],
+    creating: bool,
+) -> list[str]:
+    """The host list the job wants, less the new opportunistic workers that wait for the
+    rest of their growth step: while workers are created this turn or a kept
+    opportunistic one is Pending (unplaced, or starting), one that runs waits up to
+    ``COMMIT_SECONDS`` so that they enter the list together. Each host-list change is a
+    reset of the driver, and rule 2 (host_rules.py) holds the list for ``COMMIT_SECONDS``
+    after one that added hosts: a worker that came a moment too late would wait that
+    long, and one that waits here for a slow sibling waits no longer."""
+    main = spec.main_container
+    coming = creating or any(w.opportunistic and w.phase == "Pending" for w in keep)
+    if not spec.opportunistic or not coming:
+        return list(wanted)
+    by_name = {w.name: w for w in keep}
+    hold = timedelta(seconds=host_rules.COMMIT_SECONDS)
+    out = []
+    for name in wanted:
+        worker = by_name.get(name)
+        since = worker.running_since(main) if worker is not None else None
+        new = worker is not None and worker.opportunistic and name not in listed
+        if new and since is not None and turn.now < since + hold:
+            turn.requeue((since + hold - turn.now).total_seconds())
+        else:
+            out.append(name)
+    return out
 
 
 def grown(turn: Turn, workers: Sequence[Worker], listed: Sequence[str], old: set[str]) -> None:

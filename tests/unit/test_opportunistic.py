@@ -23,7 +23,7 @@ from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec import InvalidSpec, parse
 from mpijob_elastic.core.times import format_precise_time
 from mpijob_elastic.core.workers import Worker
-from tests.unit.simulation import Cluster, make_job, running_status
+from tests.unit.simulation import Cluster, discovered, make_job, running_status
 
 SETTINGS = Settings()
 UNSCHEDULABLE = {
@@ -143,6 +143,116 @@ def test_a_job_grows_into_idle_capacity_a_few_workers_a_turn() -> None:
     assert sum(int(m.split()[0][1:]) for m in grew) == 6
     elastic = c.job["status"]["elastic"]
     assert (elastic["baseline"], elastic["opportunistic"], elastic["listed"]) == (2, 6, 8)
+
+
+def bind(c: Cluster, name: str) -> None:
+    """The scheduler binds the pod; its containers have not started (phase Pending)."""
+    pod = copy.deepcopy(c.objects[("Pod", name)])
+    pod["spec"]["nodeName"] = "node-a"
+    pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+    c.world._put(pod)
+
+
+def unplaced(c: Cluster) -> list[str]:
+    return [n for n in opportunistic(c) if not c.objects[("Pod", n)]["spec"].get("nodeName")]
+
+
+def test_the_next_step_comes_once_the_last_is_bound_and_doubles_what_the_job_holds() -> None:
+    c = job(maximum="16")
+    run(c, 2, 40)  # the baseline runs; the first probes are refused
+    assert growth(c).attempts >= 1
+    c.tick(1)
+    steps = []
+    for _ in range(8):
+        # No scheduler here: the job's own turns, between the scheduler's answers.
+        observed = dataclasses.replace(c.observed(), capacity_changed=c.now)
+        c.apply(plan_writes(observed, SETTINGS, c.now))
+        new = unplaced(c)
+        steps.append(len(new))
+        c.tick(0.5)
+        c.apply(plan_writes(c.observed(), SETTINGS, c.now))
+        # Not placed yet: the probe has not answered, no more workers.
+        assert unplaced(c) == new
+        for name in new:
+            bind(c, name)
+        c.tick(0.5)
+    # After the refusals a probe of one, then double what the job holds (at least 2), up to
+    # the room left; none of the pods has started: each step came once the last was bound.
+    assert steps == [1, 2, 3, 6, 2, 0, 0, 0], steps
+    assert len(opportunistic(c)) == 14
+    assert all(c.objects[("Pod", n)]["status"]["phase"] == "Pending" for n in opportunistic(c))
+    assert growth(c).attempts == 0
+
+
+def test_an_overshoot_refuses_at_most_what_the_job_holds() -> None:
+    c = job(maximum="16")
+    run(c, 7, 60)
+    # 2, 2, then 4 of which 1 fits and 3 are refused: deleted at once, and the backoff.
+    assert sum(1 for p in workers(c) if p["status"]["phase"] == "Running") == 7
+    backed_off = events(c, "GrowthBackedOff")
+    assert backed_off[0].count("job-worker-") == 3, backed_off[0]
+
+
+def listed(c: Cluster) -> list[str]:
+    return discovered(c.get("ConfigMap", "job-config"))
+
+
+def stamped_turn(c: Cluster, room: int, **seen: Any) -> float:
+    """A turn in which the pods the scheduler starts carry their start time, as a
+    kubelet reports it (the simulation's pods carry none: taken as running for long)."""
+    schedule(c, room)
+    for pod in workers(c):
+        name = pod["metadata"]["name"]
+        if pod["status"].get("phase") == "Running" and name not in listed(c):
+            pod = copy.deepcopy(pod)
+            for status in pod["status"]["containerStatuses"]:
+                running = status["state"]["running"]
+                running.setdefault("startedAt", format_precise_time(c.now))
+            c.world._put(pod)
+    return turn(c, room, **seen)
+
+
+def test_a_growth_step_enters_the_host_list_together() -> None:
+    c = job()
+    run(c, 5, 40)  # 3 opportunistic workers listed, the next probe refused
+    assert len(listed(c)) == 5
+    c.tick(1)
+    stamped_turn(c, 8, capacity_changed=c.now)  # a node added: a probe of one
+    assert len(workers(c)) == 6
+    c.tick(0.3)
+    # The probe runs and the next step is created: the probe waits for it.
+    stamped_turn(c, 8)
+    assert len(workers(c)) == 8
+    assert len(listed(c)) == 5
+    c.tick(0.3)
+    stamped_turn(c, 8)  # the step runs: the three enter the list in one change
+    assert len(listed(c)) == 8
+    assert events(c, "Grew")[-1].startswith("+3 into idle capacity")
+
+
+def test_a_worker_waits_for_a_slow_step_no_longer_than_the_commit_hold() -> None:
+    c = job()
+    run(c, 5, 40)
+    c.tick(1)
+    stamped_turn(c, 8, capacity_changed=c.now)
+    c.tick(0.3)
+    stamped_turn(c, 6)  # the probe runs, the next step is created
+    started = c.now
+    new = [n for n in opportunistic(c) if n not in listed(c)]
+    assert len(new) == 3
+    for name in new[1:]:
+        bind(c, name)  # placed, their containers slow to start
+    waited = []
+    for _ in range(12):
+        c.tick(0.5)
+        waited.append(min(stamped_turn(c, 6), 60.0))
+        if len(listed(c)) > 5:
+            break
+    # Listed alone once it has waited as long as rule 2 would have held the list after
+    # it; meanwhile the job came back for it (a requeue), not on a timer.
+    assert len(listed(c)) == 6
+    assert timedelta(seconds=5) <= c.now - started <= timedelta(seconds=5.5)
+    assert all(0 < w <= 5 for w in waited[:-1]), waited
 
 
 def test_an_unschedulable_probe_is_deleted_at_once_and_growth_backs_off() -> None:
