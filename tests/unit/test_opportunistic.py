@@ -291,15 +291,10 @@ def test_a_capacity_change_ends_the_pause_and_a_probe_that_runs_ends_the_backoff
     assert len(workers(c)) == 7
 
 
-def test_preempted_workers_leave_gracefully_and_growth_backs_off() -> None:
-    c = job()
-    run(c, 8, 60)
-    assert len(workers(c)) == 8
-    # The scheduler preempts two opportunistic workers for a pod of higher priority: the
-    # condition first, then the delete with the pod's grace period.
-    victims = ("job-worker-6", "job-worker-7")
-    uids = sorted(c.objects[("Pod", name)]["metadata"]["uid"] for name in victims)
-    for name in victims[:1]:
+def preempt(c: Cluster, *victims: str) -> dict[str, str]:
+    """The scheduler's condition on the victims (its delete follows); their UIDs by name."""
+    uids = {}
+    for name in victims:
         pod = copy.deepcopy(c.objects[("Pod", name)])
         pod["status"]["conditions"] = [
             {
@@ -311,6 +306,19 @@ def test_preempted_workers_leave_gracefully_and_growth_backs_off() -> None:
             }
         ]
         c.world._put(pod)
+        uids[name] = pod["metadata"]["uid"]
+    return uids
+
+
+def test_preempted_workers_leave_gracefully_and_growth_backs_off() -> None:
+    c = job()
+    run(c, 8, 60)
+    assert len(workers(c)) == 8
+    # The scheduler preempts two opportunistic workers for a pod of higher priority: the
+    # condition first, then the delete with the pod's grace period.
+    victims = ("job-worker-6", "job-worker-7")
+    uids = sorted(c.objects[("Pod", name)]["metadata"]["uid"] for name in victims)
+    preempt(c, victims[0])
     c.tick(1)
     turn(c, 6)
     # The second victim's condition comes a moment later, in the same second.

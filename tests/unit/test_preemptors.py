@@ -4,15 +4,13 @@ bounded time for them, never holds the backoff back, and names each victim once.
 
 from __future__ import annotations
 
-import copy
 from datetime import UTC, datetime, timedelta
 
 from mpijob_elastic.app import preemptions
 from mpijob_elastic.core import names
 from mpijob_elastic.core.preemptors import WAIT, Pending, message, parse_pending
-from mpijob_elastic.core.times import format_precise_time
 from tests.unit.simulation import Cluster
-from tests.unit.test_opportunistic import events, growth, job, run, turn, workers
+from tests.unit.test_opportunistic import events, growth, job, preempt, run, turn, workers
 
 VICTIMS = ("job-worker-6", "job-worker-7")
 HIGH = "team-b/trainer-0"
@@ -23,25 +21,6 @@ def grown() -> Cluster:
     run(c, 8, 60)
     assert len(workers(c)) == 8
     return c
-
-
-def preempt(c: Cluster, *victims: str) -> dict[str, str]:
-    """The scheduler's condition on the victims (its delete follows); their UIDs by name."""
-    uids = {}
-    for name in victims:
-        pod = copy.deepcopy(c.objects[("Pod", name)])
-        pod["status"]["conditions"] = [
-            {
-                "type": "DisruptionTarget",
-                "status": "True",
-                "reason": "PreemptionByScheduler",
-                "message": "default-scheduler: preempting to accommodate a higher priority pod",
-                "lastTransitionTime": format_precise_time(c.now),
-            }
-        ]
-        c.world._put(pod)
-        uids[name] = pod["metadata"]["uid"]
-    return uids
 
 
 def waiting(c: Cluster) -> Pending:
