@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,26 +34,39 @@ KIND = "PreemptedEvent"
 FIELDS = "reason=Preempted,involvedObject.kind=Pod"
 
 
+# The note the scheduler writes (pkg/scheduler/framework/preemption, 1.34).
+NOTE = re.compile(r"Preempted by pod ([0-9a-fA-F-]{1,64}) on node")
+
+
 def slim(event: Obj) -> Obj:
-    """What the cache keeps of one: its key, the victim's name and UID, the preemptor."""
+    """What the cache keeps of one: its key, the victim's name and UID, the preemptor (by
+    name, or by the UID of the scheduler's note where ``related`` is missing)."""
     meta = event.get("metadata") or {}
     victim = event.get("involvedObject") or {}
     related = event.get("related") or {}
+    note = NOTE.search(str(event.get("message") or ""))
     return {
         "apiVersion": event.get("apiVersion"),
         "kind": event.get("kind"),
         "metadata": {k: meta[k] for k in ("name", "namespace", "resourceVersion") if k in meta},
         "involvedObject": {k: victim.get(k) for k in ("name", "uid")},
         "related": {k: related.get(k) for k in ("namespace", "name")},
+        "preemptorUID": note.group(1) if note else None,
     }
 
 
 def preemptor(event: Obj) -> str | None:
-    """``<namespace>/<pod>`` of the pod the victim made room for, if the Event names it."""
+    """``<namespace>/<pod>`` of the pod the victim made room for, if the Event names it.
+
+    A scheduler that records its Events through the core/v1 recorder (it does when the API
+    server did not yet serve events.k8s.io/v1 as it started: kind's, which starts with the
+    API server) leaves ``related`` out; its note still carries the preemptor's UID, and
+    the Event says ``pod <uid>`` then, as the scheduler does."""
     related = event.get("related") or {}
-    if not related.get("namespace") or not related.get("name"):
-        return None
-    return f"{related['namespace']}/{related['name']}"
+    if related.get("namespace") and related.get("name"):
+        return f"{related['namespace']}/{related['name']}"
+    uid = event.get("preemptorUID")
+    return f"pod {uid}" if uid else None
 
 
 def preemptors(informer: Informer | None, namespace: str) -> dict[str, str]:

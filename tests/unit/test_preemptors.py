@@ -135,4 +135,8 @@ def test_the_cache_keeps_the_victim_and_the_preemptor_of_the_schedulers_event() 
     }
     assert kept["involvedObject"] == {"name": "early-worker-7", "uid": "v"}
     assert preemptions.preemptor(kept) == "t/late-worker-0"
-    assert preemptions.preemptor(preemptions.slim({**event, "related": None})) is None
+    # kind's scheduler (core/v1 recorder): no related object, the UID of its note.
+    uid = "e7cf8e16-af0f-423e-9f51-cf0c4ae7a65e"
+    legacy = {**event, "related": None, "message": f"Preempted by pod {uid} on node w"}
+    assert preemptions.preemptor(preemptions.slim(legacy)) == f"pod {uid}"
+    assert preemptions.preemptor(preemptions.slim({**legacy, "message": "other"})) is None
