@@ -23,7 +23,12 @@ refused, so every write may rely on the phases above it having landed:
    is listed only once the Role we wrote grants exec on it (``desired.py``). Then
    ``ranks ConfigMap``: the job's ranks ConfigMap, created empty (only its existence is
    ours, its data is the launcher's reports, ranks.py); before the Role that grants the
-   launcher its patch, so a name someone else holds is never granted.
+   launcher its patch, so a name someone else holds is never granted. Then
+   ``ConfigMap events``: the Events of what that write recorded (``CONFIG_MAP_EVENTS``:
+   workers listed into idle capacity, the growth's backoff, a preemption's victims),
+   sent as soon as it landed: at the end of the turn, a later phase's conflict (a 409 on
+   the launcher's refresh) lost them, and the next turn, seeing the change already
+   recorded, had nothing to report.
 3. ``obsolete``: the budget's delete, once the job is suspended, finished or no longer
    elastic.
 4. ``config hash``: the launcher's annotation; its kubelet refreshes the mounted files now.
@@ -90,6 +95,7 @@ STEPS = (
     "PodGroup",
     "ConfigMap",
     "ranks ConfigMap",
+    "ConfigMap events",
     "obsolete",
     "config hash",
     "pod marks",
@@ -103,6 +109,9 @@ STEPS = (
     "status",
     "events",
 )
+
+# Events of decisions the job's ConfigMap records (opportunistic.py, preemptors.py).
+CONFIG_MAP_EVENTS = frozenset({"Grew", "GrowthBackedOff", "Preempted"})
 
 # The keys of each kind that are ours to keep in step; anything else on the object
 # (another controller's labels, the server's fields) is left alone.
@@ -356,6 +365,7 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
             ("PodGroup", ensure("PodGroup")),
             ("ConfigMap", ensure("ConfigMap")),
             ("ranks ConfigMap", _ranks_create(want, observed)),
+            ("ConfigMap events", [e for e in want.events if e.reason in CONFIG_MAP_EVENTS]),
             ("obsolete", _obsolete(want, observed)),
             ("config hash", _after(_refresh_launcher(want, observed), noticed)),
             ("pod marks", _after(_pod_marks(want, observed, now), noticed)),
@@ -367,7 +377,7 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
             ("launcher", [] if want.launcher is None else [Create(want.launcher)]),
         ]
     )
-    events: list[Emit] = list(want.events)
+    events = [e for e in want.events if e.reason not in CONFIG_MAP_EVENTS]
     rv = str(observed.job["metadata"].get("resourceVersion", ""))
     changed = want.status != (observed.job.get("status") or {})
     on_refusal: tuple[WriteStatus | Emit, ...] = (

@@ -18,7 +18,7 @@ from mpijob_elastic.core.actions import (
     Writes,
     WriteStatus,
 )
-from mpijob_elastic.core.write_order import STEPS
+from mpijob_elastic.core.write_order import CONFIG_MAP_EVENTS, STEPS
 from tests.unit.simulation import Cluster, make_job
 
 ELASTIC = {names.ANN_MIN_REPLICAS: "1", names.ANN_MAX_REPLICAS: "5", names.ANN_DRAIN_SECONDS: "5"}
@@ -33,6 +33,7 @@ DOCUMENTED = (
     "PodGroup",
     "ConfigMap",
     "ranks ConfigMap",
+    "ConfigMap events",
     "obsolete",
     "config hash",
     "pod marks",
@@ -87,6 +88,7 @@ BELONGS: dict[str, Callable[[Action], bool]] = {
     "PodGroup": _object("PodGroup"),
     "ConfigMap": lambda a: _object("ConfigMap")(a) and not _ranks(a),
     "ranks ConfigMap": lambda a: isinstance(a, Create) and _ranks(a),
+    "ConfigMap events": lambda a: isinstance(a, Emit) and a.reason in CONFIG_MAP_EVENTS,
     "obsolete": lambda a: (
         isinstance(a, DeleteObject) and a.kind in ("PodDisruptionBudget", "PodGroup")
     ),
