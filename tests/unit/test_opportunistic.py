@@ -491,3 +491,23 @@ def test_the_annotations_are_validated() -> None:
 def test_observed_defaults_see_no_fleet() -> None:
     observed = Observed(job=make_job())
     assert (tuple(observed.fleet), observed.capacity_changed) == ((), None)
+
+
+def test_the_grew_event_goes_out_once_the_host_list_landed_not_at_the_turns_end() -> None:
+    """A later phase's conflict (a 409 on the launcher's refresh) must not lose it: the
+    next turn sees the workers listed already and has nothing to report."""
+    c = job()
+    for _ in range(60):
+        schedule(c, 6)
+        c.finalize_deletions()
+        p = plan_writes(c.observed(), SETTINGS, c.now)
+        steps = [ph.step for ph in p.phases]
+        grew = [ph.step for ph in p.phases for a in ph.writes if getattr(a, "reason", "") == "Grew"]
+        c.apply(p)
+        c.tick(1)
+        if grew:
+            break
+    assert grew == ["ConfigMap events"], steps
+    # Right behind the host list it reports, before the writes that may still conflict.
+    before = steps[: steps.index("ConfigMap events")]
+    assert before[-1] in ("ConfigMap", "ranks ConfigMap"), steps
