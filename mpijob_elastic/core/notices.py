@@ -30,12 +30,13 @@ and cause hold, so its deadline does not move; it is removed when its cause goes
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from mpijob_elastic.core import names
+from mpijob_elastic.core.actions import AnnotatePod
 from mpijob_elastic.core.drain import Victim
 from mpijob_elastic.core.membership import Membership
 from mpijob_elastic.core.spec import JobSpec
@@ -276,3 +277,24 @@ def _worker_leaving(
             return WORKER_LEAVING, deadline, "node-leaving", f"its node {node} is {why}"
         return WORKER_LEAVING, deadline, "scale-in", "this worker is removed from the job"
     return None
+
+
+def notice_patches(
+    wanted: Mapping[str, str], pods: Sequence[Mapping[str, Any]], deleting: Collection[str]
+) -> list[AnnotatePod]:
+    """Each pod's notice where it is not as ``wanted`` (write_order.py's ``notices``)."""
+    writes = []
+    for pod in pods:
+        meta = pod["metadata"]
+        if meta.get("uid") in deleting:
+            continue
+        has = (meta.get("annotations") or {}).get(names.ANN_NOTICE)
+        notice = wanted.get(meta["name"])
+        if has != notice:
+            # A pod the scheduler or an eviction is taking (DisruptionTarget) changes under
+            # us as it goes: its notice is patched unconditionally. Conditional, it met the
+            # deletion's own write with 409, the turn stopped there, and the pod was gone
+            # before the next one (KWOK), so the turn's Preempted Event was never sent.
+            rv = "" if Worker(0, dict(pod)).disrupted else str(meta.get("resourceVersion", ""))
+            writes.append(AnnotatePod(meta["name"], {names.ANN_NOTICE: notice}, rv))
+    return writes

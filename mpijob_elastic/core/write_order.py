@@ -78,11 +78,11 @@ from mpijob_elastic.core.actions import (
     WriteStatus,
 )
 from mpijob_elastic.core.desired import Desired
+from mpijob_elastic.core.notices import notice_patches
 from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.reports import REFUSAL_EVENTS
 from mpijob_elastic.core.status import REFUSED, StatusBuilder
 from mpijob_elastic.core.times import format_precise_time
-from mpijob_elastic.core.workers import Worker
 
 Obj = dict[str, Any]
 
@@ -276,27 +276,6 @@ def _ranks_emptied(want: Desired, observed: Observed) -> list[Action]:
     return [Replace({k: v for k, v in report.items() if k != "data"})]
 
 
-def _notices(want: Desired, observed: Observed) -> list[AnnotatePod]:
-    """Each pod's notice where it is not as wanted."""
-    if want.notices is None:
-        return []
-    writes = []
-    for pod in observed.pods:
-        meta = pod["metadata"]
-        if meta.get("uid") in observed.deleting:
-            continue
-        has = (meta.get("annotations") or {}).get(names.ANN_NOTICE)
-        wanted = want.notices.get(meta["name"])
-        if has != wanted:
-            # A pod the scheduler or an eviction is taking (DisruptionTarget) changes under
-            # us as it goes: its notice is patched unconditionally. Conditional, it met the
-            # deletion's own write with 409, the turn stopped there, and the pod was gone
-            # before the next one (KWOK), so the turn's Preempted Event was never sent.
-            rv = "" if Worker(0, pod).disrupted else _resource_version(pod)
-            writes.append(AnnotatePod(meta["name"], {names.ANN_NOTICE: wanted}, rv))
-    return writes
-
-
 def _after(writes: list[Action], noticed: set[str]) -> list[Action]:
     """``writes``, those to pods whose notice this turn wrote without a resourceVersion."""
     return [
@@ -355,7 +334,11 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
         if v.action == "delete"
     ]
     deletes += [DeletePod(w.name, w.uid) for w in want.deletes]
-    notices = _notices(want, observed)
+    notices = (
+        []
+        if want.notices is None
+        else notice_patches(want.notices, observed.pods, observed.deleting)
+    )
     noticed = {n.name for n in notices}
     children = _phases(
         [
