@@ -218,7 +218,10 @@ def _scale(
     create_now = list(m.new_indexes[:POD_WRITES_PER_TURN])
     if len(m.new_indexes) > len(create_now):
         turn.requeue(0)
-    if podgroups.held(podgroups.gang(turn.settings), turn.observed.pod_group):
+    gang = podgroups.gang(turn.settings)
+    baseline = size.goal.workers - size.growth.extra
+    create_now = opportunistic.paced(spec, m.keep, create_now, baseline, gang)
+    if podgroups.held(gang, turn.observed.pod_group):
         # The PodGroup's change of phase brings the job's next turn (its watch).
         create_now = []  # and no launcher either: it waits for its workers
     hosts = host_list.hosts(turn, spec, workers, m, create_now, launcher)

@@ -303,6 +303,29 @@ def grown(turn: Turn, workers: Sequence[Worker], listed: Sequence[str], old: set
         )
 
 
+def paced(
+    spec: JobSpec,
+    keep: Sequence[Worker],
+    create_now: Sequence[int],
+    baseline: int,
+    gang: podgroups.Gang | None,
+) -> list[int]:
+    """The workers to create this turn: while the job holds opportunistic workers, the
+    baseline's missing ones one at a time, each once the scheduler placed the last. A
+    baseline worker outranks the job's own opportunistic ones, so where it finds no room
+    it preempts one of them: created together, two replacements took both rank-holders
+    of a job whose baseline a node's loss had taken, the host-list rules kept the last
+    one listed while it terminated, the replacements waited for its room, and its ranks
+    were killed at the end of its grace period (a failure: docs/benchmarks.md). One at a
+    time, a preemption takes one victim, and the next waits until a new host took its
+    room. A gang's pods are placed together: they are left as they are."""
+    missing = baseline - sum(1 for w in keep if not w.opportunistic)
+    if gang is not None or missing <= 0 or not any(w.opportunistic for w in keep):
+        return list(create_now)
+    unplaced = any(not w.opportunistic and not scheduled(w) for w in keep)
+    return [] if unplaced else list(create_now[:1])
+
+
 def new_pods(
     turn: Turn,
     spec: JobSpec,

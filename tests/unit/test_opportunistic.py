@@ -352,6 +352,45 @@ def test_preempted_workers_leave_gracefully_and_growth_backs_off() -> None:
     assert len(workers(c)) == 8
 
 
+def baseline(c: Cluster) -> list[str]:
+    return sorted(set(n["metadata"]["name"] for n in workers(c)) - set(opportunistic(c)))
+
+
+def lose_the_baseline(grows: bool) -> Cluster:
+    """A job at 4 (2 of them opportunistic when it grows) whose node took its 2 baseline
+    workers with it; its turn's creates, not yet placed by the scheduler."""
+    c = job(maximum="4", grows=grows)
+    c.set_replicas(2 if grows else 4)
+    run(c, 4, 60)
+    assert len(workers(c)) == 4
+    assert opportunistic(c) == (["job-worker-2", "job-worker-3"] if grows else [])
+    for name in ("job-worker-0", "job-worker-1"):
+        c.world.vanish_now(name)
+    c.apply(plan_writes(c.observed(), SETTINGS, c.now))
+    return c
+
+
+def test_missing_baseline_workers_come_one_at_a_time_while_the_job_holds_opportunistic_ones() -> (
+    None
+):
+    # Each would preempt one of the job's own opportunistic workers: together they could
+    # take the last rank-holder (docs/capacity.md).
+    c = lose_the_baseline(grows=True)
+    first = baseline(c)
+    assert len(first) == 1, first
+    c.tick(0.5)
+    c.apply(plan_writes(c.observed(), SETTINGS, c.now))
+    assert baseline(c) == first  # not placed yet: the next waits
+    bind(c, first[0])
+    c.tick(0.5)
+    c.apply(plan_writes(c.observed(), SETTINGS, c.now))
+    assert len(baseline(c)) == 2, baseline(c)
+    for name in baseline(c):
+        assert "priorityClassName" not in c.objects[("Pod", name)]["spec"]
+    # A job with no opportunistic worker has no own worker to preempt: both at once.
+    assert len(baseline(lose_the_baseline(grows=False))) == 4
+
+
 def test_a_job_without_the_annotation_does_not_grow() -> None:
     c = job(grows=False)
     run(c, 8, 60)
