@@ -33,6 +33,8 @@ class Routes:
         self.latency = metrics.HostListLatency()
         # Nodes going away, and why (nodes.py): observe.py moves workers off them.
         self.leaving_nodes: dict[str, str] = {}
+        # Nodes that take new pods (nodes.takes_pods): one that starts to is room.
+        self.open_nodes: set[str] = set()
         self._job_signatures: dict[Key, tuple[Any, ...]] = {}
         self._first_seen: dict[Key, float] = {}
 
@@ -116,10 +118,16 @@ class Routes:
 
     def on_node(self, type_: str, node: Obj) -> None:
         name = node["metadata"]["name"]
-        why = None if type_ == "DELETED" else nodes.leaving(node, self.settings.leaving_node_taints)
-        if why is None and (type_ == "ADDED" or name in self.leaving_nodes):
-            # A node added or made schedulable again: room the opportunistic jobs may use.
-            self.wake(self.fleet.changed())
+        taints = self.settings.leaving_node_taints
+        why = None if type_ == "DELETED" else nodes.leaving(node, taints)
+        if type_ != "DELETED" and nodes.takes_pods(node, taints):
+            if name not in self.open_nodes:
+                # Room the opportunistic jobs may use: a new node once it is Ready, one
+                # uncordoned, one whose taint went.
+                self.open_nodes.add(name)
+                self.wake(self.fleet.changed())
+        else:
+            self.open_nodes.discard(name)
         if self.leaving_nodes.get(name) == why:
             return
         if why is None:

@@ -27,6 +27,11 @@ DEFAULT_LEAVING_TAINTS = (
     "cloud.google.com/impending-node-termination",
 )
 
+# The taints Kubernetes itself puts on a node that cannot take pods (TaintNodesByCondition:
+# not-ready, unreachable, unschedulable, pressures). The API server's admission gives every
+# new node `node.kubernetes.io/not-ready` until its kubelet reports Ready.
+CONDITION_TAINTS = "node.kubernetes.io/"
+
 
 def slim(node: Obj) -> Obj:
     """What the controller reads of a node; a node's status (images, conditions) is the
@@ -48,3 +53,17 @@ def leaving(node: Mapping[str, Any], taints: Collection[str]) -> str | None:
         if isinstance(taint, Mapping) and taint.get("key") in taints:
             return f"tainted {taint['key']}"
     return None
+
+
+def takes_pods(node: Mapping[str, Any], taints: Collection[str]) -> bool:
+    """Whether the node takes new pods, as far as its own state says: not going away, and
+    without a taint of Kubernetes' that keeps pods off. (Its room, and the pods' own
+    tolerations, are the scheduler's to judge.)"""
+    if leaving(node, taints) is not None:
+        return False
+    return not any(
+        isinstance(t, Mapping)
+        and str(t.get("key", "")).startswith(CONDITION_TAINTS)
+        and t.get("effect") in ("NoSchedule", "NoExecute")
+        for t in (node.get("spec") or {}).get("taints") or []
+    )

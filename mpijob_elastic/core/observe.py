@@ -64,7 +64,7 @@ class Observed:
     # The last write the server refused (the writer's memory of it).
     refused: Refusal | None = None
     # For an opportunistic job (opportunistic.py): the other opportunistic jobs' growth
-    # states, and when capacity last changed (a node added or made schedulable, a pod of
+    # states, and when capacity last changed (a node that starts to take pods, a pod of
     # ours that held a node deleted), as far as this controller saw since it started.
     fleet: Sequence[Share] = ()
     capacity_changed: datetime | None = None

@@ -20,7 +20,7 @@ room; this module never models the cluster's capacity. It only probes:
   ``Unschedulable``) is deleted at once (a Pending pod holds no rank), and growth backs
   off: 10 s doubling per failed probe up to ``--growth-backoff-max-seconds``. A probe
   after a failure adds one worker; a probe worker the scheduler binds ends the backoff. A capacity
-  change (``Observed.capacity_changed``: a node added or made schedulable, a pod of ours
+  change (``Observed.capacity_changed``: a node that starts to take pods, a pod of ours
   that held a node deleted, another workload's bound pod deleted or ended) ends the pause
   at once, not the count of attempts.
 * A worker the scheduler preempts (``DisruptionTarget``, ``PreemptionByScheduler``)

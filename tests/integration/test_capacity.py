@@ -8,6 +8,7 @@ judged from the mock Horovod driver, is e2e/test_capacity.py.)"""
 from __future__ import annotations
 
 import copy
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -144,3 +145,70 @@ def test_a_job_without_the_annotation_stays_at_its_replicas(
     )
     assert names.ANN_GROWTH not in ((cm or {}).get("metadata", {}).get("annotations") or {})
     assert all("priorityClassName" not in p["spec"] for p in job.pods().values())
+
+
+def test_a_node_that_turns_ready_ends_a_hungry_jobs_pause(
+    cluster: Cluster, namespace: str, gpu_node: str, start_controller: StartController
+) -> None:
+    # Every new node starts tainted node.kubernetes.io/not-ready (the API server's
+    # admission) until its kubelet reports Ready: a probe at its creation is refused, and
+    # a refusal pauses growth. The node's room counts from the moment the taint goes.
+    start_controller(namespace, args=("--growth-backoff-max-seconds", "300"))
+    job = Job(cluster, namespace, "ready")
+    manifest = gpu_job(job.name, 1, 3)
+    pool = {"capacity-pool": namespace}
+    manifest["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["nodeSelector"] = pool
+    cluster.kubectl("label", "node", gpu_node, f"capacity-pool={namespace}")
+    late = f"kwok-capacity-{namespace}"
+    # The test's node has one GPU for this job: a pod of priority 0 (above the probes,
+    # never preempted by them) holds the others.
+    holder = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "holder"},
+        "spec": {
+            "nodeSelector": pool,
+            "tolerations": [{"key": TAINT, "operator": "Exists"}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "resources": {"limits": {"nvidia.com/gpu": str(GPUS - 1)}},
+                }
+            ],
+        },
+    }
+    try:
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(holder))
+        job.create(manifest)
+        job.wait_hosts(1, timeout=60)
+        wait_for(lambda: "GrowthBackedOff" in {r for _, r, _ in job.events()}, 60, "a refusal")
+        added = time.monotonic()
+        cluster.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": late,
+                    "annotations": {"kwok.x-k8s.io/node": "fake"},
+                    "labels": {"kubernetes.io/hostname": late, "type": "kwok", **pool},
+                },
+                "spec": {"taints": [{"key": TAINT, "effect": "NoSchedule"}]},
+                "status": {
+                    "allocatable": {**RESOURCES, "nvidia.com/gpu": "2"},
+                    "capacity": {**RESOURCES, "nvidia.com/gpu": "2"},
+                    "nodeInfo": INFO,
+                },
+            }
+        )  # fmt: skip
+        wait_for(lambda: len(job.hosts()) == 3, 60, "the job on the new node's GPUs")
+        # A wake at the node's creation meets its taint (KWOK's kubelet reports Ready
+        # a moment later): a refused probe, and a pause of 20 s from then (the second
+        # refusal). Woken when the taint goes, the job grows at once.
+        grew = time.monotonic() - added
+        assert grew < 10, f"grew {grew:.1f}s after the node was added"
+        backed_off = [m for _, r, m in job.events() if r == "GrowthBackedOff"]
+        assert not any("not-ready" in m for m in backed_off), backed_off
+    finally:
+        cluster.kubectl("delete", "node", late, "--wait=false", check=False)
+        cluster.kubectl("label", "node", gpu_node, "capacity-pool-", check=False)

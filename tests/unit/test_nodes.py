@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from mpijob_elastic.core import host_rules, names
 from mpijob_elastic.core.actions import AnnotatePod, Create, DeletePod, Emit
-from mpijob_elastic.core.nodes import DEFAULT_LEAVING_TAINTS, leaving, slim
+from mpijob_elastic.core.nodes import DEFAULT_LEAVING_TAINTS, leaving, slim, takes_pods
 from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.ranks import RankSnapshot
 from tests.unit.simulation import SETTINGS, Cluster, discovered, make_job
@@ -135,3 +135,21 @@ def test_a_job_whose_workers_all_sit_on_a_going_node_keeps_a_rank_holder_listed(
     assert step() == ["job-worker-0"]
     assert discovered(c.get("ConfigMap", "job-config")) == new
     assert holding() == ["job-worker-0", *new]
+
+
+def test_a_node_takes_pods_once_ready_and_untainted_and_not_while_it_is_going_away() -> None:
+    def node(*taints: tuple[str, str], cordoned: bool = False) -> dict[str, object]:
+        spec: dict[str, object] = {"taints": [{"key": k, "effect": e} for k, e in taints]}
+        if cordoned:
+            spec["unschedulable"] = True
+        return {"metadata": {"name": "n"}, "spec": spec}
+
+    assert takes_pods(node(), DEFAULT_LEAVING_TAINTS)
+    # A new node, before its kubelet reports Ready (the API server's admission taints it).
+    assert not takes_pods(node(("node.kubernetes.io/not-ready", "NoSchedule")), ())
+    assert not takes_pods(node(("node.kubernetes.io/unreachable", "NoExecute")), ())
+    # A taint of ours or a user's is for the pods' tolerations: the scheduler judges it.
+    assert takes_pods(node(("example.com/gpu", "NoSchedule")), ())
+    assert takes_pods(node(("node.kubernetes.io/memory-pressure", "PreferNoSchedule")), ())
+    assert not takes_pods(node(cordoned=True), ())
+    assert not takes_pods(node(("karpenter.sh/disrupted", "NoSchedule")), DEFAULT_LEAVING_TAINTS)
