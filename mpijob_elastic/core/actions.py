@@ -49,6 +49,10 @@ class DeletePod:
     uid: str
     # None: the pod's own grace period.
     grace_seconds: int | None = None
+    # Set: only this version of the pod, for a delete decided on its state (no rank can run
+    # there). A probe the scheduler bound after our view saw it unschedulable is kept; the
+    # refused delete (409) ends the turn, planned again on the new version.
+    resource_version: str | None = None
 
 
 @dataclass(frozen=True)

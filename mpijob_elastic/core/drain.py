@@ -54,6 +54,9 @@ class Victim:
     # Deleted at its deadline while the launcher still reached it: Horovod counts a
     # failure and blacklists the name, so it is never used again.
     retire: bool = False
+    # Deleted only as the turn saw it (actions.DeletePod.resource_version): the delete
+    # rests on its state, no rank can run there.
+    as_seen: bool = False
 
 
 def drain(
@@ -101,7 +104,7 @@ def _step(
     if not w.main_running(spec.main_container):
         # No rank runs there (ranks live in the main container): nothing to wait for.
         # This turn's host-list write, made before any delete, drops it.
-        return Victim(w, item.why, None, "delete")
+        return Victim(w, item.why, None, "delete", as_seen=True)
     if spec.drain_seconds == 0:
         return Victim(w, item.why, now, "delete")
     since = w.draining_since

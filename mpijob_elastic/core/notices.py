@@ -161,7 +161,17 @@ def running(
     deadlines = {v.worker.name: v.deadline for v in victims}
     leaving = {i.worker.name: deadlines.get(i.worker.name) for i in m.leaving}
     workers, _ = split_pods(turn.job_name, turn.observed.pods)
-    return for_pods(turn, spec, workers, launcher, leaving, stop)
+    found = for_pods(turn, spec, workers, launcher, leaving, stop)
+    for v in victims:
+        if v.as_seen:
+            # Deleted at once, as seen (no rank runs there to read a notice): a patch now
+            # would change the version its delete is conditional on.
+            current = _current(v.worker)
+            if current is None:
+                found.pop(v.worker.name, None)
+            else:
+                found[v.worker.name] = current
+    return found
 
 
 def for_pods(

@@ -329,7 +329,14 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
         return [] if action is None else [action]
 
     deletes: list[Action] = [
-        DeletePod(v.worker.name, v.worker.uid, v.grace_seconds)
+        DeletePod(
+            v.worker.name,
+            v.worker.uid,
+            v.grace_seconds,
+            str(v.worker.pod["metadata"].get("resourceVersion") or "") or None
+            if v.as_seen
+            else None,
+        )
         for v in want.victims
         if v.action == "delete"
     ]

@@ -243,10 +243,20 @@ class Kube:
         return await self.request("PATCH", path, patch, MERGE_PATCH)
 
     async def delete(
-        self, kind: str, namespace: str, name: str, uid: str, grace_seconds: int | None = None
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        uid: str,
+        grace_seconds: int | None = None,
+        resource_version: str | None = None,
     ) -> Obj:
-        """Delete only the object with this UID, never a same-named successor."""
-        body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
+        """Delete only the object with this UID, never a same-named successor; with
+        ``resource_version``, only that version of it."""
+        preconditions = {"uid": uid}
+        if resource_version:
+            preconditions["resourceVersion"] = resource_version
+        body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": preconditions}
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
         return await self.request("DELETE", f"{self._path(kind, namespace)}/{name}", body)

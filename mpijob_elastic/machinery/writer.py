@@ -258,11 +258,13 @@ class Writer:
     async def _delete_pod(self, key: Key, ns: str, action: DeletePod) -> None:
         try:
             result = await self.kube.delete(
-                "Pod", ns, action.name, action.uid, action.grace_seconds
+                "Pod", ns, action.name, action.uid, action.grace_seconds, action.resource_version
             )
         except ApiError as err:
-            # Gone already, or a successor with another UID: nothing of ours to delete.
-            if not (err.not_found or err.conflict):
+            # Gone already, or a successor with another UID: nothing of ours to delete. A
+            # delete as seen that meets a newer version is a stale view, like any conflict:
+            # the turn stops and is planned again.
+            if not (err.not_found or err.conflict) or (err.conflict and action.resource_version):
                 raise
             log.info("pod to delete was gone", extra={"job": "/".join(key), "pod": action.name})
         else:

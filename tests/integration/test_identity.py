@@ -7,8 +7,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from mpijob_elastic.machinery import clients
-from mpijob_elastic.machinery.kube import Kube
+from mpijob_elastic.machinery.kube import ApiError, Kube
 from mpijob_elastic.machinery.kubeclient import ApiClient
 from tests.cluster import Cluster
 
@@ -63,3 +65,30 @@ async def test_the_controller_names_itself_to_the_api_server(
     (other,) = managers(cluster, namespace, "by-someone-else")
     assert other != clients.FIELD_MANAGER
     assert clients.USER_AGENT.startswith(f"{clients.FIELD_MANAGER}/0.")
+
+
+async def test_a_delete_as_seen_is_refused_once_the_object_changed(
+    cluster: Cluster, namespace: str
+) -> None:
+    # A refused probe's delete (actions.DeletePod.resource_version): a pod the scheduler
+    # bound since the turn's view is another version, and stays.
+    configuration = await clients.load_configuration(cluster.kubeconfig)
+    api = ApiClient(configuration)
+    kube = Kube(api)
+    try:
+        seen = await kube.create(config_map(namespace, "as-seen"))
+        meta = seen["metadata"]
+        cluster.kubectl("label", "configmap", "as-seen", "-n", namespace, "changed=yes")
+        with pytest.raises(ApiError) as refused:
+            await kube.delete(
+                "ConfigMap", namespace, "as-seen", meta["uid"], None, meta["resourceVersion"]
+            )
+        assert refused.value.conflict, refused.value
+        now = cluster.raw("GET", f"/api/v1/namespaces/{namespace}/configmaps/as-seen") or {}
+        assert now["metadata"]["labels"] == {"changed": "yes"}
+        await kube.delete(
+            "ConfigMap", namespace, "as-seen", meta["uid"], None, now["metadata"]["resourceVersion"]
+        )
+        assert cluster.raw("GET", f"/api/v1/namespaces/{namespace}/configmaps/as-seen") is None
+    finally:
+        await api.close()

@@ -363,12 +363,13 @@ class World:
         self._put(new)
         return copy.deepcopy(new)
 
-    def delete(self, kind: str, name: str, uid: str) -> Obj:
+    def delete(self, kind: str, name: str, uid: str, resource_version: str | None = None) -> Obj:
         # The grace period a delete asks for is not modelled: a deleted pod stays
         # Terminating until ``vanish``, which is the harder case for the controller.
         current = self._existing(kind, name)
         if current["metadata"]["uid"] != uid:
             raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {uid}")
+        self._check_version(current, resource_version)
         self._check_for(_controller_uid(current), kind, name)
         if kind != "Pod":
             # No finalizers on the other children: they go at once.
@@ -645,10 +646,16 @@ class FakeKube(Kube):
         return self.gate(request, lambda: self.world.patch(kind, name, patch, subresource))
 
     async def delete(
-        self, kind: str, namespace: str, name: str, uid: str, grace_seconds: int | None = None
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        uid: str,
+        grace_seconds: int | None = None,
+        resource_version: str | None = None,
     ) -> Obj:
         request = Request("delete", kind, name)
-        result = self.gate(request, lambda: self.world.delete(kind, name, uid))
+        result = self.gate(request, lambda: self.world.delete(kind, name, uid, resource_version))
         # Only now does the controller know the server accepted it.
         self.world.confirmed_deletes.add(uid)
         return result

@@ -11,7 +11,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from mpijob_elastic.core import names
+from mpijob_elastic.core.actions import DeletePod
 from mpijob_elastic.core.growth_state import GrowthState, Share, parse_growth, share
 from mpijob_elastic.core.membership import Facts, choose_members
 from mpijob_elastic.core.observe import Observed
@@ -23,6 +26,7 @@ from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec import InvalidSpec, parse
 from mpijob_elastic.core.times import format_precise_time
 from mpijob_elastic.core.workers import Worker
+from mpijob_elastic.machinery.kube import ApiError
 from tests.unit.simulation import Cluster, discovered, make_job, running_status
 
 SETTINGS = Settings()
@@ -273,6 +277,30 @@ def test_an_unschedulable_probe_is_deleted_at_once_and_growth_backs_off() -> Non
     assert state.retry_at - state.since == timedelta(seconds=10 * 2 ** (state.attempts - 1))
     # No Pending pod stays: each probe is deleted as the scheduler refuses it.
     assert all(p["status"].get("phase") == "Running" for p in workers(c))
+
+
+def test_a_probe_bound_after_the_turn_saw_it_refused_is_kept() -> None:
+    # The scheduler refuses a probe on a node not Ready yet, then binds it once the node
+    # is: a delete planned from the refusal must not land on the bound pod.
+    c = job()
+    run(c, 2, 30)
+    c.tick(11)
+    turn(c, 2, capacity_changed=c.now)
+    (probe,) = [
+        n for n in opportunistic(c) if c.objects[("Pod", n)]["status"]["phase"] == "Pending"
+    ]
+    schedule(c, 2)  # the scheduler's refusal
+    p = plan_writes(c.observed(), SETTINGS, c.now)
+    assert probe in {a.name for a in p.of_type(DeletePod)}
+    bind(c, probe)
+    # Refused: the view was stale, the turn ends and is planned again.
+    with pytest.raises(ApiError, match="409"):
+        c.apply(p)
+    pod = c.objects[("Pod", probe)]
+    assert not pod["metadata"].get("deletionTimestamp"), "the bound probe was deleted"
+    # The next turn sees it bound: it stays, an answered probe.
+    c.apply(plan_writes(c.observed(), SETTINGS, c.now))
+    assert not c.objects[("Pod", probe)]["metadata"].get("deletionTimestamp")
 
 
 def test_a_capacity_change_ends_the_pause_and_a_probe_that_runs_ends_the_backoff() -> None:
