@@ -12,7 +12,11 @@ metadata cannot tell.
 
 The wakes are spaced by ``QUIET_SECONDS`` (the first backoff step), the last one deferred,
 so that on a cluster where pods end every second a hungry job probes at most once per
-that period, not at every pod; one timer for the whole fleet, none per job.
+that period, not at every pod; one timer for the whole fleet, none per job. Each wake
+comes ``SETTLE_SECONDS`` after the first pod of its burst: a workload's pods end within a
+moment of each other, and a probe sent at the first would meet only part of the room, be
+refused, and the rest would wait for the next period (seen in ``make bench-capacity``:
+three higher-priority pods deleted over half a second, 1 GPU idle for 10 s).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ _META = ";g=meta.k8s.io;v=v1"
 ACCEPT_LIST = f"application/json;as=PartialObjectMetadataList{_META}"
 ACCEPT_WATCH = f"application/json;as=PartialObjectMetadata{_META}"
 QUIET_SECONDS = BACKOFF_SECONDS
+SETTLE_SECONDS = 1.0
 # The server ends each watch after this long; a watch no longer wanted (no job hungry)
 # ends at its next event or bookmark, or at this timeout, whichever comes first.
 WATCH_SECONDS = 60
@@ -46,23 +51,22 @@ RETRY_MAX_SECONDS = 30.0
 
 
 class Spacer:
-    """Calls ``fire`` at most once per ``quiet`` seconds; a call that comes too soon is
-    deferred to the end of the period (at most one pending)."""
+    """Calls ``fire`` ``settle`` seconds after a call, for every call meanwhile, and at
+    most once per ``quiet`` seconds: a call that comes too soon is deferred to the end of
+    the period (at most one pending)."""
 
-    def __init__(self, fire: Callable[[], None], quiet: float) -> None:
+    def __init__(self, fire: Callable[[], None], quiet: float, settle: float) -> None:
         self._fire = fire
         self._quiet = quiet
+        self._settle = settle
         self._last = -quiet
         self._pending: asyncio.TimerHandle | None = None
 
     def __call__(self) -> None:
         if self._pending is not None:
             return
-        wait = self._last + self._quiet - time.monotonic()
-        if wait <= 0:
-            self._run()
-        else:
-            self._pending = asyncio.get_running_loop().call_later(wait, self._run)
+        wait = max(self._last + self._quiet - time.monotonic(), self._settle)
+        self._pending = asyncio.get_running_loop().call_later(wait, self._run)
 
     def _run(self) -> None:
         self._pending = None
@@ -83,7 +87,7 @@ class CapacityWatch:
         self._api = api
         self._paths = [f"/api/v1/namespaces/{ns}/pods" for ns in namespaces] or ["/api/v1/pods"]
         self.changed: Callable[[], None] = lambda: None
-        self._signal = Spacer(lambda: self.changed(), QUIET_SECONDS)
+        self._signal = Spacer(lambda: self.changed(), QUIET_SECONDS, SETTLE_SECONDS)
         self._wanted = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 

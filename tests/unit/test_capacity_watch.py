@@ -11,28 +11,35 @@ from aiohttp.base_protocol import BaseProtocol
 from mpijob_elastic.machinery.capacity_watch import Spacer, _events
 
 
-async def test_wakes_are_spaced_and_the_last_one_is_deferred_not_dropped() -> None:
+async def test_wakes_gather_a_burst_are_spaced_and_the_last_is_deferred_not_dropped() -> None:
     fired: list[float] = []
     loop = asyncio.get_running_loop()
-    spacer = Spacer(lambda: fired.append(loop.time()), 0.3)
+    spacer = Spacer(lambda: fired.append(loop.time()), 0.6, 0.1)
     start = loop.time()
     spacer()
-    assert len(fired) == 1  # the first at once
+    spacer()  # the same burst
+    assert fired == []
+    await asyncio.sleep(0.2)
+    assert len(fired) == 1  # one wake for the burst, once it settled
+    assert fired[0] - start >= 0.09
     spacer()
     spacer()  # within the period: one deferred call for both
+    await asyncio.sleep(0.2)
     assert len(fired) == 1
-    await asyncio.sleep(0.5)
-    assert len(fired) == 2
-    assert fired[1] - start >= 0.29
     await asyncio.sleep(0.4)
-    spacer()  # a quiet period has passed: at once again
+    assert len(fired) == 2
+    assert fired[1] - fired[0] >= 0.59
+    await asyncio.sleep(0.7)
+    spacer()  # a quiet period has passed: after the settle only
+    await asyncio.sleep(0.2)
     assert len(fired) == 3
 
 
 async def test_cancel_drops_the_deferred_wake() -> None:
     fired: list[int] = []
-    spacer = Spacer(lambda: fired.append(1), 0.2)
+    spacer = Spacer(lambda: fired.append(1), 0.2, 0.05)
     spacer()
+    await asyncio.sleep(0.1)
     spacer()
     spacer.cancel()
     await asyncio.sleep(0.3)
