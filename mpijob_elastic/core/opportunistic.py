@@ -15,7 +15,7 @@ room; this module never models the cluster's capacity. It only probes:
   The workers of a step enter ``discover_hosts.sh`` together (``gathered``): one that runs
   waits, ``COMMIT_SECONDS`` at most, while its step's others are being created or start,
   since each host-list change is one reset of the driver, and after one that adds hosts
-  the list holds still for ``COMMIT_SECONDS`` (host_rules.py, rule 2).
+  the list holds still for ``COMMIT_SECONDS`` (host_rules.py, rule 1).
 * An opportunistic pod the scheduler reports unschedulable (``PodScheduled=False``,
   ``Unschedulable``) is deleted at once (a Pending pod holds no rank), and growth backs
   off: 10 s doubling per failed probe up to ``--growth-backoff-max-seconds``. A probe
@@ -267,13 +267,14 @@ def gathered(
 ) -> list[str]:
     """The host list the job wants, less the new opportunistic workers that wait for the
     rest of their growth step: while workers are created this turn or a kept
-    opportunistic one is Pending (unplaced, or starting), one that runs waits up to
-    ``COMMIT_SECONDS`` so that they enter the list together. Each host-list change is a
-    reset of the driver, and rule 2 (host_rules.py) holds the list for ``COMMIT_SECONDS``
-    after one that added hosts: a worker that came a moment too late would wait that
-    long, and one that waits here for a slow sibling waits no longer."""
+    opportunistic one cannot be listed yet (unplaced, starting, or its exec grant not
+    written yet), one that runs waits up to ``COMMIT_SECONDS`` so that they enter the list
+    together. Each host-list change is a reset of the driver, and rule 1 (host_rules.py)
+    holds the list for ``COMMIT_SECONDS`` after one that added hosts: a worker that came a
+    moment too late would wait that long, and one that waits here for a slow sibling
+    waits no longer."""
     main = spec.main_container
-    coming = creating or any(w.opportunistic and w.phase == "Pending" for w in keep)
+    coming = creating or any(w.opportunistic and w.name not in wanted for w in keep)
     if not spec.opportunistic or not coming:
         return list(wanted)
     by_name = {w.name: w for w in keep}

@@ -234,6 +234,30 @@ def test_a_growth_step_enters_the_host_list_together() -> None:
     assert events(c, "Grew")[-1].startswith("+3 into idle capacity")
 
 
+def test_a_growth_step_waits_for_the_exec_grant_of_its_siblings() -> None:
+    # The Role that grants the step's exec arrives through its own watch: the turn that
+    # sees the step running may see the Role before the grant (seen in bench-capacity,
+    # where the probe entered the list alone and rule 1 held the others 5 s).
+    c = job()
+    run(c, 5, 40)
+    c.tick(1)
+    stamped_turn(c, 8, capacity_changed=c.now)  # the probe
+    before = copy.deepcopy(c.get("Role", "job-launcher"))
+    c.tick(0.3)
+    stamped_turn(c, 8)  # the probe runs, the next step is created
+    assert len(workers(c)) == 8
+    c.tick(0.3)
+    # The step runs; its grant not seen yet. The host list goes out before the Role's
+    # write, which the stale view makes a conflict that ends the turn.
+    with pytest.raises(ApiError, match="409"):
+        stamped_turn(c, 8, role=before)
+    assert len(listed(c)) == 5
+    c.tick(0.3)
+    stamped_turn(c, 8)
+    assert len(listed(c)) == 8
+    assert events(c, "Grew")[-1].startswith("+3 into idle capacity")
+
+
 def test_a_worker_waits_for_a_slow_step_no_longer_than_the_commit_hold() -> None:
     c = job()
     run(c, 5, 40)
