@@ -52,7 +52,7 @@ from bench.cluster import _cluster_up, kubectl_binary, machine
 from e2e.harness import ElasticRun
 from e2e.mockhorovod import events as ev
 from mpijob_elastic.core import names
-from tests.cluster import ROOT, Cluster
+from tests.cluster import ROOT, Cluster, fake_gpu_node
 from tests.controller import wait_for
 
 SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
@@ -111,19 +111,8 @@ class Pool:
 
     def set_nodes(self, n: int) -> None:
         for i in range(self.nodes, n):
-            resources = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "2"}
             self.cluster.apply(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "metadata": {
-                        "name": self.node_name(i),
-                        "annotations": {"kwok.x-k8s.io/node": "fake"},
-                        "labels": {"kubernetes.io/hostname": self.node_name(i), "pool": POOL},
-                    },
-                    "spec": {"taints": [{"key": TAINT, "effect": "NoSchedule"}]},
-                    "status": {"allocatable": resources, "capacity": resources},
-                }
+                fake_gpu_node(self.node_name(i), GPUS_PER_NODE, TAINT, {"pool": POOL})
             )
         for i in range(n, self.nodes):
             # A node that goes away: drained (evictions honour the budgets), then deleted.

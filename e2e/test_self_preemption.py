@@ -28,7 +28,7 @@ from e2e.harness import ElasticRun
 from e2e.mockhorovod import events as ev
 from e2e.test_relocation import nothing_fatal
 from mpijob_elastic.core import names
-from tests.cluster import ROOT, Cluster
+from tests.cluster import ROOT, Cluster, fake_gpu_node
 from tests.controller import ControllerProcess, wait_for
 
 SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
@@ -38,21 +38,6 @@ TAINT = "example.com/self-preemption"
 RECLAIMED = "example.com/reclaimed"
 NODES = ("self-preemption-a", "self-preemption-b")
 BASELINE, MAXIMUM = 2, 4
-
-
-def node(name: str) -> dict[str, Any]:
-    resources = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "2"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "annotations": {"kwok.x-k8s.io/node": "fake"},
-            "labels": {"kubernetes.io/hostname": name, "pool": POOL},
-        },
-        "spec": {"taints": [{"key": TAINT, "effect": "NoSchedule"}]},
-        "status": {"allocatable": resources, "capacity": resources},
-    }
 
 
 def job() -> dict[str, Any]:
@@ -126,11 +111,11 @@ def test_a_lost_baseline_is_replaced_without_killing_the_last_rank_holder(
     try:
         # The baseline on node a, the only room there is; then node b, and the job grows
         # into it: its two opportunistic workers are all that node holds.
-        cluster.apply(node(NODES[0]))
+        cluster.apply(fake_gpu_node(NODES[0], 2, TAINT, {"pool": POOL}))
         run.submit()
         run.start_launcher()
         run.wait_for_size(BASELINE, timeout=120)
-        cluster.apply(node(NODES[1]))
+        cluster.apply(fake_gpu_node(NODES[1], 2, TAINT, {"pool": POOL}))
         run.wait_for_size(MAXIMUM, timeout=120)
         placed = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in workers(run)}
         opportunistic = {

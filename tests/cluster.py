@@ -32,6 +32,33 @@ def binaries_dir() -> Path:
     return Path(out.stdout.strip())
 
 
+def fake_gpu_node(
+    name: str, gpus: int, taint: str, labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A KWOK node with ``gpus`` GPUs, tainted ``taint`` (NoSchedule) so that only the
+    pods that tolerate it land there."""
+    capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+            "labels": {"kubernetes.io/hostname": name, "type": "kwok", **(labels or {})},
+        },
+        "spec": {"taints": [{"key": taint, "effect": "NoSchedule"}]},
+        "status": {
+            "allocatable": capacity,
+            "capacity": capacity,
+            "nodeInfo": {
+                "kubeletVersion": "fake",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+            },
+        },
+    }
+
+
 @dataclass(frozen=True)
 class Cluster:
     """A running cluster: its kubeconfig and the kubectl built for its version."""

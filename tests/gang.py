@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster import HACK, ROOT, Cluster
+from tests.cluster import HACK, ROOT, Cluster, fake_gpu_node
 from tests.controller import free_port, stop_process, wait_for
 
 SCHEDULER_NAME = "scheduler-plugins-scheduler"
@@ -136,26 +136,7 @@ def scheduler_plugins(
 
 def gang_node_manifest(name: str, gpus: int) -> dict[str, Any]:
     """A KWOK node with ``gpus`` GPUs, tainted so only the gang tests' pods land there."""
-    capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "annotations": {"kwok.x-k8s.io/node": "fake"},
-            "labels": {"kubernetes.io/hostname": name, "type": "kwok", GANG_TAINT: name},
-        },
-        "spec": {"taints": [{"key": GANG_TAINT, "value": name, "effect": "NoSchedule"}]},
-        "status": {
-            "allocatable": capacity,
-            "capacity": capacity,
-            "nodeInfo": {
-                "kubeletVersion": "fake",
-                "operatingSystem": "linux",
-                "architecture": "amd64",
-            },
-        },
-    }
+    return fake_gpu_node(name, gpus, GANG_TAINT, {GANG_TAINT: name})
 
 
 @pytest.fixture

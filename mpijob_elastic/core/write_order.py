@@ -333,9 +333,7 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
             v.worker.name,
             v.worker.uid,
             v.grace_seconds,
-            str(v.worker.pod["metadata"].get("resourceVersion") or "") or None
-            if v.as_seen
-            else None,
+            v.worker.pod["metadata"].get("resourceVersion") if v.as_seen else None,
         )
         for v in want.victims
         if v.action == "delete"

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from mpijob_elastic.core import names
-from tests.cluster import ROOT, Cluster
+from tests.cluster import ROOT, Cluster, fake_gpu_node
 from tests.controller import StartController, wait_for
 from tests.integration.test_controller import Job, elastic_job
 
@@ -25,8 +25,6 @@ pytestmark = pytest.mark.usefixtures("crd")
 NODE = "kwok-capacity"
 TAINT = "example.com/capacity"
 GPUS = 8
-RESOURCES = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(GPUS)}
-INFO = {"kubeletVersion": "fake", "operatingSystem": "linux", "architecture": "amd64"}
 ARGS = ("--growth-backoff-max-seconds", "20")
 
 
@@ -34,19 +32,7 @@ ARGS = ("--growth-backoff-max-seconds", "20")
 def gpu_node(cluster: Cluster) -> Iterator[str]:
     """A fake node with 8 GPUs, tainted so that only the tests' workers go there."""
     cluster.kubectl("apply", "-f", str(ROOT / "config" / "default" / "priority_class.yaml"))
-    cluster.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": NODE,
-                "annotations": {"kwok.x-k8s.io/node": "fake"},
-                "labels": {"kubernetes.io/hostname": NODE, "type": "kwok"},
-            },
-            "spec": {"taints": [{"key": TAINT, "effect": "NoSchedule"}]},
-            "status": {"allocatable": RESOURCES, "capacity": RESOURCES, "nodeInfo": INFO},
-        }
-    )  # fmt: skip
+    cluster.apply(fake_gpu_node(NODE, GPUS, TAINT))
     cluster.kubectl("wait", "--for=condition=Ready", f"node/{NODE}", "--timeout=60s")
     yield NODE
     cluster.kubectl("delete", "node", NODE, "--wait=false", check=False)
@@ -184,23 +170,7 @@ def test_a_node_that_turns_ready_ends_a_hungry_jobs_pause(
         job.wait_hosts(1, timeout=60)
         wait_for(lambda: "GrowthBackedOff" in {r for _, r, _ in job.events()}, 60, "a refusal")
         added = time.monotonic()
-        cluster.apply(
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {
-                    "name": late,
-                    "annotations": {"kwok.x-k8s.io/node": "fake"},
-                    "labels": {"kubernetes.io/hostname": late, "type": "kwok", **pool},
-                },
-                "spec": {"taints": [{"key": TAINT, "effect": "NoSchedule"}]},
-                "status": {
-                    "allocatable": {**RESOURCES, "nvidia.com/gpu": "2"},
-                    "capacity": {**RESOURCES, "nvidia.com/gpu": "2"},
-                    "nodeInfo": INFO,
-                },
-            }
-        )  # fmt: skip
+        cluster.apply(fake_gpu_node(late, 2, TAINT, pool))
         wait_for(lambda: len(job.hosts()) == 3, 60, "the job on the new node's GPUs")
         # A wake at the node's creation meets its taint (KWOK's kubelet reports Ready
         # a moment later): a refused probe, and a pause of 20 s from then (the second
