@@ -26,13 +26,14 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, cast
 
 import aiohttp
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.opportunistic import BACKOFF_SECONDS
+from mpijob_elastic.machinery import watch_stream
 from mpijob_elastic.machinery.kubeclient import ApiClient
 
 log = logging.getLogger("mpijob_elastic.machinery.capacity_watch")
@@ -168,7 +169,8 @@ class CapacityWatch:
         started, first = time.monotonic(), resource_version
         response = await self._get(path, ACCEPT_WATCH, query)
         try:
-            async for event in _events(response.content):
+            async for line in watch_stream.lines(response.content):
+                event = json.loads(line)
                 if event.get("type") == "ERROR":
                     raise ConnectionError(str(event.get("object"))[:300])
                 if event.get("type") == "DELETED":
@@ -182,14 +184,3 @@ class CapacityWatch:
             # Cut short with nothing said: something in between ends watches; back off.
             raise ConnectionError("watch closed early without any event")
         return resource_version
-
-
-async def _events(stream: aiohttp.StreamReader) -> AsyncIterator[dict[str, Any]]:
-    """A watch stream's newline-terminated JSON events (metadata only: small)."""
-    buffer = b""
-    async for chunk in stream.iter_any():
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            if line.strip():
-                yield json.loads(line)

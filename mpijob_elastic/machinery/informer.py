@@ -42,13 +42,13 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from contextlib import aclosing
 from typing import cast
 
 import aiohttp
 
-from mpijob_elastic.machinery import metrics
+from mpijob_elastic.machinery import metrics, watch_stream
 from mpijob_elastic.machinery.kube import StatusError, kind_of
 from mpijob_elastic.machinery.kubeclient import ApiClient
 from mpijob_elastic.machinery.store import (
@@ -342,7 +342,7 @@ class Informer:
         response = await self._request(query, timeout)
         self._watching = True
         try:
-            async with aclosing(_lines(response.content)) as lines:
+            async with aclosing(watch_stream.lines(response.content)) as lines:
                 async for line in lines:
                     self._last_contact = time.monotonic()
                     self._handle_watch_event(json.loads(line))
@@ -382,24 +382,3 @@ class Informer:
             self._on_event(event_type, obj)
         except Exception:
             logger.exception("%r: event handler failed on %s %s", self, event_type, object_key(obj))
-
-
-async def _lines(stream: aiohttp.StreamReader) -> AsyncGenerator[bytes, None]:
-    """Split a watch stream into its newline-terminated JSON events, however large.
-
-    aiohttp's readline refuses lines longer than its buffer limit, and one event holds a
-    whole object, which can be megabytes.
-    """
-    buffer = bytearray()
-    async for chunk in stream.iter_any():
-        scanned = len(buffer)
-        buffer += chunk
-        start = 0
-        while (end := buffer.find(b"\n", scanned)) >= 0:
-            line = bytes(buffer[start:end])
-            if line.strip():
-                yield line
-            start = scanned = end + 1
-        del buffer[:start]
-    if bytes(buffer).strip():
-        raise ValueError("watch stream ended in the middle of an event")

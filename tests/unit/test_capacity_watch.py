@@ -1,14 +1,17 @@
-"""The spacing of capacity wakes and the watch stream's framing (machinery/capacity_watch.py);
-the watch itself against the API server: tests/integration/test_capacity_watch.py."""
+"""The spacing of capacity wakes (machinery/capacity_watch.py) and the watch stream's
+framing (machinery/watch_stream.py); the watch itself against the API server:
+tests/integration/test_capacity_watch.py."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
 from aiohttp.base_protocol import BaseProtocol
 
-from mpijob_elastic.machinery.capacity_watch import Spacer, _events
+from mpijob_elastic.machinery import watch_stream
+from mpijob_elastic.machinery.capacity_watch import Spacer
 
 
 async def test_wakes_gather_a_burst_are_spaced_and_the_last_is_deferred_not_dropped() -> None:
@@ -53,4 +56,5 @@ async def test_events_are_split_at_newlines_across_chunks() -> None:
     stream.feed_data(b'{"type": "ADDED"}\n{"type": "DEL')
     stream.feed_data(b'ETED"}\n\n{"type": "BOOKMARK"}\n')
     stream.feed_eof()
-    assert [e["type"] async for e in _events(stream)] == ["ADDED", "DELETED", "BOOKMARK"]
+    events = [json.loads(line) async for line in watch_stream.lines(stream)]
+    assert [e["type"] for e in events] == ["ADDED", "DELETED", "BOOKMARK"]
