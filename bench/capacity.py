@@ -52,7 +52,7 @@ from bench.cluster import _cluster_up, kubectl_binary, machine
 from e2e.harness import ElasticRun
 from e2e.mockhorovod import events as ev
 from mpijob_elastic.core import names
-from tests.cluster import ROOT, Cluster, fake_gpu_node
+from tests.cluster import ROOT, Cluster, fake_gpu_node, on_gpu_pool
 from tests.controller import wait_for
 
 SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
@@ -182,10 +182,7 @@ def job(name: str, grows: bool, ignores_sigterm: bool = False) -> dict[str, Any]
     worker = manifest["spec"]["mpiReplicaSpecs"]["Worker"]
     worker["replicas"] = BASELINE
     spec = worker["template"]["spec"]
-    spec["nodeSelector"] = {"pool": POOL}
-    spec["tolerations"] = [{"key": TAINT, "operator": "Exists"}]
-    for container in spec["containers"]:
-        container["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    on_gpu_pool(spec, {"pool": POOL}, TAINT)
     if ignores_sigterm:
         worker["template"].setdefault("metadata", {})["annotations"] = {IGNORES_SIGTERM: "true"}
         spec["terminationGracePeriodSeconds"] = SIGTERM_GRACE

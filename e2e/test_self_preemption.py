@@ -28,7 +28,7 @@ from e2e.harness import ElasticRun
 from e2e.mockhorovod import events as ev
 from e2e.test_relocation import nothing_fatal
 from mpijob_elastic.core import names
-from tests.cluster import ROOT, Cluster, fake_gpu_node
+from tests.cluster import ROOT, Cluster, fake_gpu_node, on_gpu_pool
 from tests.controller import ControllerProcess, wait_for
 
 SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
@@ -53,10 +53,7 @@ def job() -> dict[str, Any]:
     worker = manifest["spec"]["mpiReplicaSpecs"]["Worker"]
     worker["replicas"] = BASELINE
     spec = worker["template"]["spec"]
-    spec["nodeSelector"] = {"pool": POOL}
-    spec["tolerations"] = [{"key": TAINT, "operator": "Exists"}]
-    for container in spec["containers"]:
-        container["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    on_gpu_pool(spec, {"pool": POOL}, TAINT)
     return manifest
 
 

@@ -59,6 +59,15 @@ def fake_gpu_node(
     }
 
 
+def on_gpu_pool(spec: dict[str, Any], labels: dict[str, str], taint: str) -> None:
+    """A pod template's ``spec`` on the nodes of ``fake_gpu_node`` with these labels and
+    taint, each container asking for one GPU."""
+    spec["nodeSelector"] = dict(labels)
+    spec["tolerations"] = [{"key": taint, "operator": "Exists"}]
+    for container in spec["containers"]:
+        container["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+
+
 @dataclass(frozen=True)
 class Cluster:
     """A running cluster: its kubeconfig and the kubectl built for its version."""
