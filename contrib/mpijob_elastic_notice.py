@@ -23,6 +23,13 @@ keep it). docs/formats.md has the causes.
                 state.commit()
                 if hvd.rank() == 0 and notice.should_checkpoint():
                     save(state)  # to a volume the next launcher reads
+
+It also tells the controller when Horovod's reset has ended, so that it changes the host
+list again (a relocation, a drain) as soon as new ranks have joined, not after a bound of
+Horovod's Gloo timeout (docs/membership.md)::
+
+    state = hvd.elastic.TorchState(model, optimizer, batch=0)
+    notice.report_commits(state)
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import NamedTuple
+from typing import Any, NamedTuple, TextIO
 
 ENV = "MPIJOB_ELASTIC_NOTICE_FILE"
 DEFAULT_PATH = "/etc/mpijob-elastic/notice"
@@ -41,6 +48,10 @@ JOB_STOPPING = "job-stopping"
 # Not datetime.UTC: that is Python 3.11+, and training images often run older ones.
 UTC = timezone.utc  # noqa: UP017
 WORKER_LEAVING = "worker-leaving"
+# The line a rank prints at its first commit after a reset. The launcher's kubexec.sh
+# watches each remote shell's output for it and reports it, so the controller knows the
+# reset that rank joined has ended (Horovod drops host changes made during a reset).
+COMMITTED_MARKER = "mpijob-elastic: committed after reset"
 
 
 class Notice(NamedTuple):
@@ -119,6 +130,29 @@ def on_job_stopping(
     thread = threading.Thread(target=watch, name="mpijob-elastic-notice", daemon=True)
     thread.start()
     return thread
+
+
+def report_commits(state: Any, out: TextIO | None = None) -> None:
+    """Make ``state`` (a ``hvd.elastic.State``) print ``COMMITTED_MARKER`` at the first
+    ``state.commit()`` that returns after each reset, and at the first of the process (a
+    new rank's first commit follows the reset it joined: its ``hvd.init`` returned only
+    once every rank of the new world had). A commit that raises (hosts updated: another
+    reset follows) prints nothing. Every rank may call it; it costs one line per reset."""
+    pending = [True]
+
+    def on_reset() -> None:
+        pending[0] = True
+
+    state.register_reset_callbacks([on_reset])
+    commit = state.commit
+
+    def commit_and_report() -> None:
+        commit()
+        if pending[0]:
+            pending[0] = False
+            print(COMMITTED_MARKER, file=out or sys.stdout, flush=True)
+
+    state.commit = commit_and_report
 
 
 def main() -> int:
