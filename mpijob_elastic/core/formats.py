@@ -36,17 +36,30 @@ def hostfile_hosts(text: str) -> list[str]:
     return [line.split()[0] for line in text.splitlines() if line.strip()]
 
 
-# kubexec.sh's reports of each remote shell's start and exit (ranks.py), around the v1
-# exec line. They never hold up or fail the remote shell: each is a background kubectl,
-# retried twice, its output and errors discarded, and the script's exit status is still
-# kubectl exec's own. No `--request-timeout`: given any connection flag, kubectl no longer
-# falls back to its in-cluster config and dials localhost:8080 (seen on kind); a report
-# that hangs holds up nothing, being in the background. The background job is a new
-# `sh`, not a subshell: a forked subshell would keep the copy of stderr that the shell
-# saves around `2>/dev/null`, and so keep the caller's pipe open, which horovodrun reads
-# to its end. Traced lines are sent to /dev/null to keep the trace of `set -x` the v1
-# one. A shell that the caller kills by a signal reports no exit: see ranks.py. `$$` and
-# the start second name the shell: unique in the launcher.
+# kubexec.sh's reports of each remote shell's start, its first commit after a reset and,
+# once the remote command has ended, its exit code (ranks.py), around the v1 exec line.
+# They never hold up or fail the remote shell: each is a background kubectl, retried twice,
+# its output and errors discarded, and the script's exit status is still kubectl exec's
+# own. No `--request-timeout`: given any connection flag, kubectl no longer falls back to
+# its in-cluster config and dials localhost:8080 (seen on kind); a report that hangs holds
+# up nothing, being in the background. The background job is a new `sh`, not a subshell: a
+# forked subshell would keep the copy of stderr that the shell saves around `2>/dev/null`,
+# and so keep the caller's pipe open, which horovodrun reads to its end; for the same
+# reason it closes the descriptors 3 and 4 of the exit status's plumbing below. Traced
+# lines are sent to /dev/null to keep the trace of `set -x` close to v1's. A shell that the
+# caller kills by a signal reports no exit: see ranks.py. `$$` and the start second name
+# the shell: unique in the launcher.
+#
+# The commit marker (COMMITTED_MARKER, printed by the training through
+# contrib/mpijob_elastic_notice.py's report_commits) comes on the remote command's standard
+# output, which passes through `committed` line by line until the marker, then through
+# `cat` untouched (the read loop itself where there is no cat): a training without the
+# hook only costs a read loop on its output. Only the first marker of a shell is
+# reported: it says the reset that shell's rank joined has ended (docs/membership.md).
+# stdout goes through a pipe, so kubectl exec's exit status comes back on descriptor 3
+# into `rc`; its stderr (where kubectl says "command terminated with exit code N") is
+# untouched.
+COMMITTED_MARKER: Final = "mpijob-elastic: committed after reset"
 KUBEXEC_REPORT: Final = """\
 {{ R=${{POD_NAME}}_$$_$(date +%s)
 case "$*" in *horovod.runner.task_fn*) R=;; esac
@@ -54,28 +67,41 @@ report() {{
   [ -n "$R" ] || return 0
   /bin/sh -c 'for t in 1 2 3; do "$0" patch configmap "$1" --type=merge -p "$2" \\
     && break; sleep 1; done' {kubectl} {ranks} "{{\\"data\\":{{\\"$R$1\\":\\"$2\\"}}}}" \\
-    </dev/null >/dev/null 2>&1 &
+    </dev/null >/dev/null 2>&1 3>&- 4>&- &
 }}
-report "" start; }} 2>/dev/null
+committed() {{
+  M=$R
+  [ -n "$M" ] || ! command -v cat >/dev/null || exec cat
+  while IFS= read -r l; do
+    printf '%s\\n' "$l"
+    case $M in ?*) case $l in *'{marker}'*) M=
+      report _committed "$(date +%s)"; ! command -v cat >/dev/null || exec cat;; esac;; esac
+  done
+  printf '%s' "$l"
+}}
+report "" start; exec 4>&1; }} 2>/dev/null
 """
-KUBEXEC_EXIT: Final = "{ rc=$?; report _exit $rc; exit $rc; } 2>/dev/null\n"
+KUBEXEC_EXIT: Final = "{ report _exit $rc; exit $rc; } 2>/dev/null\n"
 
 
 def kubexec(kubectl: str, container: str | None, ranks: str) -> str:
     """mpirun's remote shell: ``kubexec.sh <pod> <command>`` runs the command in the pod.
 
-    v1's script byte for byte up to its exec line, with the reports to the ConfigMap
-    ``ranks`` around it. ``container`` must be a DNS-1123 label (spec.mainContainer,
-    validated as one) and ``ranks`` a DNS-1123 subdomain, so neither can carry shell.
+    v1's script byte for byte up to its exec line; the exec line is v1's too, with the
+    reports to the ConfigMap ``ranks`` around it and its output through the commit
+    marker's watch. ``container`` must be a DNS-1123 label (spec.mainContainer, validated
+    as one) and ``ranks`` a DNS-1123 subdomain, so neither can carry shell.
     """
     flag = f" --container {container}" if container else ""
+    exec_line = f'{kubectl} exec ${{POD_NAME}}{flag} -- /bin/sh -c "$*"'
     return (
         f"{SHEBANG}"
         "set -x\n"
         "POD_NAME=$1\n"
         "shift\n"
-        + KUBEXEC_REPORT.format(kubectl=kubectl, ranks=ranks)
-        + f'{kubectl} exec ${{POD_NAME}}{flag} -- /bin/sh -c "$*"\n'
+        + KUBEXEC_REPORT.format(kubectl=kubectl, ranks=ranks, marker=COMMITTED_MARKER)
+        + f"rc=$({{ {{ {exec_line} 3>&- 4>&-; {{ echo $? >&3; }} 2>/dev/null; }}"
+        + " | { set +x; committed; } 2>/dev/null >&4 3>&-; } 3>&1)\n"
         + KUBEXEC_EXIT
     )
 

@@ -50,10 +50,10 @@ def test_the_files_are_v1s_byte_for_byte() -> None:
     # v1's lines, with the reports to the ranks ConfigMap around its exec line.
     script = formats.kubexec("/opt/kube/kubectl", None, "j-ranks")
     assert script.startswith("#!/bin/sh\nset -x\nPOD_NAME=$1\nshift\n")
-    assert '/opt/kube/kubectl exec ${POD_NAME} -- /bin/sh -c "$*"\n' in script
+    assert '{ { /opt/kube/kubectl exec ${POD_NAME} -- /bin/sh -c "$*" 3>&- 4>&-;' in script
     assert "/opt/kube/kubectl j-ranks" in script
     assert script.endswith(formats.KUBEXEC_EXIT)
-    assert 'kubectl exec ${POD_NAME} --container main -- /bin/sh -c "$*"\n' in (
+    assert 'kubectl exec ${POD_NAME} --container main -- /bin/sh -c "$*" 3>&-' in (
         formats.kubexec("kubectl", "main", "j-ranks")
     )
 

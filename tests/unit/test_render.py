@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mpijob_elastic.core import names, render, render_pods
+from mpijob_elastic.core import formats, names, render, render_pods
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
 from mpijob_elastic.core.spec import JobSpec, parse
 from tests.controller import wait_for
@@ -68,11 +69,11 @@ def spec_of(**changes: object) -> JobSpec:
 def test_kubexec_is_the_v1_script_with_reports_around_its_exec_line() -> None:
     script = render.kubexec(spec_of(), INIT)
     assert script.startswith("#!/bin/sh\nset -x\nPOD_NAME=$1\nshift\n")
-    assert '\n/opt/kube/kubectl exec ${POD_NAME} -- /bin/sh -c "$*"\n' in script
+    assert '{ { /opt/kube/kubectl exec ${POD_NAME} -- /bin/sh -c "$*" 3>&- 4>&-;' in script
     assert "/opt/kube/kubectl job-ranks" in script
     assert (
         render.kubexec(spec_of(mainContainer="main"), NONE).count(
-            '\nkubectl exec ${POD_NAME} --container main -- /bin/sh -c "$*"\n'
+            '{ { kubectl exec ${POD_NAME} --container main -- /bin/sh -c "$*" 3>&-'
         )
         == 1
     )
@@ -141,6 +142,41 @@ def test_kubexec_reports_each_remote_shells_start_and_exit_code(tmp_path: Path) 
     }
     assert values == {start: "start", end: "3"}
     assert all(p.startswith("patch configmap job-ranks --type=merge") for p in patches)
+
+
+def test_kubexec_reports_the_first_commit_marker_and_passes_the_output_untouched(
+    tmp_path: Path,
+) -> None:
+    marker = formats.COMMITTED_MARKER
+    # Lines before the marker go through the read loop, the rest through cat; a marker
+    # inside a longer line counts, a second one is not reported again, and the last line
+    # keeps its missing newline.
+    out = f"a  b\\\\c\n\nx {marker} y\nafter\n{marker}\nlast"
+    done = run_kubexec(tmp_path, "ok", "job-worker-2", f"printf '%s' {shlex.quote(out)}; exit 7")
+    assert done.stdout == out
+    assert done.returncode == 7
+    # The watch is not traced.
+    assert "read -r" not in done.stderr
+    assert "_committed" not in done.stderr
+    patches = reports(tmp_path, 3)
+    values = {
+        k: v
+        for d in (json.loads(p.split(" -p ")[1])["data"] for p in patches)
+        for k, v in d.items()
+    }
+    assert len(values) == 3
+    start = next(k for k, v in values.items() if v == "start")
+    assert values[f"{start}_exit"] == "7"
+    assert values[f"{start}_committed"].isdigit()
+
+
+def test_kubexec_without_the_marker_reports_no_commit(tmp_path: Path) -> None:
+    done = run_kubexec(tmp_path, "ok", "job-worker-0", "echo", "training")
+    assert (done.stdout, done.returncode) == ("training\n", 0)
+    patches = reports(tmp_path, 2)
+    time.sleep(0.5)
+    assert len((tmp_path / "patches").read_text().splitlines()) == len(patches) == 2
+    assert not any("_committed" in p for p in patches)
 
 
 def test_kubexec_does_not_report_horovods_interface_probe(tmp_path: Path) -> None:
