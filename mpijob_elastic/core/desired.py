@@ -333,6 +333,7 @@ def _children(
         names.ANN_SUSPENDED: (size.suspension.format() if size.suspension and not resuming else ""),
         names.ANN_GROWTH: size.growth.state.format(),
         names.ANN_PREEMPTED: size.growth.preempted,
+        names.ANN_HOSTS_ADDED: host_list.hosts_added(turn, listed),
     }
     members_names = host_list.by_index(spec.name, m.keep, m.new_indexes)
     data = render.config_data(spec, turn.settings, members_names, listed, members.hosts.launcher)

@@ -13,6 +13,7 @@ from typing import Any
 from mpijob_elastic.core import drain, host_rules, names, opportunistic, render
 from mpijob_elastic.core.membership import Membership
 from mpijob_elastic.core.spec import JobSpec
+from mpijob_elastic.core.times import format_precise_time
 from mpijob_elastic.core.turn import Turn
 from mpijob_elastic.core.workers import Worker, discovered_hosts
 
@@ -83,6 +84,14 @@ def _allowed_hosts(
     if rules.recheck is not None:
         turn.requeue(rules.recheck)
     return rules
+
+
+def hosts_added(turn: Turn, listed: Sequence[str]) -> str:
+    """``names.ANN_HOSTS_ADDED`` after this turn: now if ``listed`` adds a host to
+    ``discover_hosts.sh``, else as it was (rule 1, host_rules.py)."""
+    current = set(discovered_hosts((turn.observed.config_map or {}).get("data")))
+    when = turn.now if set(listed) - current else host_rules.added_at(turn.observed.config_map)
+    return format_precise_time(when) if when is not None else ""
 
 
 def by_index(job_name: str, workers: Sequence[Worker], new: Sequence[int]) -> list[str]:

@@ -5,11 +5,15 @@ which of those changes may reach Horovod now, and what must stay listed meanwhil
 rule is a way the real driver (0.28.1, reference section 4a) ends or stalls the job:
 
 1. **One change at a time.** The driver sends one notice per discovery change, to rank 0
-   only, and drops the notices that arrive while the ranks re-initialise. So after a
-   rewrite that added hosts, nothing changes until each added host's ranks run and have
-   been running for ``COMMIT_SECONDS`` (they have joined the reset and committed since),
-   or ``SETTLE_SECONDS`` after its main container started (a rank that never comes: the
-   driver has given up on it by then); after a rewrite that removed hosts, nothing changes
+   only, and drops the notices that arrive while the ranks re-initialise, and a reset
+   lasts until every new rank has started (10-60 s on a GPU node). So after a rewrite
+   that added hosts, nothing changes until the reset each added host's ranks joined is
+   known to have ended: their remote shells reported the training's commit marker
+   (``ranks.py``), or the reset bound has passed since the latest of them started (the
+   Gloo timeout, past which every rank of an unfinished reset aborts and the job has
+   failed anyway, plus ``RESET_MARGIN_SECONDS``); an added host whose ranks never start
+   holds the list the bound from when it was listed. After a rewrite that removed hosts,
+   nothing changes
    until their ranks have left, and a removed host a scale-out takes back is not listed
    again before then (the driver judges an exit by host at exit time). Only hosts that
    can no longer be listed (gone, failed, terminating) leave meanwhile.
@@ -28,13 +32,14 @@ rule is a way the real driver (0.28.1, reference section 4a) ends or stalls the 
 
 Who holds ranks comes from the rank signal (``ranks.py``): a worker the launcher's remote
 shells reach. When the signal cannot be read, a listed worker whose main container has
-run for ``SETTLE_SECONDS`` is taken as holding ranks (a guess: nothing better is known).
+run for the reset bound is taken as holding ranks (a guess: nothing better is known).
+docs/membership.md says what each piece of evidence costs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -44,15 +49,14 @@ from mpijob_elastic.core.membership import Membership
 from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.ranks import RankSnapshot, signal
 from mpijob_elastic.core.spec import JobSpec
+from mpijob_elastic.core.spec_fields import DEFAULT_GLOO_TIMEOUT_SECONDS
+from mpijob_elastic.core.times import parse_time
 from mpijob_elastic.core.workers import Worker, discovered_hosts
 
-# How long a new rank may take to join: Horovod's Gloo timeout (30 s by default), after
-# which the ranks waiting for it abort, plus a margin for the driver's discovery poll.
-SETTLE_SECONDS = 35.0
-# How long a new host's ranks must have run before the next change: the reset they joined
-# has ended (the other ranks waited for them in the rendezvous) and a commit has followed,
-# so the driver's next notice is not dropped. Trainings commit about every second.
-COMMIT_SECONDS = 5.0
+# After the Gloo timeout, what a reset's end may still take before a new notice is safe:
+# the driver's discovery poll (every second) and the ranks' next commit (trainings commit
+# about every second).
+RESET_MARGIN_SECONDS = 5.0
 _FLOOR = timedelta(seconds=DRAIN_FLOOR_SECONDS)
 
 
@@ -83,31 +87,74 @@ class HostList:
     waiting: str = ""
     # When to look again, in seconds from now.
     recheck: float | None = None
-    # Holders whose ranks have run for COMMIT_SECONDS: the reset they joined has ended.
-    # Only these count for the disruption budget (render.py).
+    # Holders whose reset is known to have ended (``joined``). Only these count for the
+    # disruption budget (render.py).
     committed: frozenset[str] = frozenset()
 
 
+def reset_bound(gloo_timeout_seconds: float) -> timedelta:
+    """The longest a reset may last after its last new rank started: the Gloo timeout,
+    past which the ranks waiting for a missing one abort (the job has failed then), plus
+    the margin of the driver's poll and the next commit."""
+    return timedelta(seconds=gloo_timeout_seconds + RESET_MARGIN_SECONDS)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What tells the rules who holds ranks and whether a reset has ended."""
+
+    # The rank signal (ranks.py); None when it cannot be read.
+    snapshot: RankSnapshot | None
+    # ``reset_bound`` of the job's Gloo timeout.
+    bound: timedelta = field(default=reset_bound(DEFAULT_GLOO_TIMEOUT_SECONDS))
+    # When a host-list change last added hosts (``names.ANN_HOSTS_ADDED``).
+    added_at: datetime | None = None
+
+
+def added_at(config_map: Mapping[str, Any] | None) -> datetime | None:
+    """``names.ANN_HOSTS_ADDED`` of the job's ConfigMap; None where unset or unreadable."""
+    meta = (config_map or {}).get("metadata")
+    notes = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return parse_time(notes.get(names.ANN_HOSTS_ADDED)) if isinstance(notes, Mapping) else None
+
+
+def joined(
+    name: str, snapshot: RankSnapshot | None, bound: timedelta, now: datetime
+) -> datetime | None:
+    """None once the reset that ``name``'s running ranks joined is known to have ended
+    (their commit marker, or the bound past their latest start, or a start nothing tells,
+    taken as long ago); else when the bound will have passed."""
+    if snapshot is None or name in snapshot.committed:
+        return None
+    start = snapshot.latest.get(name) or snapshot.since.get(name)
+    if start is None or start + bound <= now:
+        return None
+    return start + bound
+
+
 def rank_holders(
-    snapshot: RankSnapshot | None, hosts: Mapping[str, Host], listed: Collection[str], now: datetime
+    snapshot: RankSnapshot | None,
+    hosts: Mapping[str, Host],
+    listed: Collection[str],
+    now: datetime,
+    bound: timedelta,
 ) -> frozenset[str]:
     """The workers that hold ranks: reached by the launcher's remote shells and running;
-    when the signal cannot be read, the listed ones that have run for SETTLE_SECONDS."""
+    when the signal cannot be read, the listed ones that have run for the reset bound."""
     alive = {n: h for n, h in hosts.items() if h.running_since is not None}
     if snapshot is not None and snapshot.hosts is not None:
         return frozenset(n for n in snapshot.hosts if n in alive)
-    settled = timedelta(seconds=SETTLE_SECONDS)
     return frozenset(
         n
         for n in listed
         if (h := alive.get(n)) is not None
         and h.running_since is not None
-        and h.running_since + settled <= now
+        and h.running_since + bound <= now
     )
 
 
 def committed_holders(
-    snapshot: RankSnapshot | None, holders: frozenset[str], now: datetime
+    snapshot: RankSnapshot | None, holders: frozenset[str], now: datetime, bound: timedelta
 ) -> tuple[frozenset[str], float | None]:
     """The holders the disruption budget may count, and when the next one may be counted
     (seconds from now). Beside holders whose reset has ended, a new host's ranks count once
@@ -116,26 +163,25 @@ def committed_holders(
     notice the driver drops, and its ranks would be killed at the end of its grace period
     (a failure, a blacklist: seen in e2e under load). When none has committed yet (the
     job's first ranks), all count: there is no older state to keep."""
-    since = snapshot.since if snapshot is not None else {}
-    commit = timedelta(seconds=COMMIT_SECONDS)
-    counted = frozenset(n for n in holders if n not in since or since[n] + commit <= now)
+    ends = {n: joined(n, snapshot, bound, now) for n in holders}
+    counted = frozenset(n for n, end in ends.items() if end is None)
     if not counted:
         return holders, None
-    later = [(since[n] + commit - now).total_seconds() for n in holders - counted]
+    later = [(end - now).total_seconds() for end in ends.values() if end is not None]
     return counted, min(later, default=None)
 
 
 def _pending(
-    snapshot: RankSnapshot | None,
+    evidence: Evidence,
     hosts: Mapping[str, Host],
     listed: Collection[str],
     draining: Mapping[str, datetime | None],
     now: datetime,
 ) -> tuple[list[str], float | None]:
-    """Listed hosts whose ranks have not yet joined and committed, and unlisted ones whose
-    ranks have not yet left: the driver is in a reset, a change now would be lost."""
+    """Listed hosts whose ranks may still be in a reset, and unlisted ones whose ranks
+    have not yet left: the driver is in a reset, a change now would be lost."""
+    snapshot, bound = evidence.snapshot, evidence.bound
     seen = snapshot.hosts if snapshot is not None else None
-    since = snapshot.since if snapshot is not None else {}
     waiting: list[str] = []
     recheck: float | None = None
     if seen is None or not seen & set(listed):
@@ -148,12 +194,13 @@ def _pending(
         if h is None or h.running_since is None or h.terminating:
             continue
         if name in seen:
-            end = since.get(name, now - timedelta(seconds=COMMIT_SECONDS)) + timedelta(
-                seconds=COMMIT_SECONDS
-            )
+            end = joined(name, snapshot, bound, now)
         else:
-            end = h.running_since + timedelta(seconds=SETTLE_SECONDS)
-        if end > now:
+            # Not started yet: the driver starts its ranks at the reset its listing brings,
+            # so the bound runs from then (from its start, if it came later).
+            listed_at = max(h.running_since, evidence.added_at or h.running_since)
+            end = listed_at + bound
+        if end is not None and end > now:
             waiting.append(name)
             left = (end - now).total_seconds()
             recheck = left if recheck is None else min(recheck, left)
@@ -172,7 +219,7 @@ def next_hosts(
     wanted: Sequence[str],
     listed: Collection[str],
     hosts: Mapping[str, Host],
-    snapshot: RankSnapshot | None,
+    evidence: Evidence,
     now: datetime,
     *,
     draining: Mapping[str, datetime | None] | None = None,
@@ -187,8 +234,9 @@ def next_hosts(
     ``fixed_holder``: a host outside the workers (the launcher) holds ranks and stays
     listed, which satisfies rule 2 by itself.
     """
-    holders = rank_holders(snapshot, hosts, listed, now)
-    waiting, recheck = _pending(snapshot, hosts, listed, draining or {}, now)
+    snapshot, bound = evidence.snapshot, evidence.bound
+    holders = rank_holders(snapshot, hosts, listed, now, bound)
+    waiting, recheck = _pending(evidence, hosts, listed, draining or {}, now)
     why = ""
     chosen = [
         n for n in wanted if n in listed or not ((h := hosts.get(n)) is not None and h.disrupted)
@@ -216,7 +264,7 @@ def next_hosts(
         missing = minimum - sum(1 for n in chosen if n in hosts)
         chosen += spare[: max(missing, 0)]
     ordered = tuple(sorted(set(chosen), key=lambda n: (hosts[n].index if n in hosts else -1, n)))
-    committed, counted_in = committed_holders(snapshot, holders, now)
+    committed, counted_in = committed_holders(snapshot, holders, now, bound)
     if counted_in is not None:
         recheck = counted_in if recheck is None else min(recheck, counted_in)
     return HostList(ordered, frozenset(ordered) - set(wanted), holders, why, recheck, committed)
@@ -263,11 +311,14 @@ def for_job(
     own = names.launcher_name(spec.name)
     snapshot = signal(observed.ranks, observed.ranks_read)
     seen = snapshot.hosts if snapshot is not None else None
+    evidence = Evidence(
+        snapshot, reset_bound(spec.gloo_timeout_seconds), added_at(observed.config_map)
+    )
     return next_hosts(
         wanted,
         [n for n in listed if n != own],
         hosts,
-        snapshot,
+        evidence,
         now,
         draining={
             i.worker.name: i.worker.draining_since for i in m.leaving if i.worker.name not in listed

@@ -98,6 +98,9 @@ ANN_WORKER_FAILURES: Final = "mpijob-elastic.io/worker-failures"
 # On the ConfigMap: the Worker count the job keeps, the last one within its bounds (what an
 # out-of-range count leaves in force).
 ANN_WORKERS: Final = "mpijob-elastic.io/workers"
+# On the ConfigMap: when a discover_hosts.sh change last added hosts (RFC 3339): the
+# host-list rules wait for their ranks' reset from then (host_rules.py, rule 1).
+ANN_HOSTS_ADDED: Final = "mpijob-elastic.io/hosts-added"
 # Every annotation above that the controller keeps on the ConfigMap: its own to set and to
 # remove (an annotation not listed here would stay once cleared).
 STATE_ANNOTATIONS: Final = (
@@ -110,6 +113,7 @@ STATE_ANNOTATIONS: Final = (
     ANN_WORKERS,
     ANN_GROWTH,
     ANN_PREEMPTED,
+    ANN_HOSTS_ADDED,
 )
 
 CONFIG_MOUNT: Final = "/etc/mpi"

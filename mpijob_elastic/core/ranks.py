@@ -15,12 +15,15 @@ ends, and not otherwise) and reads it here. An idle fleet costs nothing: no repo
 request. Reads from the side that decides (the driver), not from the workers, where only
 a guess at which processes are ranks would be possible.
 
-Keys, one pair per remote shell (a worker's name holds no ``_``):
-``<worker>_<pid>_<epoch seconds>`` = ``start``, then ``<same>_exit`` = the exit code.
-Separate keys because both reports are sent in the background and may arrive in either
-order. Horovod's start-up interface probe (``python -m horovod.runner.task_fn``, one shell
-per host before any rank starts) is not a rank: ``kubexec.sh`` tells it by that module
-name in its command and does not report it, so its end is never read as ranks lost.
+Keys per remote shell (a worker's name holds no ``_``): ``<worker>_<pid>_<epoch seconds>``
+= ``start``, then ``<same>_exit`` = the exit code; and ``<same>_committed`` = the epoch
+second when the rank printed the commit marker (``formats.COMMITTED_MARKER``, from the
+training's ``report_commits`` hook): its first commit after the reset it joined, so that
+reset has ended (docs/membership.md). Separate keys because the reports are sent in the
+background and may arrive in any order. Horovod's start-up interface probe (``python -m
+horovod.runner.task_fn``, one shell per host before any rank starts) is not a rank:
+``kubexec.sh`` tells it by that module name in its command and does not report it, so its
+end is never read as ranks lost.
 
 A shell killed by a signal (horovodrun stopping every rank after a failure, or the
 launcher's container ending) does not report its exit on purpose: the run ends then, its
@@ -59,6 +62,11 @@ PROBE_TIMEOUT_SECONDS = 5.0
 # The ranks ConfigMap's keys: see the module docstring.
 REPORT_SEPARATOR = "_"
 EXIT_SUFFIX = "_exit"
+COMMITTED_SUFFIX = "_committed"
+# A start second later than the read by more than this is not believed (a clock that far
+# off, or a forged key): the shell is taken as started at the read, which only makes the
+# rules wait longer for it.
+_CLOCK_SKEW_SECONDS = 86_400
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,12 @@ class RankSnapshot:
     # From the reports: the workers any remote shell of this launcher was reported into.
     # Only for those do the reports say whether ranks run; None for an exec read.
     known: frozenset[str] | None = None
+    # From the reports: each reached host's latest start of a running shell (a host
+    # missing here: unknown, as in ``since``).
+    latest: Mapping[str, datetime] = field(default_factory=dict)
+    # From the reports: reached hosts every running shell of which has reported the
+    # commit marker; the resets their ranks joined have ended.
+    committed: frozenset[str] = frozenset()
 
 
 def pushed(
@@ -91,27 +105,52 @@ def pushed(
     """The snapshot the ranks ConfigMap's ``data`` gives, ``previous`` the last one.
 
     ``lost`` grows as an exec read's did: workers reached before and no longer, while
-    others stay reached, less those whose remote shells all ended with code 0. ``since``:
-    each reached host's earliest running shell's start, as the key names it.
+    others stay reached, less those whose remote shells all ended with code 0. ``since``
+    and ``latest``: each reached host's earliest and latest running shell's start, as the
+    keys name them; ``committed``: the reached hosts none of whose running shells lacks
+    the commit marker's report.
     """
-    started = {key for key in data if not key.endswith(EXIT_SUFFIX)}
+    suffixes = (EXIT_SUFFIX, COMMITTED_SUFFIX)
+    started = {key for key in data if not key.endswith(suffixes)}
     codes = {key[: -len(EXIT_SUFFIX)]: data[key] for key in data if key.endswith(EXIT_SUFFIX)}
+    marked = {key[: -len(COMMITTED_SUFFIX)] for key in data if key.endswith(COMMITTED_SUFFIX)}
 
     def host(key: str) -> str:
         return key.split(REPORT_SEPARATOR, 1)[0]
 
     since: dict[str, datetime] = {}
+    latest: dict[str, datetime] = {}
+    unmarked: set[str] = set()
     for key in started - codes.keys():
-        start = key.rsplit(REPORT_SEPARATOR, 1)[-1]
-        when = datetime.fromtimestamp(int(start), at.tzinfo) if start.isdigit() else at
+        when = _started_at(key.rsplit(REPORT_SEPARATOR, 1)[-1], at)
         since[host(key)] = min(since.get(host(key), when), when)
+        latest[host(key)] = max(latest.get(host(key), when), when)
+        if key not in marked:
+            unmarked.add(host(key))
     running = frozenset(since)
     failed = {host(key) for key in started if codes.get(key, "0").strip() != "0"}
     lost = previous.lost if previous is not None else frozenset()
     if previous is not None and previous.hosts and running:
         lost |= (previous.hosts - running) & failed
     known = frozenset(host(key) for key in started)
-    return RankSnapshot(at, running, lost=lost, since=since, known=known)
+    return RankSnapshot(
+        at,
+        running,
+        lost=lost,
+        since=since,
+        known=known,
+        latest=latest,
+        committed=running - unmarked,
+    )
+
+
+def _started_at(second: str, at: datetime) -> datetime:
+    """The start a key names; ``at`` for one that is no epoch second or lies past ``at``
+    by more than a day (the launcher can write any key)."""
+    limit = at.timestamp() + _CLOCK_SKEW_SECONDS
+    if not (second.isascii() and second.isdigit() and len(second) <= 12) or int(second) > limit:
+        return at
+    return datetime.fromtimestamp(int(second), at.tzinfo)
 
 
 def reported(host: str, reports: RankSnapshot | None) -> bool:

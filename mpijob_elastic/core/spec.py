@@ -25,9 +25,11 @@ from mpijob_elastic.core.spec_fields import (
     _INT32_MAX,
     _INT32_MIN,
     _SERVICE_ACCOUNT_FIELD,
+    DEFAULT_GLOO_TIMEOUT_SECONDS,
     _annotation_int,
     _check_name,
     _choice,
+    _gloo_timeout,
     _launcher_account,
     _main_container,
     _metadata,
@@ -123,6 +125,9 @@ class JobSpec:
     scheduling_policy: SchedulingPolicy | None = None
     # The Launcher template's serviceAccountName; None: unset, so <job>-launcher.
     launcher_service_account: str | None = None
+    # Horovod's HOROVOD_GLOO_TIMEOUT_SECONDS in the launcher: the longest a reset may last
+    # before its ranks abort (host_rules.py).
+    gloo_timeout_seconds: float = DEFAULT_GLOO_TIMEOUT_SECONDS
 
     @property
     def service_account(self) -> str:
@@ -262,6 +267,7 @@ def parse(
     _check_name(name, worker, bounds, errors)
     main = _main_container(spec, worker, errors)
     account = _launcher_account(launcher, errors)
+    gloo_timeout = _gloo_timeout(launcher, errors)
     if protected_service_account is not None and namespace == protected_service_account[0]:
         errors += _protected_account_errors(
             name, launcher, worker, account, protected_service_account[1]
@@ -291,6 +297,7 @@ def parse(
         backoff_limit=run_policy.backoff_limit,
         scheduling_policy=run_policy.scheduling,
         launcher_service_account=account,
+        gloo_timeout_seconds=gloo_timeout,
     )
 
 

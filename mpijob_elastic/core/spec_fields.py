@@ -51,6 +51,11 @@ _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 # admission policy (config/admission/policy.yaml) holds the same bound.
 MAX_DURATION_SECONDS = 365 * 24 * 3600
 
+# Horovod's Gloo timeout: how long the ranks of a reset wait for every newly started rank
+# before they all abort (reference 4a); Horovod's default where the launcher sets none.
+GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+DEFAULT_GLOO_TIMEOUT_SECONDS = 30.0
+
 
 def _annotation_int(
     annotations: Mapping[str, Any],
@@ -290,6 +295,45 @@ def _main_container(
             )
         )
     return main if isinstance(main, str) else None
+
+
+def _gloo_timeout(launcher: ReplicaSpec | None, errors: list[FieldError]) -> float:
+    """Horovod's Gloo timeout as the launcher's containers set it (horovodrun passes its
+    environment on to the ranks); the largest where several do, Horovod's default where
+    none does. The host-list rules take it as the longest a reset may last (host_rules.py),
+    so a value the controller cannot read (``valueFrom``) is refused rather than guessed."""
+    found: list[float] = []
+    for i, container in enumerate(launcher.containers if launcher is not None else []):
+        env = container.get("env") if isinstance(container, Mapping) else None
+        for j, var in enumerate(env if isinstance(env, list) else []):
+            if not isinstance(var, Mapping) or var.get("name") != GLOO_TIMEOUT_ENV:
+                continue
+            field = f"spec.mpiReplicaSpecs.Launcher.template.spec.containers[{i}].env[{j}]"
+            raw = var.get("value")
+            if "valueFrom" in var or not isinstance(raw, str):
+                errors.append(
+                    FieldError(
+                        f"{field}.value",
+                        f"{GLOO_TIMEOUT_ENV} must be a literal value: the controller waits "
+                        "that long for a reset of Horovod's to end, so it must read it "
+                        "(docs/membership.md)",
+                    )
+                )
+            elif (
+                not _WHOLE_NUMBER.fullmatch(raw)
+                or len(raw) > len(str(MAX_DURATION_SECONDS))
+                or not 1 <= int(raw) <= MAX_DURATION_SECONDS
+            ):
+                errors.append(
+                    FieldError(
+                        f"{field}.value",
+                        f"{GLOO_TIMEOUT_ENV} must be a whole number of seconds from 1 to "
+                        f"{MAX_DURATION_SECONDS}, got {show(raw)}",
+                    )
+                )
+            else:
+                found.append(float(raw))
+    return max(found, default=DEFAULT_GLOO_TIMEOUT_SECONDS)
 
 
 def _launcher_account(launcher: ReplicaSpec | None, errors: list[FieldError]) -> Any:

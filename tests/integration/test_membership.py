@@ -98,10 +98,10 @@ def test_a_crashed_worker_is_replaced_under_a_fresh_name(
     # A later scale-up never hands the retired name out again.
     job.set_workers(4)
     # No launcher runs ranks here, so nothing shows that worker-3 joined Horovod's reset:
-    # the next host-list change waits out host_rules.SETTLE_SECONDS from its start.
+    # the next host-list change waits out the reset bound (host_rules.reset_bound) from its start.
     wait_for(
         lambda: job.hosts() == hosts(job, 0, 2, 3, 4),
-        host_rules.SETTLE_SECONDS + 20,
+        host_rules.reset_bound(30).total_seconds() + 20,
         "scaled up to 4",
     )
 
@@ -145,11 +145,11 @@ def test_a_named_scale_in_removes_exactly_the_named_workers(
         }
     )
     # No rank signal (no remote shell runs): the workers just listed count as holding
-    # ranks only host_rules.SETTLE_SECONDS after they started, and until then the list
-    # does not change again (one change at a time).
+    # ranks only the reset bound (host_rules.reset_bound) after they started, and until
+    # then the list does not change again (one change at a time).
     wait_for(
         lambda: job.hosts() == hosts(job, 1, 3),
-        host_rules.SETTLE_SECONDS + 20,
+        host_rules.reset_bound(30).total_seconds() + 20,
         "named workers out of discovery",
     )
     # The status is written after the host list, in the same turn.

@@ -75,6 +75,9 @@ RANK_LEAVE_SECONDS = 1.0
 # How long a newly listed host takes to hold ranks: the other ranks reach a commit, reset,
 # and its own rank starts.
 RANK_JOIN_SECONDS = 1.0
+# How long after it holds ranks a host's training reports its commit marker (ranks.py):
+# the reset it joined has ended and a commit followed.
+RANK_COMMIT_SECONDS = 1.0
 SETTINGS = Settings(kubectl_delivery=KubectlDelivery.NONE, default_drain_seconds=30)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 NAMESPACE = "ns"
@@ -877,9 +880,13 @@ class Sim:
         # The turn in progress: which phase each of its plan's requests belongs to, which
         # were accepted, the phase of the first that failed, and whether the server itself
         # answered one with an error.
-        self._phase_of: dict[Request, int] = {}
-        self._accepted: set[Request] = set()
+        # A pod patched twice in a turn (its notice, then its label) has a phase for each
+        # time: ``_sent`` says which time this is.
+        self._phase_of: dict[Request, list[int]] = {}
+        self._sent: Counter[Request] = Counter()
+        self._accepted: Counter[Request] = Counter()
         self._failed: int | None = None
+        self._failed_request: tuple[Request, Fault] | None = None
         self._unsure = False
         self.restart(delay=0.0)
 
@@ -932,7 +939,8 @@ class Sim:
             for h in hosts
         }
         known = hosts | (before.known or frozenset() if before else frozenset())
-        snapshot = RankSnapshot(now, hosts, since=since, known=known)
+        marked = [h for h in hosts if (now - since[h]).total_seconds() >= RANK_COMMIT_SECONDS]
+        snapshot = RankSnapshot(now, hosts, since=since, known=known, committed=frozenset(marked))
         self._pushed[name] = (uid, snapshot)
         return snapshot
 
@@ -943,6 +951,7 @@ class Sim:
             uid = pod["metadata"]["uid"]
             if (t := self.world._listed_at.get(uid)) is not None:
                 changes.append(t + RANK_JOIN_SECONDS)
+                changes.append(t + RANK_JOIN_SECONDS + RANK_COMMIT_SECONDS)
             if (t := self.world._left_at.get(uid)) is not None:
                 changes.append(t + RANK_LEAVE_SECONDS)
         due = [t for t in changes if t > clock]
@@ -997,10 +1006,12 @@ class Sim:
         if self.dead or fault == KILL:
             self.dead = True
             raise Killed(request)
-        self._check_phase(request)
+        phase = self._phase(request)
+        self._check_phase(request, phase)
         self._progress(self.world.clock + self.faults.latency)
         if fault is not None:
-            self._failed = self._phase_of.get(request, -1)
+            self._failed = -1 if phase is None else phase
+            self._failed_request = (request, fault)
         if isinstance(fault, ApiError):
             raise fault
         if fault == TIMEOUT_BEFORE:
@@ -1014,23 +1025,37 @@ class Sim:
             raise
         if fault == TIMEOUT_AFTER:
             raise TimeoutError(fault)
-        self._accepted.add(request)
+        self._accepted[request] += 1
         return result
 
-    def _check_phase(self, request: Request) -> None:
+    def _phase(self, request: Request) -> int | None:
+        """The phase of the plan this sending of ``request`` belongs to."""
+        phases = self._phase_of.get(request)
+        if not phases:
+            return None
+        time = self._sent[request]
+        self._sent[request] += 1
+        return phases[min(time, len(phases) - 1)]
+
+    def _check_phase(self, request: Request, phase: int | None) -> None:
         """(h) The write goes out only after every write of the phases above it was
         accepted, and not after one failed. The status write that reports a refused
         write is the writer's own, outside the plan."""
-        phase = self._phase_of.get(request)
         if phase is None or (
             request.kind == names.KIND and (self._failed is not None or self._unsure)
         ):
             return
         if self._failed is not None and phase > self._failed:
-            self.world._violate(f"(h) {request} went out after a write of an earlier phase failed")
+            self.world._violate(
+                f"(h) {request} went out after a write of an earlier phase failed "
+                f"({self._failed_request})"
+            )
             return
         waiting = sorted(
-            r.name for r, p in self._phase_of.items() if p < phase and r not in self._accepted
+            r.name
+            for r, phases in self._phase_of.items()
+            for time, p in enumerate(phases)
+            if p < phase and self._accepted[r] <= time
         )
         if waiting and not self._unsure:
             self.world._violate(
@@ -1075,7 +1100,8 @@ class Sim:
         self.world.acting = Acting(name, job["metadata"]["uid"], listable(observed))
         the_plan = self.planner(observed, self.settings, self.world.now)
         self._phase_of = phase_requests(the_plan, name)
-        self._accepted = set()
+        self._sent = Counter()
+        self._accepted = Counter()
         self._failed = None
         self._unsure = False
         try:
@@ -1258,14 +1284,14 @@ def _request(action: Action, job: str) -> Request | None:
     return None  # an Event: sent in the background, in no order
 
 
-def phase_requests(p: Writes, job: str) -> dict[Request, int]:
-    """Which phase of the plan each of its requests belongs to; a pod patched twice (its
-    notice, then its mark) by the first, whose acceptance the second waits for."""
-    found: dict[Request, int] = {}
+def phase_requests(p: Writes, job: str) -> dict[Request, list[int]]:
+    """The phases of the plan each of its requests belongs to, in order: a pod patched
+    twice (its notice, then its label) has two."""
+    found: dict[Request, list[int]] = {}
     for index, phase in enumerate(p.phases):
         for action in phase.writes:
             if (request := _request(action, job)) is not None:
-                found.setdefault(request, index)
+                found.setdefault(request, []).append(index)
     return found
 
 

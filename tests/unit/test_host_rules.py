@@ -2,20 +2,38 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from mpijob_elastic.core.host_rules import (
-    COMMIT_SECONDS,
-    SETTLE_SECONDS,
+    Evidence,
     Host,
+    HostList,
     committed_holders,
     next_hosts,
     rank_holders,
+    reset_bound,
 )
 from mpijob_elastic.core.ranks import RankSnapshot
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 LONG_AGO = NOW - timedelta(hours=1)
+# Horovod's default Gloo timeout (30 s) and the margin.
+BOUND = reset_bound(30.0)
+SETTLE_SECONDS = BOUND.total_seconds()
+
+
+def rules(
+    wanted: list[str],
+    listed: list[str],
+    hosts: dict[str, Host],
+    snapshot: RankSnapshot | None,
+    now: datetime,
+    added_at: datetime | None = None,
+    **kw: Any,
+) -> HostList:
+    return next_hosts(wanted, listed, hosts, Evidence(snapshot, BOUND, added_at), now, **kw)
 
 
 def w(i: int) -> str:
@@ -34,86 +52,132 @@ def seen(*indexes: int, at: datetime = NOW, since: datetime = LONG_AGO) -> RankS
 def test_a_new_list_without_any_rank_holder_keeps_one() -> None:
     hosts = {w(i): host(i) for i in range(6)}
     old, new = [w(0), w(1), w(2)], [w(3), w(4), w(5)]
-    got = next_hosts(new, old, hosts, seen(0, 1, 2), NOW)
+    got = rules(new, old, hosts, seen(0, 1, 2), NOW)
     assert got.hosts == (w(0), *new)
     assert got.held == {w(0)}
     assert got.holders == {w(0), w(1), w(2)}
     assert "keeping job-worker-0 listed" in got.waiting
     # Once a new host holds ranks (and has committed), the old ones may all go.
-    assert next_hosts(new, [w(0), *new], hosts, seen(0, 3), NOW).hosts == tuple(new)
+    assert rules(new, [w(0), *new], hosts, seen(0, 3), NOW).hosts == tuple(new)
 
 
 def test_a_holder_that_stays_anyway_is_kept_before_a_terminating_one() -> None:
     hosts = {w(0): host(0, terminating=True, listable=False), w(1): host(1), w(2): host(2)}
-    got = next_hosts([w(2)], [w(0), w(1)], hosts, seen(0, 1), NOW)
+    got = rules([w(2)], [w(0), w(1)], hosts, seen(0, 1), NOW)
     assert got.hosts == (w(1), w(2))
 
 
 def test_the_last_rank_holder_stays_listed_while_it_is_being_evicted() -> None:
     hosts = {w(0): host(0, terminating=True, listable=False), w(1): host(1)}
-    got = next_hosts([w(1)], [w(0)], hosts, seen(0), NOW)
+    got = rules([w(1)], [w(0)], hosts, seen(0), NOW)
     assert got.hosts == (w(0), w(1))
     # Its ranks left (or its grace period ended and it is gone): it goes.
-    assert next_hosts([w(1)], [w(0), w(1)], hosts, seen(1), NOW).hosts == (w(1),)
+    assert rules([w(1)], [w(0), w(1)], hosts, seen(1), NOW).hosts == (w(1),)
     del hosts[w(0)]
-    assert next_hosts([w(1)], [w(0), w(1)], hosts, seen(0), NOW).hosts == (w(1),)
+    assert rules([w(1)], [w(0), w(1)], hosts, seen(0), NOW).hosts == (w(1),)
 
 
-def test_nothing_changes_until_added_hosts_have_run_and_committed() -> None:
+def test_nothing_changes_until_the_reset_added_hosts_joined_has_ended() -> None:
     hosts = {w(i): host(i) for i in range(4)}
     hosts[w(3)] = host(3, NOW - timedelta(seconds=2))
     listed = [w(0), w(1), w(2), w(3)]
     # worker-3 is listed, its rank not seen yet: the scale-in waits.
-    got = next_hosts([w(0), w(3)], listed, hosts, seen(0, 1, 2), NOW)
+    got = rules([w(0), w(3)], listed, hosts, seen(0, 1, 2), NOW)
     assert got.hosts == tuple(listed)
     assert got.held == {w(1), w(2)}
     assert got.recheck == SETTLE_SECONDS - 2
-    # Seen, but only just: still waiting for a commit.
+    # Its remote shell started 1 s ago: its rank may take up to the Gloo timeout to join,
+    # and the others wait for it in the reset meanwhile. A remote shell that has run for
+    # a while is no proof (issue 30: 13 s on a busy node, 60 s on GPU nodes).
     just = RankSnapshot(NOW, frozenset(listed), since={w(3): NOW - timedelta(seconds=1)})
-    got = next_hosts([w(0), w(3)], listed, hosts, just, NOW)
-    assert got.hosts == tuple(listed)
-    assert got.recheck == COMMIT_SECONDS - 1
-    later = NOW + timedelta(seconds=COMMIT_SECONDS)
-    assert next_hosts([w(0), w(3)], listed, hosts, just, later).hosts == (w(0), w(3))
+    for later in (0, 5, 20, SETTLE_SECONDS - 2):
+        got = rules([w(0), w(3)], listed, hosts, just, NOW + timedelta(seconds=later))
+        assert got.hosts == tuple(listed), later
+        assert got.recheck == SETTLE_SECONDS - 1 - later
+    # Past the bound the reset has ended, or the job failed anyway.
+    done = NOW + timedelta(seconds=SETTLE_SECONDS - 1)
+    assert rules([w(0), w(3)], listed, hosts, just, done).hosts == (w(0), w(3))
+    # The training's commit marker ends the wait at once.
+    marked = dataclasses.replace(just, committed=frozenset({w(3)}))
+    assert rules([w(0), w(3)], listed, hosts, marked, NOW).hosts == (w(0), w(3))
     # A rank that never comes does not hold the job for ever.
     late = NOW + timedelta(seconds=SETTLE_SECONDS)
-    assert next_hosts([w(0), w(3)], listed, hosts, seen(0, 1, 2, at=late), late).hosts == (
+    assert rules([w(0), w(3)], listed, hosts, seen(0, 1, 2, at=late), late).hosts == (
         w(0),
         w(3),
     )
+
+
+def test_the_bound_runs_from_the_latest_remote_shell_of_a_host() -> None:
+    hosts = {w(i): host(i) for i in range(3)}
+    listed = [w(0), w(1), w(2)]
+    # worker-2's first shell started long ago, a second one (a new slot) 3 s ago.
+    snap = RankSnapshot(
+        NOW,
+        frozenset(listed),
+        since={w(2): LONG_AGO},
+        latest={w(2): NOW - timedelta(seconds=3)},
+    )
+    got = rules([w(0), w(2)], listed, hosts, snap, NOW)
+    assert got.hosts == tuple(listed)
+    assert got.recheck == SETTLE_SECONDS - 3
+
+
+def test_a_host_listed_long_after_it_started_waits_from_its_listing() -> None:
+    """A worker held back by the rules runs long before it is listed; once listed, the
+    change that removes others waits for its ranks' reset, not for its start + bound."""
+    hosts = {w(0): host(0), w(1): host(1), w(2): host(2, LONG_AGO)}
+    listed = [w(0), w(1), w(2)]
+    added = NOW - timedelta(seconds=1)
+    got = rules([w(2)], listed, hosts, seen(0, 1), NOW, added_at=added)
+    assert got.hosts == tuple(listed)
+    assert got.recheck == SETTLE_SECONDS - 1
+    # Without the record, its start long ago would have let the change go at once.
+    assert rules([w(2)], listed, hosts, seen(0, 1), NOW).hosts != tuple(listed)
+
+
+def test_a_longer_gloo_timeout_is_a_longer_bound() -> None:
+    hosts = {w(i): host(i) for i in range(3)}
+    listed = [w(0), w(1), w(2)]
+    snap = RankSnapshot(NOW, frozenset(listed), since={w(2): NOW - timedelta(seconds=40)})
+    assert rules([w(0), w(2)], listed, hosts, snap, NOW).hosts == (w(0), w(2))
+    long = Evidence(snap, reset_bound(120.0))
+    got = next_hosts([w(0), w(2)], listed, hosts, long, NOW)
+    assert got.hosts == tuple(listed)
+    assert got.recheck == 125 - 40
 
 
 def test_nothing_changes_until_removed_hosts_ranks_have_left() -> None:
     hosts = {w(i): host(i) for i in range(3)}
     mark = NOW - timedelta(seconds=5)
     draining = {w(2): mark}
-    got = next_hosts([w(0), w(1)], [w(0)], hosts, seen(0, 1, 2), NOW, draining=draining)
+    got = rules([w(0), w(1)], [w(0)], hosts, seen(0, 1, 2), NOW, draining=draining)
     assert got.hosts == (w(0),)
     assert "job-worker-2" in got.waiting
-    got = next_hosts([w(0), w(1)], [w(0)], hosts, seen(0, 1), NOW, draining=draining)
+    got = rules([w(0), w(1)], [w(0)], hosts, seen(0, 1), NOW, draining=draining)
     assert got.hosts == (w(0), w(1))
     # A read from before the host was unlisted says nothing of its ranks.
     old_read = seen(0, 1, 2, at=mark - timedelta(seconds=1))
-    got = next_hosts([w(0), w(1)], [w(0)], hosts, old_read, NOW, draining=draining)
+    got = rules([w(0), w(1)], [w(0)], hosts, old_read, NOW, draining=draining)
     assert got.hosts == (w(0), w(1))
 
 
 def test_a_graceful_removal_never_takes_the_list_below_the_minimum() -> None:
     hosts = {w(i): host(i) for i in range(4)}
     hosts[w(2)] = host(2, None)  # a replacement not running yet
-    got = next_hosts([w(3)], [w(0), w(1), w(3)], hosts, seen(0, 1, 3), NOW, minimum=3)
+    got = rules([w(3)], [w(0), w(1), w(3)], hosts, seen(0, 1, 3), NOW, minimum=3)
     assert got.hosts == (w(0), w(1), w(3))
     # A worker that cannot stay is no help: the list goes below, as far as it must.
     hosts[w(1)] = host(1, None, listable=False)
-    got = next_hosts([w(3)], [w(0), w(1), w(3)], hosts, seen(0, 3), NOW, minimum=3)
+    got = rules([w(3)], [w(0), w(1), w(3)], hosts, seen(0, 3), NOW, minimum=3)
     assert got.hosts == (w(0), w(3))
 
 
 def test_a_worker_about_to_be_evicted_is_not_added() -> None:
     hosts = {w(0): host(0), w(1): host(1, disrupted=True)}
-    assert next_hosts([w(0), w(1)], [w(0)], hosts, seen(0), NOW).hosts == (w(0),)
+    assert rules([w(0), w(1)], [w(0)], hosts, seen(0), NOW).hosts == (w(0),)
     # Already listed, it is not dropped for that alone.
-    assert next_hosts([w(0), w(1)], [w(0), w(1)], hosts, seen(0, 1), NOW).hosts == (
+    assert rules([w(0), w(1)], [w(0), w(1)], hosts, seen(0, 1), NOW).hosts == (
         w(0),
         w(1),
     )
@@ -121,16 +185,16 @@ def test_a_worker_about_to_be_evicted_is_not_added() -> None:
 
 def test_without_the_signal_a_listed_worker_holds_ranks_once_it_has_run_a_while() -> None:
     hosts = {w(0): host(0), w(1): host(1, NOW - timedelta(seconds=3))}
-    assert rank_holders(None, hosts, [w(0), w(1)], NOW) == {w(0)}
-    got = next_hosts([w(1)], [w(0), w(1)], hosts, None, NOW)
+    assert rank_holders(None, hosts, [w(0), w(1)], NOW, BOUND) == {w(0)}
+    got = rules([w(1)], [w(0), w(1)], hosts, None, NOW)
     assert got.hosts == (w(0), w(1))
     late = NOW + timedelta(seconds=SETTLE_SECONDS)
-    assert next_hosts([w(1)], [w(0), w(1)], hosts, None, late).hosts == (w(1),)
+    assert rules([w(1)], [w(0), w(1)], hosts, None, late).hosts == (w(1),)
 
 
 def test_a_launcher_that_holds_ranks_is_enough() -> None:
     hosts = {w(0): host(0), w(1): host(1)}
-    got = next_hosts([w(1)], [w(0)], hosts, seen(0), NOW, fixed_holder=True)
+    got = rules([w(1)], [w(0)], hosts, seen(0), NOW, fixed_holder=True)
     assert got.hosts == (w(1),)
 
 
@@ -138,13 +202,17 @@ def test_the_budget_counts_a_new_holder_once_the_reset_it_joined_has_ended() -> 
     old = {w(0): LONG_AGO}
     new = {w(3): NOW - timedelta(seconds=1), w(4): NOW - timedelta(seconds=2)}
     snapshot = RankSnapshot(NOW, frozenset([*old, *new]), since={**old, **new})
-    counted, later = committed_holders(snapshot, frozenset([*old, *new]), NOW)
+    holders = frozenset([*old, *new])
+    counted, later = committed_holders(snapshot, holders, NOW, BOUND)
     assert counted == {w(0)}
-    assert later == COMMIT_SECONDS - 2
-    done = NOW + timedelta(seconds=COMMIT_SECONDS)
-    assert committed_holders(snapshot, frozenset([*old, *new]), done) == (
-        frozenset({w(0), *new}),
-        None,
+    assert later == SETTLE_SECONDS - 2
+    done = NOW + timedelta(seconds=SETTLE_SECONDS)
+    assert committed_holders(snapshot, holders, done, BOUND) == (holders, None)
+    # The commit marker counts a host at once.
+    marked = dataclasses.replace(snapshot, committed=frozenset({w(3)}))
+    assert committed_holders(marked, holders, NOW, BOUND) == (
+        frozenset({w(0), w(3)}),
+        SETTLE_SECONDS - 2,
     )
     # The job's first ranks: no older state to keep, all of them count at once.
-    assert committed_holders(snapshot, frozenset(new), NOW) == (frozenset(new), None)
+    assert committed_holders(snapshot, frozenset(new), NOW, BOUND) == (frozenset(new), None)

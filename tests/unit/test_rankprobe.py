@@ -7,6 +7,7 @@ import itertools
 from datetime import UTC, datetime, timedelta
 
 from mpijob_elastic.core.actions import Probe
+from mpijob_elastic.core.ranks import pushed
 from mpijob_elastic.machinery.rankprobe import RankProbes
 
 KEY = ("ns", "job")
@@ -295,3 +296,36 @@ def test_each_host_is_known_since_the_first_read_that_showed_it() -> None:
         await probes.stop()
 
     asyncio.run(main())
+
+
+def test_reports_say_which_hosts_committed_since_their_latest_shell_started() -> None:
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    t = int(at.timestamp())
+    data = {
+        # worker-0: two shells (two slots), the later one without its marker yet.
+        f"job-worker-0_1_{t - 50}": "start",
+        f"job-worker-0_1_{t - 50}_committed": str(t - 40),
+        f"job-worker-0_2_{t - 9}": "start",
+        # worker-1: its shell reported the marker.
+        f"job-worker-1_3_{t - 9}": "start",
+        f"job-worker-1_3_{t - 9}_committed": str(t - 1),
+        # worker-2: a marker of a shell that has ended says nothing of the one that runs.
+        f"job-worker-2_4_{t - 90}": "start",
+        f"job-worker-2_4_{t - 90}_committed": str(t - 80),
+        f"job-worker-2_4_{t - 90}_exit": "134",
+        f"job-worker-2_5_{t - 3}": "start",
+        # worker-3: a start second past any clock (a forged key) is taken as now, and one
+        # of 20 digits neither raises.
+        "job-worker-3_6_253402300800": "start",
+        "job-worker-4_7_99999999999999999999": "start",
+    }
+    got = pushed(data, at)
+    assert got.hosts == frozenset(f"job-worker-{i}" for i in range(5))
+    assert got.committed == frozenset({"job-worker-1"})
+    assert got.since["job-worker-0"] == at - timedelta(seconds=50)
+    assert got.latest["job-worker-0"] == at - timedelta(seconds=9)
+    assert got.latest["job-worker-2"] == at - timedelta(seconds=3)
+    assert got.since["job-worker-3"] == got.since["job-worker-4"] == at
+    # Every shell of worker-0 marked: committed.
+    data[f"job-worker-0_2_{t - 9}_committed"] = str(t)
+    assert "job-worker-0" in pushed(data, at).committed

@@ -31,7 +31,7 @@ from mpijob_elastic.core.actions import (
     Writes,
 )
 from mpijob_elastic.core.desired import desired
-from mpijob_elastic.core.host_rules import SETTLE_SECONDS
+from mpijob_elastic.core.host_rules import reset_bound
 from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.settings import Settings
@@ -39,6 +39,7 @@ from mpijob_elastic.core.write_order import diff
 from mpijob_elastic.machinery.writer import Key, Writer
 from tests.unit.simulation import (
     KILL,
+    RANK_COMMIT_SECONDS,
     TIMEOUT_AFTER,
     TIMEOUT_BEFORE,
     FakeKube,
@@ -222,9 +223,9 @@ def started(w: World, **kw: Any) -> Sim:
     assert settled(sim)
     # The host-list rules (host_rules.py) keep a host the launcher's reports showed
     # holding ranks, and hold a change until new ranks have committed: the scenarios start
-    # once the reports show every worker's and those have run COMMIT_SECONDS.
+    # once the reports show every worker's and their commit markers.
     sim.advance(
-        SETTLE_SECONDS + 1,
+        reset_bound(30).total_seconds() + 1,
         until=lambda: all(
             (r := sim.reports(j)) is not None
             and r.hosts is not None
@@ -232,7 +233,7 @@ def started(w: World, **kw: Any) -> Sim:
             for j in sim.jobs
         ),
     )
-    sim.advance(host_rules.COMMIT_SECONDS)
+    sim.advance(RANK_COMMIT_SECONDS + 0.1)
     return sim
 
 

@@ -588,3 +588,44 @@ def test_a_job_whose_default_launcher_account_is_the_controllers_is_refused() ->
     # Naming another ServiceAccount for the launcher is the way out.
     job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["serviceAccountName"] = "x"
     parse(job, 30, protected_service_account=("ns", names.launcher_name("mpijob")))
+
+
+# -- Horovod's Gloo timeout: how long a reset may last (issue 30) --------------------------
+
+
+def with_launcher_env(*env: dict[str, Any], container: int = 0) -> dict[str, Any]:
+    job = make_job(2)
+    containers = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
+    containers.append({"name": "sidecar", "image": "img"})
+    containers[container]["env"] = [{"name": "OTHER", "value": "x"}, *env]
+    return job
+
+
+def test_the_gloo_timeout_is_read_from_the_launcher() -> None:
+    assert parse(make_job(2), 30).gloo_timeout_seconds == 30
+    env = {"name": "HOROVOD_GLOO_TIMEOUT_SECONDS", "value": "90"}
+    assert parse(with_launcher_env(env), 30).gloo_timeout_seconds == 90
+    assert parse(with_launcher_env(env, container=1), 30).gloo_timeout_seconds == 90
+    shorter = {"name": "HOROVOD_GLOO_TIMEOUT_SECONDS", "value": "10"}
+    assert parse(with_launcher_env(shorter), 30).gloo_timeout_seconds == 10
+    # Where two containers set it, the longer one: the rules must not act too early.
+    job = with_launcher_env(shorter)
+    job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][1]["env"] = [env]
+    assert parse(job, 30).gloo_timeout_seconds == 90
+
+
+@pytest.mark.parametrize(
+    "var",
+    [
+        {"value": "0"},
+        {"value": "30s"},
+        {"value": "1e3"},
+        {"value": "9" * 5000},
+        {"value": ""},
+        {"value": 30},
+        {"valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}},
+    ],
+)
+def test_a_gloo_timeout_the_controller_cannot_read_is_refused(var: dict[str, Any]) -> None:
+    job = with_launcher_env({"name": "HOROVOD_GLOO_TIMEOUT_SECONDS", **var})
+    assert errors_of(job) == [f"{LAUNCHER}.spec.containers[0].env[1].value"]
