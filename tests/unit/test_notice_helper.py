@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import io
 import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
-from mpijob_elastic.core import names, render_pods
+from mpijob_elastic.core import formats, names, render_pods
 from mpijob_elastic.core.notices import format_notice
 
 HELPER = Path(__file__).resolve().parents[2] / "contrib" / "mpijob_elastic_notice.py"
@@ -111,3 +113,46 @@ def test_as_a_command_it_exits_0_only_when_the_job_stops(tmp_path: Path) -> None
     )
     assert done.returncode == 0
     assert done.stdout.startswith("job-stopping suspend in 0s: runPolicy.suspend is true")
+
+
+class FakeState:
+    """What report_commits uses of a hvd.elastic.State: commit() and reset callbacks."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[Any] = []
+        self.commits = 0
+        self.raise_next = False
+
+    def register_reset_callbacks(self, callbacks: list[Any]) -> None:
+        self.callbacks.extend(callbacks)
+
+    def commit(self) -> None:
+        self.commits += 1
+        if self.raise_next:
+            self.raise_next = False
+            raise RuntimeError("HostsUpdatedInterrupt")
+
+    def reset(self) -> None:
+        for callback in self.callbacks:
+            callback()
+
+
+def test_report_commits_prints_the_controllers_marker_once_per_reset() -> None:
+    helper = load()
+    assert helper.COMMITTED_MARKER == formats.COMMITTED_MARKER
+    out = io.StringIO()
+    state = FakeState()
+    helper.report_commits(state, out)
+    state.commit()  # a new rank's first commit: the reset it joined has ended
+    state.commit()
+    assert out.getvalue() == f"{formats.COMMITTED_MARKER}\n"
+    assert state.commits == 2
+    state.reset()
+    # A commit that raises (hosts updated: another reset follows) is no proof.
+    state.raise_next = True
+    with pytest.raises(RuntimeError):
+        state.commit()
+    assert out.getvalue().count(formats.COMMITTED_MARKER) == 1
+    state.commit()
+    state.commit()
+    assert out.getvalue().count(formats.COMMITTED_MARKER) == 2
