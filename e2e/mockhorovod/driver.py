@@ -1066,7 +1066,8 @@ class Driver:
                 local.unlink()
             return
         command = f"rm -f {shlex.quote(rank.reset_file)}"
-        task = asyncio.create_task(self._remote(rank, command, "ask for the commit marker"))
+        what = "ask the rank for its commit marker"
+        task = asyncio.create_task(self._remote(rank, command, what))
         self._notices.add(task)
         task.add_done_callback(self._notices.discard)
 
@@ -1123,8 +1124,6 @@ class Driver:
     def _rank_args(self, host: str, local_rank: int, rank_id: str, stop_file: Path) -> list[str]:
         cfg = self.config
         args = [
-            "--start-seconds",
-            f"{cfg.rank_start_seconds:g}",
             "--host",
             host,
             "--rank-id",
@@ -1139,6 +1138,8 @@ class Driver:
             self.config.rank_alive_file.format(rank_id=rank_id),
             "--commit-interval",
             f"{cfg.commit_interval:g}",
+            "--start-seconds",
+            f"{cfg.rank_start_seconds:g}",
         ]
         if cfg.rank_kubeconfig:
             args += ["--kubeconfig", cfg.rank_kubeconfig]
@@ -1242,7 +1243,7 @@ class Driver:
                 if rank.stopping is not None:
                     self._send_notice(rank)  # unassigned before it was up
                 self._check_window()
-            elif text == COMMITTED_MARKER:
+            elif COMMITTED_MARKER in text:  # as kubexec.sh matches it
                 self.emit(
                     ev.COMMIT_MARKER_PRINTED,
                     host=rank.host,
@@ -1401,7 +1402,7 @@ class Driver:
             return
         rank.notified = True
         command = f"rm -f {shlex.quote(rank.alive_file)}"
-        notice = asyncio.create_task(self._remote(rank, command, "notify"))
+        notice = asyncio.create_task(self._remote(rank, command, "notify the rank"))
         self._notices.add(notice)
         notice.add_done_callback(self._notices.discard)
 
@@ -1439,12 +1440,12 @@ class Driver:
                 start_new_session=True,
             )
         except OSError as exc:
-            self._say(f"cannot {what} the rank on {rank.host}: {exc}")
+            self._say(f"cannot {what} on {rank.host}: {exc}")
             return
         try:
             await asyncio.wait_for(proc.wait(), self.config.discovery_timeout)
         except TimeoutError:
-            self._say(f"{what}: the remote shell to {rank.host} timed out")
+            self._say(f"{what} on {rank.host}: the remote shell timed out")
         finally:
             if proc.returncode is None:
                 _signal_group(proc, signal.SIGKILL)
