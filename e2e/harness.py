@@ -39,6 +39,27 @@ STOP_FILE_IN_POD = "/tmp/stop-training"
 DRIVER_ARGS = ("-np", "2", "--min-np", "1", "--max-np", "5")
 
 
+def mock_driver_args(
+    base: tuple[str, ...] = DRIVER_ARGS,
+    *,
+    rank_start_seconds: float | None = None,
+    commit_marker: bool | None = None,
+) -> tuple[str, ...]:
+    """The mock driver's flags: ``base`` plus the training the ranks play, how long each
+    takes from its start to joining (``--rank-start-seconds``: import torch, hvd.init) and
+    whether it prints the commit hook's marker (``--commit-marker``). None keeps the
+    driver's default (2 s, with the hook; e2e/mockhorovod/README.md). Give the result as
+    ``driver_args`` to ``in_cluster_job`` and ``ElasticRun`` alike, e.g.
+    ``mock_driver_args(rank_start_seconds=20, commit_marker=False)``: a slow training
+    without the hook."""
+    args = list(base)
+    if rank_start_seconds is not None:
+        args += ["--rank-start-seconds", f"{rank_start_seconds:g}"]
+    if commit_marker is not None:
+        args.append("--commit-marker" if commit_marker else "--no-commit-marker")
+    return tuple(args)
+
+
 def in_cluster_job(
     job: dict[str, Any],
     launcher_image: str,

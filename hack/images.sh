@@ -89,9 +89,9 @@ controller=$(build controller mpijob-elastic Dockerfile --build-arg "BASE_IMAGE=
   --build-arg "COMMIT=$commit" -- requirements.lock pyproject.toml README.md mpijob_elastic)
 launcher=$(build launcher mpijob-elastic/mock-launcher e2e/images/launcher/Dockerfile \
   --build-arg "BASE_IMAGE=$python_base" --build-arg "KUBECTL_IMAGE=$kubectl_base" \
-  -- e2e/images/launcher e2e/mockhorovod)
+  -- e2e/images/launcher e2e/mockhorovod contrib/mpijob_elastic_notice.py)
 worker=$(build worker mpijob-elastic/mock-worker e2e/images/worker/Dockerfile \
-  --build-arg "BASE_IMAGE=$python_base" -- e2e/images/worker e2e/mockhorovod)
+  --build-arg "BASE_IMAGE=$python_base" -- e2e/images/worker e2e/mockhorovod contrib/mpijob_elastic_notice.py)
 
 # Loads an image into the node unless the node's containerd has it already (kind's own
 # check needs crictl, which our node image lacks).

@@ -41,3 +41,11 @@ REMOVED_MESSAGE: Final = "has been removed from elastic job"
 # What the driver writes into a rank's local stop file when it unassigns the rank (the rank
 # exits REMOVED_EXIT_CODE at its next commit); an empty stop file is the shutdown (exit 0).
 REMOVED_MARK: Final = "removed"
+
+# A rank with the training's commit hook (``--commit-marker``) keeps ``<alive file>.reset``
+# where it runs while it waits for a commit after a reset: created before its start line
+# (the reset it joins) and again after each marker. The driver removes it at its first
+# commit after that reset ended, on its own machine or through the remote shell; the rank
+# then calls the hooked ``state.commit()``, which prints the marker. Removing, not creating,
+# so a notice that arrives after the rank has gone leaves nothing.
+RESET_FILE_SUFFIX: Final = ".reset"

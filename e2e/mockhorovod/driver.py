@@ -47,9 +47,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from e2e.mockhorovod import RANK_STARTED_MARKER, REMOVED_MARK
+from e2e.mockhorovod import RANK_STARTED_MARKER, REMOVED_MARK, RESET_FILE_SUFFIX
 from e2e.mockhorovod import events as ev
 from e2e.mockhorovod.checkpoint import Checkpoint, notice_path
+from e2e.mockhorovod.hook import COMMITTED_MARKER
 
 DEFAULT_DISCOVERY_SCRIPT = "/etc/mpi/discover_hosts.sh"
 DEFAULT_RSH_AGENT = "/etc/mpi/kubexec.sh"
@@ -83,6 +84,11 @@ EXIT_USAGE = 2
 # Horovod's defaults for HOROVOD_GLOO_TIMEOUT_SECONDS and HOROVOD_START_TIMEOUT.
 DEFAULT_GLOO_TIMEOUT = 30.0
 DEFAULT_START_TIMEOUT = 30.0
+# How long a rank takes from its start to hvd.init returned (import torch, CUDA, the data
+# set): 10-60 s on a GPU node; short by default so the suite stays quick, but never 0, so a
+# controller that takes a running remote shell for a joined rank is caught.
+DEFAULT_RANK_START_SECONDS = 2.0
+RANK_START_ENV = "MOCKHOROVOD_RANK_START_SECONDS"
 # Without --network-interface, horovodrun's elastic start waits for this many hosts: it
 # finds the common interfaces host to host (runner/launch.py, _get_min_start_hosts).
 MIN_START_HOSTS_WITHOUT_NIC = 2
@@ -246,6 +252,11 @@ class DriverConfig:
     # The training's checkpoint and the notice that asks for it (checkpoint.py).
     checkpoint_file: str | None = None
     notice_file: str | None = None
+    # Seconds from a rank's start to its joining (hvd.init returned), passed to each rank.
+    rank_start_seconds: float = DEFAULT_RANK_START_SECONDS
+    # The training uses the controller's commit hook (contrib/mpijob_elastic_notice.py):
+    # each rank a reset started prints its marker at the first commit after the reset.
+    commit_marker: bool = True
     command: tuple[str, ...] = ()
 
     def validate(self) -> None:
@@ -275,6 +286,8 @@ class DriverConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+        if not self.rank_start_seconds >= 0:
+            raise ConfigError("--rank-start-seconds must not be negative")
         try:
             self.rank_alive_file.format(rank_id="x")
         except (KeyError, IndexError, ValueError) as exc:
@@ -312,6 +325,10 @@ class Rank:
     # Its FAILURE was recorded by the driver itself (it timed out in a reset's rendezvous);
     # the exit that follows when the job is stopped says nothing more.
     aborted: bool = False
+    # The reset (its commit number; 0: the job's start) that started it.
+    reset: int = 0
+    # The commit at which the driver asked it for the commit marker (None: not yet).
+    marker_commit: int | None = None
     exit_code: int | None = None
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
     task: asyncio.Task[None] | None = None
@@ -319,6 +336,10 @@ class Rank:
     @property
     def alive(self) -> bool:
         return self.exit_code is None
+
+    @property
+    def reset_file(self) -> str:
+        return self.alive_file + RESET_FILE_SUFFIX
 
     def stderr_text(self) -> str:
         return "\n".join(self.stderr_tail)[-STDERR_TAIL_CHARS:]
@@ -385,6 +406,9 @@ class Driver:
         # A host update sent to the coordinator and not yet acted on at a commit.
         self._notice = False
         self._window: ResetWindow | None = None
+        # Ranks whose reset has ended and whose first commit has not returned yet: they
+        # print the commit marker at the next commit that returns (the hook's).
+        self._marker_due: list[Rank] = []
         # Since when a reset waits for --min-np slots (the ranks block in it); its commit.
         self._blocked_since: float | None = None
         self._blocked_commit = 0
@@ -468,6 +492,8 @@ class Driver:
             gloo_timeout=cfg.gloo_timeout,
             start_timeout=cfg.start_timeout,
             network_interface=cfg.network_interface,
+            rank_start_seconds=cfg.rank_start_seconds,
+            commit_marker=cfg.commit_marker,
             work_dir=str(self._work_dir),
             command=list(cfg.command),
         )
@@ -900,7 +926,10 @@ class Driver:
             if pending
         ]
         if not reasons:
+            self._request_markers(commit)  # this commit returned
             return
+        # The commit raises (hosts updated, a failure): no marker; the ranks whose reset
+        # ended before it print theirs at the first commit after the reset that follows.
         self._notice = False
         self.emit(ev.RESET, commit=commit, reasons=reasons)
         if self._successes:
@@ -980,6 +1009,8 @@ class Driver:
         self._open_window(commit, self._apply_starts(assignment))
 
     def _open_window(self, commit: int, started: list[Rank]) -> None:
+        for rank in started:
+            rank.reset = commit
         if not started:
             return
         now = time.time()
@@ -1001,6 +1032,44 @@ class Driver:
                 seconds=time.time() - window.started,
                 ranks=[r.rank_id for r in window.new_ranks],
             )
+            if self.config.commit_marker:
+                self._marker_due += window.new_ranks
+
+    def _request_markers(self, commit: int) -> None:
+        """A commit returned: each rank whose reset ended since the last commit that
+        returned is told, and its hooked ``state.commit()`` prints the marker. Only the new
+        ranks are told: the real hook prints on every rank after every reset, but the
+        launcher's kubexec.sh reports only the first marker of each remote shell, so the
+        others would cost a remote shell each (on a real cluster) for nothing."""
+        due, self._marker_due = self._marker_due, []
+        ranks = [r for r in due if r.alive and r.stopping is None]
+        if not ranks:
+            return
+        self.emit(
+            ev.COMMIT_MARKER_REQUESTED,
+            commit=commit,
+            resets=sorted({r.reset for r in ranks}),
+            ranks=[r.rank_id for r in ranks],
+            hosts=[r.host for r in ranks],
+        )
+        for rank in ranks:
+            rank.marker_commit = commit
+            self._ask_for_marker(rank)
+
+    def _ask_for_marker(self, rank: Rank) -> None:
+        """Removes the rank's reset file where it runs: here, when the file is (a rank on
+        this machine, as on KWOK: its id makes the name unique), else through the remote
+        shell, as the removal notice goes (a rank in a real container)."""
+        local = Path(rank.reset_file)
+        if local.exists():
+            with contextlib.suppress(OSError):
+                local.unlink()
+            return
+        command = f"rm -f {shlex.quote(rank.reset_file)}"
+        what = "ask the rank for its commit marker"
+        task = asyncio.create_task(self._remote(rank, command, what))
+        self._notices.add(task)
+        task.add_done_callback(self._notices.discard)
 
     def _gloo_abort(self, window: ResetWindow) -> None:
         """The Gloo timeout passed with a new rank missing: every rank of the world aborts
@@ -1069,6 +1138,8 @@ class Driver:
             self.config.rank_alive_file.format(rank_id=rank_id),
             "--commit-interval",
             f"{cfg.commit_interval:g}",
+            "--start-seconds",
+            f"{cfg.rank_start_seconds:g}",
         ]
         if cfg.rank_kubeconfig:
             args += ["--kubeconfig", cfg.rank_kubeconfig]
@@ -1078,6 +1149,8 @@ class Driver:
             args += ["--kubectl", cfg.rank_kubectl]
         if cfg.rank_poll_interval is not None:
             args += ["--poll-interval", f"{cfg.rank_poll_interval:g}"]
+        if cfg.commit_marker:
+            args.append("--commit-marker")
         return args
 
     def _start_rank(self, host: str, local_rank: int, entry: HostEntry) -> Rank:
@@ -1170,6 +1243,15 @@ class Driver:
                 if rank.stopping is not None:
                     self._send_notice(rank)  # unassigned before it was up
                 self._check_window()
+            elif COMMITTED_MARKER in text:  # as kubexec.sh matches it
+                self.emit(
+                    ev.COMMIT_MARKER_PRINTED,
+                    host=rank.host,
+                    rank_id=rank.rank_id,
+                    local_rank=rank.local_rank,
+                    reset=rank.reset,
+                    requested_commit=rank.marker_commit,
+                )
             self._say(f"[{rank.host}/{rank.local_rank}] {text}")
 
     async def _read_stderr(self, rank: Rank, stream: asyncio.StreamReader) -> None:
@@ -1319,7 +1401,8 @@ class Driver:
         if rank.notified:
             return
         rank.notified = True
-        notice = asyncio.create_task(self._notify(rank))
+        command = f"rm -f {shlex.quote(rank.alive_file)}"
+        notice = asyncio.create_task(self._remote(rank, command, "notify the rank"))
         self._notices.add(notice)
         notice.add_done_callback(self._notices.discard)
 
@@ -1337,14 +1420,14 @@ class Driver:
         if rank.proc is not None:
             self._schedule_signal(rank, 0.0)
 
-    async def _notify(self, rank: Rank) -> None:
-        """Removes the rank's alive file where it runs, through the remote shell.
+    async def _remote(self, rank: Rank, command: str, what: str) -> None:
+        """Runs a short command where the rank runs, through the remote shell: the removal
+        notice (its alive file removed) or the commit notice (its reset file removed).
 
         Best effort, like the stop file: a refused or failed exec leaves the rank to the
-        signals that follow. Bounded by the discovery timeout, as a hung exec must not hold
-        the driver's shutdown.
+        signals that follow (or without its marker). Bounded by the discovery timeout, as a
+        hung exec must not hold the driver's shutdown.
         """
-        command = f"rm -f {shlex.quote(rank.alive_file)}"
         shell = remote_shell_command(self.config.rsh_agent, rank.host, command)
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -1357,12 +1440,12 @@ class Driver:
                 start_new_session=True,
             )
         except OSError as exc:
-            self._say(f"cannot notify the rank on {rank.host}: {exc}")
+            self._say(f"cannot {what} on {rank.host}: {exc}")
             return
         try:
             await asyncio.wait_for(proc.wait(), self.config.discovery_timeout)
         except TimeoutError:
-            self._say(f"notifying the rank on {rank.host} timed out")
+            self._say(f"{what} on {rank.host}: the remote shell timed out")
         finally:
             if proc.returncode is None:
                 _signal_group(proc, signal.SIGKILL)
@@ -1465,6 +1548,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env_seconds("HOROVOD_GLOO_TIMEOUT_SECONDS", DEFAULT_GLOO_TIMEOUT),
         help="how long a reset's ranks wait for every new rank (HOROVOD_GLOO_TIMEOUT_SECONDS)",
     )
+    mk.add_argument(
+        "--rank-start-seconds",
+        type=float,
+        default=_env_seconds(RANK_START_ENV, DEFAULT_RANK_START_SECONDS),
+        help="how long each rank takes from its start to joining (import torch, hvd.init), "
+        f"passed to ranks (default ${RANK_START_ENV}, else {DEFAULT_RANK_START_SECONDS:g})",
+    )
+    mk.add_argument(
+        "--commit-marker",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the training uses the controller's commit hook: each new rank prints its "
+        "marker at the first commit after its reset (--no-commit-marker: a training without)",
+    )
     mk.add_argument("--rsh-agent", default=DEFAULT_RSH_AGENT)
     mk.add_argument(
         "--rank-command",
@@ -1557,6 +1654,8 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         network_interface=ns.network_interface,
         checkpoint_file=ns.checkpoint_file,
         notice_file=ns.notice_file,
+        rank_start_seconds=ns.rank_start_seconds,
+        commit_marker=ns.commit_marker,
         command=tuple(command),
     )
     config.validate()

@@ -46,6 +46,10 @@ JOB_FAILED: Final = "job_failed"
 # The training's checkpoint (checkpoint.py): loaded at the start, saved on a notice.
 CHECKPOINT_LOADED: Final = "checkpoint_loaded"
 CHECKPOINT_SAVED: Final = "checkpoint_saved"
+# The training's commit hook (contrib/mpijob_elastic_notice.py, --commit-marker): the driver
+# tells the ranks of an ended reset that a commit returned; a rank printed the marker.
+COMMIT_MARKER_REQUESTED: Final = "commit_marker_requested"
+COMMIT_MARKER_PRINTED: Final = "commit_marker_printed"
 
 ALL_EVENTS: Final = frozenset(
     {
@@ -83,6 +87,8 @@ ALL_EVENTS: Final = frozenset(
         JOB_FAILED,
         CHECKPOINT_LOADED,
         CHECKPOINT_SAVED,
+        COMMIT_MARKER_REQUESTED,
+        COMMIT_MARKER_PRINTED,
     }
 )
 

@@ -39,6 +39,19 @@ A test makes a rank crash, on KWOK and in a real pod alike, by creating
 ``/tmp/mockhorovod-crash-<rank id>`` where the rank runs (``kubectl exec <worker> -- touch
 ...``): the rank then exits ``CRASH_EXIT_CODE`` while its host still holds it, which is a
 Horovod failure.
+
+A real rank starts slowly (import torch, CUDA, the data set: 10-60 s on a GPU node) before
+``hvd.init`` returns, and only then has it joined. ``--start-seconds`` plays that: the rank
+prints its start line that long after it was started, and meanwhile reacts to everything
+above except the removal (it has no commit before it joined): its pod's deletion, the stop
+file, the driver's death, the crash file and signals. A rank that dies in its start never
+joined, which Horovod's other ranks wait for in Gloo.
+
+With ``--commit-marker`` the rank is a training with the controller's commit hook
+(``contrib/mpijob_elastic_notice.py``, ``report_commits``): it cannot see the driver's
+commits, so the driver tells it when a commit has returned after the reset it joined by
+removing ``<alive file>.reset`` (see ``RESET_FILE_SUFFIX``), and the rank then calls its
+hooked ``state.commit()``, which prints the hook's marker on stdout.
 """
 
 from __future__ import annotations
@@ -46,6 +59,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -67,7 +81,9 @@ from e2e.mockhorovod import (
     REMOVED_EXIT_CODE,
     REMOVED_MARK,
     REMOVED_MESSAGE,
+    RESET_FILE_SUFFIX,
 )
+from e2e.mockhorovod.hook import TrainingState, reporting_state
 
 PodState = Literal["alive", "terminating", "gone", "unknown"]
 
@@ -209,12 +225,12 @@ def unmark_pod_when_gone(args: argparse.Namespace, alive: Path | None) -> subpro
     only write end is this process's; the kernel closes it when this process dies, however
     it dies, and the shell then removes the mark. The returned handle owns the write end:
     dropping it would close the pipe, so keep it until the rank is done. It also removes
-    the rank's alive file, which a killed rank leaves behind on this machine.
+    the rank's alive file and reset file, which a killed rank leaves behind on this machine.
     """
     cmd = [
         "/bin/sh",
         "-c",
-        'cat >/dev/null; [ -z "$1" ] || rm -f "$1"; shift; exec "$@"',
+        f'cat >/dev/null; [ -z "$1" ] || rm -f "$1" "$1{RESET_FILE_SUFFIX}"; shift; exec "$@"',
         "sh",
         str(alive or ""),
         *_annotate(args, f"{mark_key(args)}-"),
@@ -322,6 +338,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--alive-file", help="created at start; removed: no assignment, exit 134 at the commit"
     )
     parser.add_argument("--kill-exit-code", type=int, default=KILLED_EXIT_CODE)
+    parser.add_argument(
+        "--start-seconds",
+        type=float,
+        default=0.0,
+        help="how long the rank takes to join (import torch, hvd.init) before its start line",
+    )
+    parser.add_argument(
+        "--commit-marker",
+        action="store_true",
+        help="print the commit hook's marker when the driver removes <alive-file>.reset",
+    )
     return parser
 
 
@@ -363,14 +390,49 @@ class _Loop:
     local: bool
     crash: Path | None
     commit_interval: float
-    next_commit: float
+    # When the rank's start (import torch, hvd.init) is over and it joins.
+    start_until: float
+    # --commit-marker: the driver removes this file when a commit returned after the reset
+    # the rank is in, and the hooked state's commit() then prints the marker.
+    reset_file: Path | None = None
+    state: TrainingState | None = None
+    joined: bool = False
+    next_commit: float = math.inf
+    markers: int = 0
     known_uid: str | None = None
     last_error_report: float = 0.0
     told_terminating: bool = False
     watcher: subprocess.Popen[bytes] | None = None
 
+    def join(self) -> None:
+        """``hvd.init`` returned: the alive and reset files exist before the start line,
+        since the driver may let the rank go, or end its reset, at once after it."""
+        args = self.args
+        self.alive = _touch(args, self.alive, "only signals let it go")
+        self.reset_file = _touch(args, self.reset_file, "it never prints the commit marker")
+        with contextlib.suppress(OSError, ValueError):
+            print(
+                f"{RANK_STARTED_MARKER} host={args.host} rank_id={args.rank_id} pid={os.getpid()}",
+                flush=True,
+            )
+        self.joined = True
+        self.next_commit = time.monotonic() + self.commit_interval
+
+    def commit_after_reset(self) -> None:
+        """The driver removed the reset file: a commit returned after the reset this rank
+        joined (its first commit), or after a later one. The hooked ``state.commit()``
+        prints the marker; the reset file is back for the next reset."""
+        if self.state is None or self.reset_file is None or self.reset_file.exists():
+            return
+        if self.markers:
+            self.state.reset()  # Horovod's State.on_reset, for the reset since the last one
+        with contextlib.suppress(OSError, ValueError):
+            self.state.commit()
+        self.markers += 1
+        self.reset_file = _touch(self.args, self.reset_file, "it prints no more markers")
+
     def exit_code(self) -> int | None:
-        """Why the rank ends now, as its exit code; None: it trains on."""
+        """Why the rank ends now, as its exit code; None: it trains on (or starts on)."""
         args = self.args
         if self.local and self.stop_file is not None:
             reason = local_stop_reason(self.stop_file, args.driver_pid)
@@ -429,7 +491,8 @@ class _Loop:
     def wait(self) -> int | None:
         """Sleep until the next poll, or until the pod's deletion ends the rank."""
         args = self.args
-        pause = max(0.0, min(args.poll_interval, self.next_commit - time.monotonic()))
+        until = self.next_commit if self.joined else self.start_until
+        pause = max(0.0, min(args.poll_interval, until - time.monotonic()))
         if self.watcher is None:
             time.sleep(pause)
             return None
@@ -445,19 +508,44 @@ class _Loop:
         return None
 
 
-def _touch(args: argparse.Namespace, alive: Path | None) -> Path | None:
-    """The alive file, created; None if there is none (then only signals let it go)."""
-    if alive is None:
+def _touch(args: argparse.Namespace, path: Path | None, otherwise: str) -> Path | None:
+    """The file, created; None if there is none or it cannot be (then ``otherwise``)."""
+    if path is None:
         return None
     try:
-        alive.touch()
+        path.touch()
     except OSError as exc:
-        _err(args, f"cannot create {alive}, so only signals let it go: {exc}")
+        _err(args, f"cannot create {path}, so {otherwise}: {exc}")
         return None
-    return alive
+    return path
+
+
+def _new_loop(args: argparse.Namespace, watch: bool, alive: Path | None, began: float) -> _Loop:
+    stop_file = Path(args.stop_file) if args.stop_file else None
+    reset_file: Path | None = None
+    state: TrainingState | None = None
+    if args.commit_marker:
+        if alive is None:
+            _err(args, "no --alive-file, so the driver cannot ask for the commit marker")
+        else:
+            reset_file = Path(f"{alive}{RESET_FILE_SUFFIX}")
+            state = reporting_state()
+    return _Loop(
+        args,
+        watch,
+        alive,
+        stop_file,
+        stop_file is not None and stop_file.parent.is_dir(),
+        crash_file(args.rank_id),
+        max(0.01, float(args.commit_interval)),
+        began + max(0.0, float(args.start_seconds)),
+        reset_file,
+        state,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    began = time.monotonic()  # the start (import torch, hvd.init) counts from here
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _on_signal)
     watch = args.kubeconfig is not None
@@ -465,34 +553,20 @@ def run(args: argparse.Namespace) -> int:
     unmarker: subprocess.Popen[bytes] | None = None
     alive = Path(args.alive_file) if args.alive_file else None
     try:
-        # Marked before it reports running, so a pod deleted right after the driver saw
-        # the rank start already counts as one with a process in it.
+        # Marked before it reports running (and before its slow start), so a pod deleted
+        # right after the driver saw the rank start already counts as one with a process
+        # in it.
         if watch:
             unmarker = unmark_pod_when_gone(args, alive)
             if (problem := mark_pod(args)) is not None:
                 _err(args, f"cannot mark the pod, so KWOK will remove it at once: {problem}")
-        # Created before it reports running: the driver may let it go at once after.
-        alive = _touch(args, alive)
-        with contextlib.suppress(OSError, ValueError):
-            print(
-                f"{RANK_STARTED_MARKER} host={args.host} rank_id={args.rank_id} pid={os.getpid()}",
-                flush=True,
-            )
-        stop_file = Path(args.stop_file) if args.stop_file else None
-        local = stop_file is not None and stop_file.parent.is_dir()
-        commit_interval = max(0.01, float(args.commit_interval))
-        loop = _Loop(
-            args,
-            watch,
-            alive,
-            stop_file,
-            local,
-            crash_file(args.rank_id),
-            commit_interval,
-            time.monotonic() + commit_interval,
-        )
+        loop = _new_loop(args, watch, alive, began)
         while True:
+            if not loop.joined and time.monotonic() >= loop.start_until:
+                loop.join()
             code = loop.exit_code()
+            if code is None and loop.joined:
+                loop.commit_after_reset()
             if code is None:
                 code = loop.wait()
             if code is not None:
@@ -506,9 +580,10 @@ def run(args: argparse.Namespace) -> int:
             watcher.kill()
         if unmarker is not None and unmarker.stdin is not None:
             unmarker.stdin.close()  # done: the mark goes now rather than at the exit
-        if alive is not None:
-            with contextlib.suppress(OSError):
-                alive.unlink()
+        for path in (alive, loop.reset_file if loop is not None else None):
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    path.unlink()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import yaml
 
-from e2e.harness import STOP_FILE_IN_POD, in_cluster_job
+from e2e.harness import DRIVER_ARGS, STOP_FILE_IN_POD, in_cluster_job, mock_driver_args
+from e2e.mockhorovod.driver import parse_args
 from mpijob_elastic.core import render_pods
 from mpijob_elastic.core.spec import parse
 
@@ -38,3 +39,16 @@ def test_the_driver_gets_the_size_flags_a_test_asks_for() -> None:
     launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     assert launcher["command"][: len(flags) + 1] == ["horovodrun", *flags]
     assert launcher["command"][-2:] == ["--stop-file", STOP_FILE_IN_POD]
+
+
+def test_a_test_asks_for_a_slow_training_without_the_commit_hook() -> None:
+    flags = mock_driver_args(rank_start_seconds=20, commit_marker=False)
+    assert flags == (*DRIVER_ARGS, "--rank-start-seconds", "20", "--no-commit-marker")
+    job = in_cluster_job(yaml.safe_load(SAMPLE.read_text()), "launcher:e2e", "worker:e2e", flags)
+    launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    config = parse_args(launcher["command"][1:])
+    assert (config.rank_start_seconds, config.commit_marker) == (20.0, False)
+    assert mock_driver_args() == DRIVER_ARGS  # the driver's defaults: 2 s, with the hook
+    default = parse_args(list(DRIVER_ARGS))
+    assert (default.rank_start_seconds, default.commit_marker) == (2.0, True)
+    assert mock_driver_args(("-np", "3"), commit_marker=True) == ("-np", "3", "--commit-marker")

@@ -34,9 +34,11 @@ from e2e.mockhorovod import (
     REMOVED_EXIT_CODE,
     REMOVED_MARK,
     REMOVED_MESSAGE,
+    RESET_FILE_SUFFIX,
 )
 from e2e.mockhorovod import events as ev
 from e2e.mockhorovod.driver import (
+    DEFAULT_RANK_COMMAND,
     ConfigError,
     DiscoveryError,
     Driver,
@@ -48,6 +50,7 @@ from e2e.mockhorovod.driver import (
     remote_exit_code,
     remote_shell_command,
 )
+from e2e.mockhorovod.hook import COMMITTED_MARKER
 from e2e.mockhorovod.rank import check_pod, judge_pod, local_stop_reason
 from tests.controller import wait_for as wait_until
 
@@ -293,6 +296,18 @@ def test_cli_mirrors_horovodrun_and_validates() -> None:
     with pytest.raises(ConfigError, match="cannot be filled"):
         parse_args(["-np", "1", "--rank-command", "run {nope}"])
     assert main(["-np", "4", "--max-np", "2"]) == 2
+
+
+def test_cli_rank_start_and_commit_marker(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = parse_args(["-np", "1"])
+    assert (cfg.rank_start_seconds, cfg.commit_marker) == (2.0, True)
+    cfg = parse_args(["-np", "1", "--rank-start-seconds", "20", "--no-commit-marker"])
+    assert (cfg.rank_start_seconds, cfg.commit_marker) == (20.0, False)
+    monkeypatch.setenv("MOCKHOROVOD_RANK_START_SECONDS", "7.5")
+    assert parse_args(["-np", "1"]).rank_start_seconds == 7.5
+    assert parse_args(["-np", "1", "--rank-start-seconds", "0"]).rank_start_seconds == 0.0
+    with pytest.raises(ConfigError, match="rank-start-seconds"):
+        parse_args(["-np", "1", "--rank-start-seconds", "-1"])
 
 
 # -- driver: membership ------------------------------------------------------------------
@@ -805,6 +820,8 @@ def driver_process(rig: Rig, *extra: str) -> subprocess.Popen[str]:
         "2",
         "--log-file",
         str(rig.tmp / "events.jsonl"),
+        "--rank-start-seconds",
+        "0.3",
         *extra,
     ]
     return subprocess.Popen(
@@ -1228,8 +1245,10 @@ def slow_start_template(rig: Rig, host: str, seconds: float) -> str:
     )
 
 
-async def world_up(rig: Rig, count: int = 1) -> None:
-    await wait_for(rig, lambda: len(rig.of(ev.RESET_COMPLETED)) >= count, f"world {count} up")
+async def world_up(rig: Rig, count: int = 1, within: float = 5.0) -> None:
+    await wait_for(
+        rig, lambda: len(rig.of(ev.RESET_COMPLETED)) >= count, f"world {count} up", within
+    )
 
 
 async def test_rule1_a_reset_onto_no_previous_host_ends_the_job(rig: Rig) -> None:
@@ -1464,3 +1483,262 @@ async def test_rule8_host_updates_act_only_at_a_commit(rig: Rig) -> None:
     await wait_for(rig, lambda: bool(rig.of(ev.RANK_UNASSIGNED, host="b")), "the commit", 3)
     assert await run.finish() == 0
     assert_no_failures(rig)
+
+
+# -- issue 30: slow rank starts and the training's commit marker ---------------------------
+
+
+def real_ranks(rig: Rig, start_seconds: float, **overrides: Any) -> dict[str, Any]:
+    """Driver settings for the real rank (e2e/mockhorovod/rank.py) on every slot."""
+    settings: dict[str, Any] = {
+        "rank_command": DEFAULT_RANK_COMMAND,
+        "rank_poll_interval": 0.1,
+        "rank_start_seconds": start_seconds,
+    }
+    return settings | overrides
+
+
+# kubexec.sh into "pods" of their own: the command runs in <pods>/<pod>, so a relative path
+# in it names that pod's file, which the driver cannot see from where it runs.
+POD_RSH = """#!/bin/sh
+POD_NAME=$1
+shift
+mkdir -p {pods}/"$POD_NAME" && cd {pods}/"$POD_NAME" && exec /bin/sh -c "$*"
+"""
+
+
+def ranks_in_pods(rig: Rig, start_seconds: float, slow_host: str, extra: float) -> dict[str, Any]:
+    """Real ranks, each in its own "pod" directory (a relative alive file), so that the
+    driver reaches their files only through the remote shell, as in a real container;
+    ``slow_host``'s rank starts ``extra`` seconds later than the others."""
+    pods = rig.tmp / "pods"
+    rsh = write_script(rig.tmp / "pod_rsh.sh", POD_RSH.format(pods=shlex.quote(str(pods))))
+    template = (
+        f"if [ {{host}} = {slow_host} ]; then sleep {extra}; fi; "
+        "exec env PYTHONPATH={repo} {python} -m e2e.mockhorovod.rank {rank_args}"
+    )
+    return real_ranks(
+        rig,
+        start_seconds,
+        rsh_agent=str(rsh),
+        rank_command=template,
+        rank_alive_file="alive-{rank_id}",
+    )
+
+
+def rank_of(rig: Rig, host: str, event: str = ev.RANK_RUNNING) -> Event:
+    (record,) = rig.of(event, host=host)
+    return record
+
+
+async def test_issue30_a_slow_start_keeps_the_reset_open_and_a_change_meanwhile_is_lost(
+    rig: Rig,
+) -> None:
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=1, **real_ranks(rig, 1.5))
+    await world_up(rig, within=15)
+    rig.set_hosts("a:1", "b:1", "c:1")
+    await wait_for(rig, lambda: bool(rig.of(ev.RANK_STARTED, host="c")), "c's rank spawned")
+    rig.set_hosts("a:1", "c:1")  # b unlisted while c's rank is still starting
+    await wait_for(rig, lambda: bool(rig.of(ev.HOSTS_UPDATE_LOST)), "the lost notice")
+    await world_up(rig, 2, within=15)
+    c_started, c_joined = rank_of(rig, "c", ev.RANK_STARTED), rank_of(rig, "c")
+    (lost,) = rig.of(ev.HOSTS_UPDATE_LOST)
+    assert c_started["ts"] < lost["ts"] < c_joined["ts"]  # inside c's start
+    assert c_joined["ts"] - c_started["ts"] >= 1.5
+    completed = rig.of(ev.RESET_COMPLETED)[1]
+    assert completed["seconds"] >= 1.5
+    assert completed["ranks"] == [c_started["rank_id"]]
+    commits = run.driver.commits
+    await asyncio.sleep(1.2)
+    assert run.driver.commits >= commits + 2  # training went on...
+    assert rig.of(ev.RANK_UNASSIGNED, host="b") == []  # ...with b, no longer listed
+    assert len(rig.of(ev.RESET)) == 1  # nothing re-sent
+    assert await run.finish() == 0
+    assert_no_failures(rig)
+
+
+def markers_by_rank(rig: Rig) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for record in rig.of(ev.COMMIT_MARKER_PRINTED):
+        counts[record["rank_id"]] = counts.get(record["rank_id"], 0) + 1
+    return counts
+
+
+async def test_issue30_the_marker_comes_once_per_reset_after_the_slowest_new_rank_joined(
+    rig: Rig,
+) -> None:
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=1, **ranks_in_pods(rig, 0.5, "d", 1.5))
+    await world_up(rig, within=15)
+    await wait_for(rig, lambda: len(markers_by_rank(rig)) == 2, "the first ranks' markers", 10)
+    rig.set_hosts("a:1", "b:1", "c:1", "d:1")  # c starts in 0.5 s, d in 2 s
+    await wait_for(rig, lambda: len(markers_by_rank(rig)) == 4, "c's and d's markers", 15)
+    c_marker, d_marker = (rank_of(rig, h, ev.COMMIT_MARKER_PRINTED) for h in "cd")
+    completed = rig.of(ev.RESET_COMPLETED)[1]
+    assert rank_of(rig, "c")["ts"] < rank_of(rig, "d")["ts"] - 1.0  # c joined early...
+    assert c_marker["ts"] > completed["ts"] >= rank_of(rig, "d")["ts"]  # ...printed after d
+    requested = rig.of(ev.COMMIT_MARKER_REQUESTED)
+    assert [r["resets"] for r in requested] == [[0], [completed["commit"]]]
+    assert sorted(requested[1]["hosts"]) == ["c", "d"]
+    assert requested[1]["commit"] > completed["commit"]
+    for marker in (c_marker, d_marker):
+        assert marker["reset"] == completed["commit"]
+        assert marker["requested_commit"] == requested[1]["commit"]
+
+    rig.set_hosts("a:1", "b:1", "c:1", "d:1", "e:1")  # another reset: only e is new
+    await wait_for(rig, lambda: len(markers_by_rank(rig)) == 5, "e's marker", 15)
+    await after_commit(rig, run)
+    await after_commit(rig, run)
+    assert set(markers_by_rank(rig).values()) == {1}  # once per rank and reset
+    assert await run.finish() == 0
+    assert_no_failures(rig)
+    # The notices went through the remote shell (the files are the "pods'" own), and the
+    # ranks left nothing behind.
+    assert [p.name for p in (rig.tmp / "pods").glob("*/*")] == []
+
+
+def rank_files(rig: Rig) -> set[tuple[bool, bool]]:
+    """Whether each running rank's alive file and reset file exist (the default paths)."""
+    found = set()
+    for rank in rig.of(ev.RANK_RUNNING):
+        alive = Path(f"/tmp/mockhorovod-rank-{rank['rank_id']}")
+        found.add((alive.exists(), Path(f"{alive}{RESET_FILE_SUFFIX}").exists()))
+    return found
+
+
+def crash_rank(rank_id: str) -> Path:
+    crash = Path(CRASH_FILE.format(rank_id=rank_id))
+    crash.touch()
+    return crash
+
+
+async def test_issue30_no_marker_without_the_hook(rig: Rig) -> None:
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=1, **real_ranks(rig, 0.3, commit_marker=False))
+    await world_up(rig, within=15)
+    rig.set_hosts("a:1", "b:1", "c:1")
+    await world_up(rig, 2, within=15)
+    for _ in range(3):
+        await after_commit(rig, run)
+    assert rank_files(rig) == {(True, False)}  # alive files, and no reset file
+    assert await run.finish() == 0
+    assert rig.of(ev.COMMIT_MARKER_REQUESTED, ev.COMMIT_MARKER_PRINTED) == []
+    assert rig.of(ev.DRIVER_STARTED)[0]["commit_marker"] is False
+
+
+async def test_issue30_a_start_longer_than_the_gloo_timeout_aborts(rig: Rig) -> None:
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=1, gloo_timeout=1.0, **real_ranks(rig, 4.0))
+    assert await asyncio.wait_for(run.task, 10) == 1
+    (timeout,) = rig.of(ev.GLOO_TIMEOUT)
+    assert sorted(timeout["missing"]) == sorted(r["rank_id"] for r in rig.of(ev.RANK_STARTED))
+    assert {e["host"] for e in rig.of(ev.RANK_FAILED) if e.get("gloo_timeout")} == {"a", "b"}
+    assert rig.of(ev.JOB_FAILED)[0]["line"] == "failure count == 2 -> stop running"
+    assert rig.of(ev.RANK_RUNNING, ev.COMMIT_MARKER_REQUESTED, ev.COMMIT_MARKER_PRINTED) == []
+
+
+async def test_issue30_a_new_rank_crashing_in_its_start_aborts_at_the_gloo_timeout(
+    rig: Rig,
+) -> None:
+    rig.set_hosts("a:1", "b:1")
+    run = await start(rig, np=2, min_np=1, gloo_timeout=4.0, **real_ranks(rig, 2.0))
+    await world_up(rig, within=15)
+    rig.set_hosts("a:1", "b:1", "c:1")
+    await wait_for(rig, lambda: bool(rig.of(ev.RANK_STARTED, host="c")), "c's rank spawned")
+    crash = crash_rank(rank_of(rig, "c", ev.RANK_STARTED)["rank_id"])
+    try:  # before its hvd.init: the others wait for it in Gloo
+        assert await asyncio.wait_for(run.task, 15) == 1
+    finally:
+        crash.unlink(missing_ok=True)
+    (failed_c,) = rig.of(ev.RANK_FAILED, host="c")
+    assert (failed_c["exit_code"], failed_c["exec_refused"]) == (CRASH_EXIT_CODE, True)
+    assert rig.of(ev.RANK_RUNNING, host="c") == []
+    assert rig.of(ev.GLOO_TIMEOUT)[0]["missing"] == [failed_c["rank_id"]]
+    aborted = {e["host"] for e in rig.of(ev.RANK_FAILED) if e.get("gloo_timeout")}
+    assert aborted == {"a", "b"}  # the reset's other ranks abort while assigned
+    assert rig.of(ev.DRIVER_EXIT)[0]["reason"] == "all_failed"
+
+
+def rank_in_start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], float]:
+    """A rank with a 5 s start and the kill emulation, once its loop polls its pod."""
+    kubectl = fake_kubectl(tmp_path)
+    set_pod(tmp_path, "w-0")
+    args = ["--kubeconfig", "/k", "--kubectl", str(kubectl), "--poll-interval", "0.05"]
+    launched = time.monotonic()
+    proc = rank_process(tmp_path, *args, "--start-seconds", "5", *extra)
+    calls = tmp_path / "pods" / "calls"
+    wait_until(
+        lambda: calls.exists() and "get pod w-0 -o json" in calls.read_text(), 10, "a pod check"
+    )
+    return proc, launched
+
+
+@pytest.mark.parametrize(
+    ("how", "code"),
+    [("pod_gone", KILLED_EXIT_CODE), ("crash", CRASH_EXIT_CODE), ("stop_file", 0), ("sigterm", 0)],
+)
+def test_rank_in_its_start_reacts_as_it_does_later(tmp_path: Path, how: str, code: int) -> None:
+    stop = tmp_path / "stop-r1"
+    alive = tmp_path / "alive-r1"
+    extra = ["--stop-file", str(stop), "--alive-file", str(alive), "--commit-marker"]
+    proc, launched = rank_in_start(tmp_path, *extra)
+    crash = Path(CRASH_FILE.format(rank_id="r1"))
+    try:
+        if how == "pod_gone":
+            (tmp_path / "pods" / "w-0.json").unlink()
+        elif how == "crash":
+            crash.touch()
+        elif how == "stop_file":
+            stop.touch()
+        else:
+            proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == code
+        assert time.monotonic() - launched < 5.0  # before its start was over
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        out, err = proc.communicate()
+        crash.unlink(missing_ok=True)
+    assert RANK_STARTED_MARKER not in out  # it never joined
+    assert not alive.exists()
+    assert "Traceback" not in err
+
+
+def test_rank_joins_after_its_start_and_commits_when_its_reset_file_goes(tmp_path: Path) -> None:
+    alive = tmp_path / "alive-r1"
+    reset = Path(f"{alive}{RESET_FILE_SUFFIX}")
+    args = ["--alive-file", str(alive), "--poll-interval", "0.05", "--commit-marker"]
+    launched = time.monotonic()
+    proc = rank_process(tmp_path, *args, "--start-seconds", "1")
+    assert proc.stdout is not None
+    try:
+        wait_marker(proc)
+        assert time.monotonic() - launched >= 1.0
+        assert alive.exists()
+        assert reset.exists()  # created before the start line: the driver may end it at once
+        time.sleep(0.5)  # commits of its own print nothing: the reset is not known to end
+        reset.unlink()  # the driver: a commit returned after the reset it joined
+        assert proc.stdout.readline().strip() == COMMITTED_MARKER
+        wait_until(reset.exists, 5, "the reset file back")
+        time.sleep(0.3)
+        reset.unlink()  # a later reset ended
+        assert proc.stdout.readline().strip() == COMMITTED_MARKER
+        wait_until(reset.exists, 5, "the reset file back")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        out, err = proc.communicate()
+    assert out == ""  # one marker per removal, none of its own
+    assert not alive.exists()
+    assert not reset.exists()
+    assert "Traceback" not in err
+
+
+def test_rank_without_the_hook_keeps_no_reset_file(tmp_path: Path) -> None:
+    alive = tmp_path / "alive-r1"
+    proc = rank_process(tmp_path, "--alive-file", str(alive), "--poll-interval", "0.05")
+    still_running_then_terminated(proc, 0.3, alive.exists)
+    assert list(tmp_path.iterdir()) == []
