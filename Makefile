@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: test unit integration e2e e2e-kind lint demo bench bench-kind bench-kind-drain bench-planning bench-spot bench-capacity binaries cluster-up cluster-down venv lock clean
+.PHONY: test unit integration e2e e2e-kind lint demo bench bench-kind bench-kind-drain bench-planning bench-spot bench-capacity binaries kube-binaries cluster-up cluster-down venv lock clean
 
 # The exact versions, with hashes, of requirements-dev.lock; the image installs
 # requirements.lock (its runtime subset) the same way. The project itself goes on top
@@ -29,18 +29,24 @@ lock: venv
 	$(VENV)/bin/pip-compile $(LOCK_FLAGS) --extra test --extra dev \
 	  --constraint requirements.lock -o requirements-dev.lock pyproject.toml
 
-# The Kubernetes binaries, Prometheus's promtool and server (the monitoring tests), helm,
-# the scheduler-plugins scheduler (the gang tests) and Kueue (the Kueue tests): built once
-# from their Go modules into the versioned cache, progress on stderr.
-binaries:
+# The Kubernetes binaries the local KWOK cluster runs (kube-apiserver, etcd,
+# controller-manager, scheduler, kubectl, KWOK): all that `cluster-up` and `demo` need.
+# Built once from their Go modules into the versioned cache, progress on stderr.
+kube-binaries:
 	@hack/build-binaries.sh >/dev/null
+
+# Everything the tests need: the Kubernetes binaries, Prometheus's promtool and server (the
+# monitoring tests), helm, the scheduler-plugins scheduler (the gang tests) and Kueue (the
+# Kueue tests), the same way. Each script takes a lock of its own in the cache, so two runs
+# never build the same thing at once.
+binaries: kube-binaries
 	@hack/build-scheduler-plugins.sh >/dev/null
 	@hack/build-promtool.sh promtool >/dev/null
 	@hack/build-promtool.sh prometheus >/dev/null
 	@hack/build-helm.sh >/dev/null
 	@hack/build-kueue.sh >/dev/null
 
-cluster-up: binaries
+cluster-up: kube-binaries
 	@hack/cluster-up.sh
 
 cluster-down:
@@ -90,7 +96,7 @@ test: lint binaries
 	$(call run_pytest,tests e2e)
 	@hack/e2e-kind.sh
 
-demo: venv binaries
+demo: venv kube-binaries
 	@$(PY) -m e2e.demo $(DEMO_ARGS)
 
 # Issue 9's benchmarks in one table (bench/out/results.md, quoted by docs/benchmarks.md):

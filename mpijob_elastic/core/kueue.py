@@ -40,7 +40,7 @@ ELASTIC_ANNOTATION = "kueue.x-k8s.io/elastic-job"
 REPLACEMENT_ANNOTATION = "kueue.x-k8s.io/workload-slice-replacement-for"
 # Which of the job's Workloads this is, 0 for the first: names them, orders them
 # (creationTimestamp has whole seconds).
-SLICE_ANNOTATION = "mpijob-elastic.io/workload-slice"
+SLICE_ANNOTATION = names.ANN_WORKLOAD_SLICE
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,21 @@ NOTICE_FILE: Final = "notice"
 # priority that anything else may preempt; the PriorityClass its extra workers run at.
 ANN_OPPORTUNISTIC: Final = "mpijob-elastic.io/opportunistic"
 ANN_OPPORTUNISTIC_PRIORITY_CLASS: Final = "mpijob-elastic.io/opportunistic-priority-class"
+# Every annotation a user writes on the MPIJob, the one list of them: the spec's parser
+# reads exactly these (spec.py, spec_fields.py), and SpecWarnings calls any other
+# annotation under the prefix unknown (spec_warnings.py). The controller's own annotations
+# below live on its children: on the job they are as unknown as a typo.
+USER_ANNOTATIONS: Final = (
+    ANN_MIN_REPLICAS,
+    ANN_MAX_REPLICAS,
+    ANN_DRAIN_SECONDS,
+    ANN_SCALE_OUT_TIMEOUT,
+    ANN_REMOVE_WORKERS,
+    ANN_BELOW_MIN_TIMEOUT,
+    ANN_CHECKPOINT_SECONDS,
+    ANN_OPPORTUNISTIC,
+    ANN_OPPORTUNISTIC_PRIORITY_CLASS,
+)
 # On an opportunistic worker: observe counts it, the PodDisruptionBudget leaves it out.
 LABEL_OPPORTUNISTIC: Final = "mpijob-elastic.io/opportunistic"
 # On the ConfigMap: "<opportunistic workers> <attempts> <since> <retry at> <why>", the growth
@@ -115,6 +130,9 @@ STATE_ANNOTATIONS: Final = (
     ANN_PREEMPTED,
     ANN_HOSTS_ADDED,
 )
+# On a Kueue Workload the controller writes for a job: which of the job's Workloads it is,
+# 0 for the first (kueue.py).
+ANN_WORKLOAD_SLICE: Final = "mpijob-elastic.io/workload-slice"
 
 CONFIG_MOUNT: Final = "/etc/mpi"
 HOSTFILE: Final = "hostfile"

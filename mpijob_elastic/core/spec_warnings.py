@@ -25,17 +25,8 @@ from mpijob_elastic.core.shapes import FieldError
 from mpijob_elastic.core.spec import JobSpec
 
 PREFIX = "mpijob-elastic.io/"
-# The annotations a user sets on an MPIJob (names.py); the controller's own live on its
-# children, so on the job they are as unknown as a typo.
-USER_ANNOTATIONS = (
-    names.ANN_MIN_REPLICAS,
-    names.ANN_MAX_REPLICAS,
-    names.ANN_DRAIN_SECONDS,
-    names.ANN_SCALE_OUT_TIMEOUT,
-    names.ANN_REMOVE_WORKERS,
-    names.ANN_BELOW_MIN_TIMEOUT,
-    names.ANN_CHECKPOINT_SECONDS,
-)
+# The annotations a user sets on an MPIJob: the ones the parser reads (names.py).
+USER_ANNOTATIONS = names.USER_ANNOTATIONS
 SUFFIXES = tuple(a.removeprefix(PREFIX) for a in USER_ANNOTATIONS)
 ROLES = ("Launcher", "Worker")
 REPLICA_FIELDS = ("replicas", "restartPolicy", "template")

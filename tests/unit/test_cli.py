@@ -159,6 +159,18 @@ def test_render_warns_on_stderr_and_still_renders(
     assert len(list(yaml.safe_load_all(out))) == 9
 
 
+def test_render_of_an_opportunistic_job_prints_no_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = yaml.safe_load(SAMPLE.read_text())
+    job["metadata"]["annotations"]["mpijob-elastic.io/opportunistic"] = "true"
+    job["metadata"]["annotations"]["mpijob-elastic.io/opportunistic-priority-class"] = "spot"
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    assert main(["render", str(path)]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_render_of_a_job_whose_metadata_is_not_an_object(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -289,6 +289,22 @@ def test_a_job_without_warnings_never_gets_the_condition() -> None:
     assert condition(c) is None
 
 
+def test_an_opportunistic_job_is_not_told_its_annotations_are_unknown() -> None:
+    # Issue 29: the warnings had a list of their own that missed both.
+    annotations = {
+        names.ANN_MIN_REPLICAS: "1",
+        names.ANN_MAX_REPLICAS: "4",
+        names.ANN_OPPORTUNISTIC: "true",
+        names.ANN_OPPORTUNISTIC_PRIORITY_CLASS: "spot-low",
+    }
+    job = make_job(2, annotations=annotations)
+    assert warnings_of(job) == []
+    c = Cluster(job)
+    c.converge()
+    assert condition(c) is None
+    assert [e for e in c.events if e.reason == "SpecWarnings"] == []
+
+
 def condition(c: Cluster) -> dict[str, Any] | None:
     for found in c.job.get("status", {}).get("conditions", []):
         if found["type"] == "SpecWarnings":

@@ -47,21 +47,13 @@ def test_the_kept_worker_count_is_always_written_back() -> None:
 def test_every_annotation_of_ours_is_a_setting_a_pod_mark_or_state() -> None:
     """A new annotation for state on the ConfigMap must join STATE_ANNOTATIONS, or the
     controller would never remove it: every ``ANN_`` name is placed in exactly one kind."""
-    settings = {
-        names.ANN_MIN_REPLICAS,
-        names.ANN_MAX_REPLICAS,
-        names.ANN_DRAIN_SECONDS,
-        names.ANN_SCALE_OUT_TIMEOUT,
-        names.ANN_REMOVE_WORKERS,
-        names.ANN_BELOW_MIN_TIMEOUT,
-        names.ANN_CHECKPOINT_SECONDS,
-        names.ANN_OPPORTUNISTIC,
-        names.ANN_OPPORTUNISTIC_PRIORITY_CLASS,
-    }
+    settings = set(names.USER_ANNOTATIONS)
     on_pods = {names.ANN_DRAINING_SINCE, names.ANN_CONFIG_HASH, names.ANN_NOTICE}
+    on_workloads = {names.ANN_WORKLOAD_SLICE}
     state = set(names.STATE_ANNOTATIONS)
     defined = [v for k, v in vars(names).items() if k.startswith("ANN_")]
-    assert sorted(defined) == sorted(settings | on_pods | state)
+    assert sorted(defined) == sorted(settings | on_pods | on_workloads | state)
+    assert len(settings) == len(names.USER_ANNOTATIONS)
     assert len(state) == len(names.STATE_ANNOTATIONS)
     assert not settings & state
     assert not on_pods & state
