@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.harness import ElasticRun, in_cluster_job
+from e2e.harness import ElasticRun, in_cluster_job, mock_driver_args
 from e2e.mockhorovod import events as ev
-from e2e.test_relocation import colocation_node, nothing_fatal
+from e2e.test_relocation import SLOW_START, colocation_node, nothing_fatal
 from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster
 from tests.controller import ControllerProcess, wait_for
@@ -91,14 +91,14 @@ def _times(share: str, n: int) -> str:
     return f"{int(share[:-1]) * n}m" if share.endswith("m") else str(int(share) * n)
 
 
-def opportunistic_job(name: str, node: str, resource: str, share: str) -> dict[str, Any]:
+def opportunistic_job(
+    name: str, node: str, resource: str, share: str, args: tuple[str, ...] = DRIVER_ARGS
+) -> dict[str, Any]:
     """The sample, opportunistic, bounds 1..8, every worker on ``node`` asking for one
-    share of the scarce resource, the launcher elsewhere."""
+    share of the scarce resource, the launcher elsewhere; ``args``: the mock driver's."""
     job: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
     if IN_CLUSTER:
-        in_cluster_job(
-            job, os.environ["E2E_LAUNCHER_IMAGE"], os.environ["E2E_WORKER_IMAGE"], DRIVER_ARGS
-        )
+        in_cluster_job(job, os.environ["E2E_LAUNCHER_IMAGE"], os.environ["E2E_WORKER_IMAGE"], args)
     job["metadata"]["name"] = name
     job["metadata"]["annotations"].update(
         {
@@ -280,4 +280,64 @@ def test_grows_into_idle_capacity_and_gives_it_back_to_higher_priority(
         )
     finally:
         run.kubectl("delete", "pod", *high, "--ignore-not-found", check=False)
+        run.close()
+
+
+def test_a_growth_step_preempted_while_its_ranks_start_costs_no_failure(
+    cluster: Cluster,
+    e2e_namespace: str,
+    controller: ControllerProcess | None,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Issue 30: a growth step's workers are listed, Horovod's reset starts their ranks,
+    which take ``SLOW_START`` to join, and a higher-priority workload preempts them at
+    once. Unlisted during the reset, the notice would be dropped and the ranks would die
+    assigned at the end of their grace period; so they stay listed until the reset ends
+    (their commit marker), then leave at their next commit, inside the grace period."""
+    node = colocation_node(cluster)
+    resource, share = scarce(cluster, node)
+    args = mock_driver_args(DRIVER_ARGS, rank_start_seconds=SLOW_START, commit_marker=True)
+    run = ElasticRun(
+        cluster,
+        e2e_namespace,
+        opportunistic_job("growth-preempted", node, resource, share, args),
+        tmp_path_factory.mktemp("growth-preempted"),
+        driver_args=args,
+        in_cluster=IN_CLUSTER,
+    )
+    high = "high-growth"
+    try:
+        run.submit()
+        run.start_launcher()
+        baseline = run.wait_for_size(BASELINE, timeout=120)
+        wait_for(lambda: run.ranks_running_on() == baseline, 90, "the baseline's ranks")
+
+        def step_starting() -> set[str] | None:
+            started = {
+                e["host"] for e in run.driver_events(ev.RANK_STARTED) if e["host"] not in baseline
+            }
+            return started or None
+
+        # 1. A growth step is listed and Horovod's reset starts its ranks.
+        growth = wait_for(step_starting, 120, "a growth step's ranks starting")
+        since = time.time()
+        joined = {e["host"] for e in run.driver_events(ev.RANK_RUNNING)}
+        assert not growth & joined, "the ranks joined before the preemption"
+        # 2. At once, a higher-priority pod takes every idle and opportunistic place.
+        pod = higher_priority_pod(high, node, resource, _times(share, MAXIMUM - BASELINE))
+        run.kubectl("apply", "-f", "-", input=json.dumps(pod))
+        run.wait_for_size(BASELINE, timeout=120)
+        wait_for(
+            lambda: run.ranks_running_on() == set(run.discovered()) == baseline,
+            60,
+            "the baseline alone trains",
+        )
+        nothing_fatal(run, since)
+        assert run.driver_events(ev.HOST_BLACKLISTED) == []
+        # The step's ranks joined the reset and were let go by the driver, never failed.
+        stopped = {e["host"] for e in run.driver_events(ev.RANK_STOPPED) if e["ts"] >= since}
+        assert growth <= stopped, (growth, stopped)
+        assert events(run, "Preempted")
+    finally:
+        run.kubectl("delete", "pod", high, "--ignore-not-found", check=False)
         run.close()

@@ -9,6 +9,11 @@ rules"). Each job here runs with the stricter mock driver against the controller
 driver's own record must show none of those ends (``events.FATAL_EVENTS``), no failure and
 no blacklist. Each step's timeline goes to stdout and to e2e/out/.
 
+Issue 30: every job here plays a slow training, whose ranks take ``SLOW_START`` (20 s) from
+their start to joining (import torch, CUDA, the data set), during which Horovod's reset
+runs and drops any host change; the cordon plays a training without the commit hook (the
+controller waits out the reset bound), the drain and the crash one with it (the marker).
+
 It runs on KWOK (the driver a local process, ``make e2e``) and on kind (``E2E_IN_CLUSTER=1``
 from hack/e2e-kind.sh: the controller deployed, the launcher a real pod running the mock
 launcher image). The node that holds every worker is one of the cluster's schedulable
@@ -42,6 +47,7 @@ from e2e.harness import (
     describe_moves,
     format_timeline,
     in_cluster_job,
+    mock_driver_args,
 )
 from e2e.mockhorovod import events as ev
 from mpijob_elastic.core import names
@@ -52,7 +58,9 @@ OUT = ROOT / "e2e" / "out"
 SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
 DRAIN_SECONDS = 15
 WORKERS = 3
-RELOCATION_TIMEOUT = 90
+RELOCATION_TIMEOUT = 120
+# A rank's start to its joining: slower than the 5 s the controller once took as proof.
+SLOW_START = 20.0
 HOSTNAME = "kubernetes.io/hostname"
 # hack/e2e-kind.sh sets these: the controller is deployed in the cluster, and the launcher
 # is a real pod running the mock launcher image.
@@ -82,17 +90,12 @@ def colocation_node(cluster: Cluster) -> str:
     return str(schedulable[-1])
 
 
-def colocated_job(name: str, node: str, min_replicas: int) -> dict[str, Any]:
+def colocated_job(name: str, node: str, args: tuple[str, ...], min_replicas: int) -> dict[str, Any]:
     """The sample with every worker preferring ``node`` (one 8-GPU node holds the whole
     job) and the launcher kept off it. A preference, so replacements may go elsewhere."""
     job: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
     if IN_CLUSTER:
-        in_cluster_job(
-            job,
-            os.environ["E2E_LAUNCHER_IMAGE"],
-            os.environ["E2E_WORKER_IMAGE"],
-            driver_args(min_replicas),
-        )
+        in_cluster_job(job, os.environ["E2E_LAUNCHER_IMAGE"], os.environ["E2E_WORKER_IMAGE"], args)
     job["metadata"]["name"] = name
     annotations = job["metadata"]["annotations"]
     annotations[names.ANN_DRAIN_SECONDS] = str(DRAIN_SECONDS)
@@ -123,8 +126,10 @@ def colocated_job(name: str, node: str, min_replicas: int) -> dict[str, Any]:
     return job
 
 
-def driver_args(min_replicas: int) -> tuple[str, ...]:
-    return ("-np", str(WORKERS), "--min-np", str(min_replicas), "--max-np", "5")
+def driver_args(min_replicas: int, marker: bool) -> tuple[str, ...]:
+    """A slow training, with the commit hook (``marker``) or without."""
+    base = ("-np", str(WORKERS), "--min-np", str(min_replicas), "--max-np", "5")
+    return mock_driver_args(base, rank_start_seconds=SLOW_START, commit_marker=marker)
 
 
 def start_job(
@@ -134,18 +139,22 @@ def start_job(
     name: str,
     node: str,
     min_replicas: int,
+    *,
+    marker: bool,
 ) -> ElasticRun:
+    args = driver_args(min_replicas, marker)
     run = ElasticRun(
         cluster,
         namespace,
-        colocated_job(name, node, min_replicas),
+        colocated_job(name, node, args, min_replicas),
         workdir,
-        driver_args=driver_args(min_replicas),
+        driver_args=args,
         in_cluster=IN_CLUSTER,
     )
     step = run.submit()
     run.start_launcher()
     listed = run.wait_for_size(WORKERS, timeout=90)
+    wait_for(lambda: run.ranks_running_on() == listed, 60, "the first ranks joined")
     placement = run.worker_nodes()
     assert {placement[w] for w in listed} == {node}, placement
     assert run.launcher_node() != node
@@ -230,6 +239,34 @@ def rank_holders(run: ElasticRun, at: float) -> set[str]:
     return {h for h, n in count.items() if n > 0}
 
 
+def resets_open(run: ElasticRun, since: float) -> list[tuple[float, float]]:
+    """The driver's resets that started ranks, from the reset to the last new rank's
+    joining, as (start, end) times; one still open ends now."""
+    spans = []
+    open_at: float | None = None
+    for e in run.driver_events(ev.RESET, ev.RESET_COMPLETED):
+        if e["ts"] < since:
+            continue
+        if e["event"] == ev.RESET:
+            open_at = e["ts"]
+        elif open_at is not None:
+            spans.append((open_at, e["ts"]))
+            open_at = None
+    return spans
+
+
+def no_change_during_a_reset(run: ElasticRun, since: float) -> None:
+    """Issue 30: no host-list change the driver saw while a reset that started new ranks
+    still ran (the driver drops such a change): every change after ``since`` came before
+    a reset began or after its last new rank had joined."""
+    spans = resets_open(run, since)
+    assert spans, "no reset started ranks"
+    # The driver records a discovery only when the host set changed.
+    for change in run.driver_events(ev.DISCOVERY):
+        if change["ts"] >= since:
+            assert not any(start < change["ts"] < end for start, end in spans), (change, spans)
+
+
 def check_relocation(run: ElasticRun, step: Step, old: set[str], before: set[str]) -> set[str]:
     listed: set[str] = wait_for(
         lambda: relocated(run, old), RELOCATION_TIMEOUT, f"{sorted(old)} replaced, with ranks"
@@ -238,6 +275,7 @@ def check_relocation(run: ElasticRun, step: Step, old: set[str], before: set[str
     # Rule 1: a host of the current assignment stays listed until a new host holds a rank.
     first_rank, last_unlisted = timeline_figures(run, step, old)
     assert first_rank <= last_unlisted, (first_rank, last_unlisted)
+    no_change_during_a_reset(run, step.started)
     for e in run.driver_events(ev.DISCOVERY):
         if e["ts"] >= step.started:
             assert set(e["hosts"]) & rank_holders(run, e["ts"]), e
@@ -246,9 +284,13 @@ def check_relocation(run: ElasticRun, step: Step, old: set[str], before: set[str
     assert old <= stopped, (old, stopped)
     arrivals = run.arrivals(step, before)
     moves = run.moves(step, {w: "" for w in old})
+    joined = max(a.rank_running for a in arrivals if a.rank_running is not None)
+    deleted = [m.deleted for m in moves if m.deleted is not None]
+    gone = f"{max(deleted):+.2f}s" if deleted else "-"
     step.lines += [
         f"TIMELINE: {step.label} at +0.00s -> first replacement rank {first_rank:+.2f}s -> "
-        f"last old host unlisted {last_unlisted:+.2f}s",
+        f"every replacement rank joined {joined:+.2f}s -> "
+        f"last old host unlisted {last_unlisted:+.2f}s -> old workers deleted {gone}",
         *describe_moves(moves, arrivals),
     ]
     for line in step.lines:
@@ -341,7 +383,16 @@ def test_cordon_then_drain_of_the_node_holding_every_worker(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     node = colocation_node(cluster)
-    run = start_job(cluster, e2e_namespace, tmp_path_factory.mktemp("cordon"), "colocated", node, 1)
+    # Without the commit hook: the controller waits out the reset bound (Gloo timeout + 5 s).
+    run = start_job(
+        cluster,
+        e2e_namespace,
+        tmp_path_factory.mktemp("cordon"),
+        "colocated",
+        node,
+        1,
+        marker=False,
+    )
     try:
         old = set(run.discovered())
         before = set(run.worker_pods())
@@ -375,7 +426,13 @@ def test_drain_of_the_node_holding_every_worker_never_goes_below_min(
 ) -> None:
     node = colocation_node(cluster)
     run = start_job(
-        cluster, e2e_namespace, tmp_path_factory.mktemp("drain"), "colocated-drain", node, 2
+        cluster,
+        e2e_namespace,
+        tmp_path_factory.mktemp("drain"),
+        "colocated-drain",
+        node,
+        2,
+        marker=True,
     )
     try:
         old = set(run.discovered())
@@ -402,7 +459,7 @@ def test_drain_of_the_node_holding_every_worker_never_goes_below_min(
             run.kubectl("patch", "mpijob", run.job, "--type=merge", "-p", json.dumps(patch))
             if n == 5:
                 wait_for(lambda: len(run.discovered()) == 5, 60, "5 listed")
-        run.wait_for_size(4, timeout=90)
+        run.wait_for_size(4, timeout=120)
         time.sleep(3)
         assert len(set(run.discovered())) == 4
         assert run.ranks_running_on() == set(run.discovered())
@@ -411,3 +468,49 @@ def test_drain_of_the_node_holding_every_worker_never_goes_below_min(
         cluster.kubectl("uncordon", node, check=False)
         run.close()
         report(run, "colocated-drain")
+
+
+def test_a_crash_replacement_and_a_scale_in_at_once_wait_for_the_slow_reset(
+    cluster: Cluster,
+    e2e_namespace: str,
+    controller: ControllerProcess,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A rank crashes (Horovod's failure and blacklist: the one loss nothing can avoid);
+    the controller replaces its worker under a fresh name, and a scale-in arrives as soon
+    as the driver lists the replacement, whose rank takes ``SLOW_START`` to join: the
+    scale-in must wait until that reset has ended, or the driver drops it."""
+    node = colocation_node(cluster)
+    workdir = tmp_path_factory.mktemp("crash")
+    run = start_job(cluster, e2e_namespace, workdir, "slow-crash", node, 1, marker=True)
+    try:
+        old = set(run.discovered())
+        victim = names.worker_name(run.job, 1)
+        (rank_id,) = run.rank_ids_on(victim)
+        step = run.crash_rank(victim, rank_id)
+        replacement = names.worker_name(run.job, WORKERS)
+        wait_for(lambda: replacement in run.discovered(), 90, "the replacement listed")
+        wait_for(
+            lambda: any(replacement in e["hosts"] for e in run.driver_events(ev.DISCOVERY)),
+            30,
+            "the driver sees the replacement",
+        )
+        patch = {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": WORKERS - 1}}}}
+        run.kubectl("patch", "mpijob", run.job, "--type=merge", "-p", json.dumps(patch))
+        run.wait_for_size(WORKERS - 1, timeout=120)
+        wait_for(lambda: run.ranks_running_on() == set(run.discovered()), 60, "ranks on the listed")
+        # The crash is the one failure and the one blacklist; nothing else is lost.
+        failed = [(e["host"], e["rank_id"]) for e in run.driver_events(ev.RANK_FAILED)]
+        assert failed == [(victim, rank_id)], failed
+        assert [b["host"] for b in run.driver_events(ev.HOST_BLACKLISTED)] == [victim]
+        bad = run.driver_events(ev.EXEC_FAILED, *ev.FATAL_EVENTS, ev.DRIVER_EXIT)
+        assert bad == [], bad
+        assert victim not in run.discovered()
+        no_change_during_a_reset(run, step.started)
+        step.lines.append(
+            f"crashed {victim}; replaced by {replacement}; listed now {sorted(run.discovered())}"
+            f" (was {sorted(old)})"
+        )
+    finally:
+        run.close()
+        report(run, "slow-crash")

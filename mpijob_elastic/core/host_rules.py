@@ -13,10 +13,13 @@ rule is a way the real driver (0.28.1, reference section 4a) ends or stalls the 
    Gloo timeout, past which every rank of an unfinished reset aborts and the job has
    failed anyway, plus ``RESET_MARGIN_SECONDS``); an added host whose ranks never start
    holds the list the bound from when it was listed. After a rewrite that removed hosts,
-   nothing changes
-   until their ranks have left, and a removed host a scale-out takes back is not listed
-   again before then (the driver judges an exit by host at exit time). Only hosts that
-   can no longer be listed (gone, failed, terminating) leave meanwhile.
+   nothing changes until their ranks have left, and a removed host a scale-out takes
+   back is not listed again before then (the driver judges an exit by host at exit
+   time). Only hosts that
+   can no longer be listed (gone, failed, terminating with no rank running) leave
+   meanwhile; a terminating host whose ranks run (an eviction or preemption during the
+   reset) stays until the reset ends, then leaves: the driver drops a notice sent during
+   a reset, and its ranks would die assigned at the end of the grace period.
 2. **A rank-holder stays.** The driver refuses a reset whose host set holds no host of
    the ranks' current assignment ("No hosts from previous set remaining") and ends the
    job. So while a listed worker holds ranks and no host of the new list does, one of the
@@ -191,10 +194,13 @@ def _pending(
         return waiting, recheck
     for name in sorted(listed):
         h = hosts.get(name)
-        if h is None or h.running_since is None or h.terminating:
+        if h is None or h.running_since is None:
             continue
         if name in seen:
+            # A terminating host too: its ranks are in the reset until it ends.
             end = joined(name, snapshot, bound, now)
+        elif h.terminating:
+            continue  # no rank of it to wait for, and none may start there now
         else:
             # Not started yet: the driver starts its ranks at the reset its listing brings,
             # so the bound runs from then (from its start, if it came later).
@@ -243,7 +249,14 @@ def next_hosts(
     ]
     if waiting and set(chosen) != set(listed):
         why = f"waiting for the ranks of {', '.join(waiting)} (one host-list change at a time)"
-        chosen = [n for n in listed if (h := hosts.get(n)) is not None and h.listable]
+        # A terminating host whose ranks run stays too, until the reset ends: unlisted now,
+        # the driver would drop the notice and its ranks would die assigned at the end of
+        # its grace period; unlisted after the reset, they leave at their next commit.
+        chosen = [
+            n
+            for n in listed
+            if (h := hosts.get(n)) is not None and (h.listable or (h.terminating and n in holders))
+        ]
     else:
         waiting, recheck = [], None
     current = [n for n in listed if n in hosts]

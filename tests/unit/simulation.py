@@ -551,11 +551,14 @@ class World:
             return
         for name in sorted(hosts):
             pod = self.objects.get(("Pod", name))
-            # (c) a listed host exists, is not being deleted, runs and is wanted.
-            last_holder = name in before and holders & hosts == {name}
-            if pod is None or (pod["metadata"].get("deletionTimestamp") and not last_holder):
+            # (c) a listed host exists, is not being deleted, runs and is wanted; but a
+            # rank-holder already listed may stay while terminating: the last one (rule 2),
+            # or one whose reset may still run (rule 1: unlisted then, the notice is lost).
+            terminating = pod is not None and pod["metadata"].get("deletionTimestamp")
+            kept = name in before and name in holders
+            if pod is None or (terminating and not kept):
                 self._violate(f"(c) discover_hosts.sh names {name}, which is gone or terminating")
-            elif name not in acting.listable:
+            elif name not in acting.listable and not (terminating and kept):
                 self._violate(
                     f"(c) discover_hosts.sh names {name}, which the controller's view did not "
                     "show running and wanted"

@@ -216,3 +216,27 @@ def test_the_budget_counts_a_new_holder_once_the_reset_it_joined_has_ended() -> 
     )
     # The job's first ranks: no older state to keep, all of them count at once.
     assert committed_holders(snapshot, frozenset(new), NOW, BOUND) == (frozenset(new), None)
+
+
+def test_a_host_preempted_during_the_reset_it_joined_leaves_once_the_reset_ends() -> None:
+    """A growth step's workers are listed, their ranks start slowly, and the scheduler
+    preempts one at once: unlisted during the reset, the notice would be dropped and its
+    rank would die assigned at the end of its grace period (issue 30)."""
+    hosts = {w(0): host(0), w(1): host(1), w(2): host(2, terminating=True, listable=False)}
+    listed = [w(0), w(1), w(2)]
+    started = NOW - timedelta(seconds=2)
+    snap = RankSnapshot(NOW, frozenset(listed), since={w(1): started, w(2): started})
+    got = rules([w(0), w(1)], listed, hosts, snap, NOW)
+    assert got.hosts == tuple(listed)
+    assert w(2) in got.held
+    # Both new hosts of the step preempted: their own reset still holds the list.
+    hosts[w(1)] = host(1, terminating=True, listable=False)
+    assert rules([w(0)], listed, hosts, snap, NOW).hosts == tuple(listed)
+    # The reset has ended (the commit marker): they leave, and the driver hears of it.
+    done = dataclasses.replace(snap, committed=frozenset({w(1), w(2)}))
+    assert rules([w(0)], listed, hosts, done, NOW).hosts == (w(0),)
+    # A terminating host whose rank never started is not kept: one must not start there.
+    unseen = RankSnapshot(NOW, frozenset({w(0), w(1)}), since={w(1): started})
+    hosts[w(1)] = host(1)
+    got = rules([w(0), w(1)], listed, hosts, unseen, NOW)
+    assert got.hosts == (w(0), w(1))
