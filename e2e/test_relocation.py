@@ -35,6 +35,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -126,10 +127,13 @@ def colocated_job(name: str, node: str, args: tuple[str, ...], min_replicas: int
     return job
 
 
-def driver_args(min_replicas: int, marker: bool) -> tuple[str, ...]:
-    """A slow training, with the commit hook (``marker``) or without."""
+def driver_args(
+    min_replicas: int, marker: bool, rank_start_seconds: float = SLOW_START
+) -> tuple[str, ...]:
+    """A slow training, with the commit hook (``marker``) or without; bench.relocation
+    plays other start times."""
     base = ("-np", str(WORKERS), "--min-np", str(min_replicas), "--max-np", "5")
-    return mock_driver_args(base, rank_start_seconds=SLOW_START, commit_marker=marker)
+    return mock_driver_args(base, rank_start_seconds=rank_start_seconds, commit_marker=marker)
 
 
 def start_job(
@@ -141,8 +145,9 @@ def start_job(
     min_replicas: int,
     *,
     marker: bool,
+    rank_start_seconds: float = SLOW_START,
 ) -> ElasticRun:
-    args = driver_args(min_replicas, marker)
+    args = driver_args(min_replicas, marker, rank_start_seconds)
     run = ElasticRun(
         cluster,
         namespace,
@@ -174,13 +179,13 @@ def start_job(
     return run
 
 
-def report(run: ElasticRun, tag: str) -> None:
-    OUT.mkdir(exist_ok=True)
+def report(run: ElasticRun, tag: str, out: Path = OUT) -> None:
+    out.mkdir(parents=True, exist_ok=True)
     text = "\n\n".join(
         format_timeline(step, run.timeline(step, until=nxt.started if nxt else None))
         for step, nxt in zip(run.steps, [*run.steps[1:], None], strict=True)
     )
-    path = OUT / f"timeline-{tag}-{time.strftime('%Y%m%d-%H%M%S')}.txt"
+    path = out / f"timeline-{tag}-{time.strftime('%Y%m%d-%H%M%S')}.txt"
     path.write_text(text + "\n")
     print(f"\n{text}\n(timeline written to {path})")
 
@@ -285,8 +290,8 @@ def check_relocation(run: ElasticRun, step: Step, old: set[str], before: set[str
     arrivals = run.arrivals(step, before)
     moves = run.moves(step, {w: "" for w in old})
     joined = max(a.rank_running for a in arrivals if a.rank_running is not None)
-    deleted = [m.deleted for m in moves if m.deleted is not None]
-    gone = f"{max(deleted):+.2f}s" if deleted else "-"
+    deleted = [m.deleted for m in moves]
+    gone = "not yet" if None in deleted else f"{max(d for d in deleted if d is not None):+.2f}s"
     step.lines += [
         f"TIMELINE: {step.label} at +0.00s -> first replacement rank {first_rank:+.2f}s -> "
         f"every replacement rank joined {joined:+.2f}s -> "
