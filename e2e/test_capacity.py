@@ -295,7 +295,14 @@ def test_a_growth_step_preempted_while_its_ranks_start_costs_no_failure(
     assigned at the end of their grace period; so they stay listed until the reset ends
     (their commit marker), then leave at their next commit, inside the grace period."""
     node = colocation_node(cluster)
-    resource, share = scarce(cluster, node)
+
+    def room() -> tuple[str, str] | None:
+        try:
+            return scarce(cluster, node)
+        except AssertionError:
+            return None  # the job of the test before is still going
+
+    resource, share = wait_for(room, 120, f"room for {MAXIMUM} workers on {node}")
     args = mock_driver_args(DRIVER_ARGS, rank_start_seconds=SLOW_START, commit_marker=True)
     run = ElasticRun(
         cluster,

@@ -314,9 +314,8 @@ def test_a_stop_keeps_the_training_s_progress(
 
         def stopped() -> bool:
             saved()  # on kind the launcher's log goes with it: keep reading it
-            return launcher not in pods.get() or bool(
-                pods.get()[launcher]["metadata"].get("deletionTimestamp")
-            )
+            found = pods.get().get(launcher)  # one read: it may go between two
+            return found is None or bool(found["metadata"].get("deletionTimestamp"))
 
         wait_for(stopped, 30, "the launcher stopped after the window")
         if not IN_CLUSTER:
