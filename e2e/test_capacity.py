@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from e2e.harness import ElasticRun, in_cluster_job, mock_driver_args
+from e2e.mockhorovod import RANK_ANNOTATION_PREFIX
 from e2e.mockhorovod import events as ev
 from e2e.test_relocation import SLOW_START, colocation_node, nothing_fatal
 from mpijob_elastic.core import names
@@ -295,7 +296,9 @@ def test_a_growth_step_preempted_while_its_ranks_start_costs_no_failure(
     which take ``SLOW_START`` to join, and a higher-priority workload preempts them at
     once. Unlisted during the reset, the notice would be dropped and the ranks would die
     assigned at the end of their grace period; so they stay listed until the reset ends
-    (their commit marker), then leave at their next commit, inside the grace period."""
+    (their commit marker), then leave at their next commit, inside the grace period.
+    A pod of priority 0 holds the idle room until the job trains at its baseline, so that
+    the growth step is a reset of a running job, not part of its first start."""
     node = colocation_node(cluster)
 
     def room() -> tuple[str, str] | None:
@@ -314,27 +317,47 @@ def test_a_growth_step_preempted_while_its_ranks_start_costs_no_failure(
         driver_args=args,
         in_cluster=IN_CLUSTER,
     )
-    high = "high-growth"
+    idle = MAXIMUM - BASELINE
+    filler, high = "filler-growth", "high-growth"
     try:
+        pod = higher_priority_pod(filler, node, resource, _times(share, idle))
+        run.kubectl("apply", "-f", "-", input=json.dumps(pod))
         run.submit()
         run.start_launcher()
-        # The baseline's ranks join; the first growth step may be listed right after.
-        baseline = set(run.hosts(BASELINE))
-        wait_for(lambda: baseline <= run.ranks_running_on(), 120, "the baseline's ranks")
+        baseline = run.wait_for_size(BASELINE, timeout=120)
+        # 1. The room comes back: a growth step, whose ranks Horovod's reset starts.
+        freed = time.time()
+        run.kubectl("delete", "pod", filler, "--wait=false")
 
         def step_starting() -> set[str] | None:
             started = {
-                e["host"] for e in run.driver_events(ev.RANK_STARTED) if e["host"] not in baseline
+                e["host"]
+                for e in run.driver_events(ev.RANK_STARTED)
+                if e["ts"] >= freed and e["host"] not in baseline
             }
             return started or None
 
-        # 1. A growth step is listed and Horovod's reset starts its ranks.
         growth = wait_for(step_starting, 120, "a growth step's ranks starting")
+        if not IN_CLUSTER:
+            # KWOK keeps a deleted pod Terminating only while a rank marks it: a container
+            # with a rank exec'd in it does so on a real node from the exec's start.
+            def marked() -> bool:
+                pods = opportunistic_pods(run)
+                return all(
+                    any(
+                        k.startswith(RANK_ANNOTATION_PREFIX)
+                        for k in p["metadata"].get("annotations", {})
+                    )
+                    for n, p in pods.items()
+                    if n in growth
+                )
+
+            wait_for(marked, 30, "the step's ranks marking their pods")
         since = time.time()
         joined = {e["host"] for e in run.driver_events(ev.RANK_RUNNING)}
         assert not growth & joined, "the ranks joined before the preemption"
         # 2. At once, a higher-priority pod takes every idle and opportunistic place.
-        pod = higher_priority_pod(high, node, resource, _times(share, MAXIMUM - BASELINE))
+        pod = higher_priority_pod(high, node, resource, _times(share, idle))
         run.kubectl("apply", "-f", "-", input=json.dumps(pod))
         run.wait_for_size(BASELINE, timeout=120)
         wait_for(
@@ -348,6 +371,8 @@ def test_a_growth_step_preempted_while_its_ranks_start_costs_no_failure(
         stopped = {e["host"] for e in run.driver_events(ev.RANK_STOPPED) if e["ts"] >= since}
         assert growth <= stopped, (growth, stopped)
         assert events(run, "Preempted")
+        print(f"FIGURE growth step {sorted(growth)} preempted while starting: let go, 0 failures")
     finally:
-        run.kubectl("delete", "pod", high, "--ignore-not-found", check=False)
+        run.kubectl("delete", "pod", filler, high, "--ignore-not-found", check=False)
         run.close()
+        run.kubectl("delete", "mpijob", run.job, "--ignore-not-found", "--wait=false", check=False)

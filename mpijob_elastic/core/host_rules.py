@@ -16,10 +16,10 @@ rule is a way the real driver (0.28.1, reference section 4a) ends or stalls the 
    nothing changes until their ranks have left, and a removed host a scale-out takes
    back is not listed again before then (the driver judges an exit by host at exit
    time). Only hosts that
-   can no longer be listed (gone, failed, terminating with no rank running) leave
-   meanwhile; a terminating host whose ranks run (an eviction or preemption during the
-   reset) stays until the reset ends, then leaves: the driver drops a notice sent during
-   a reset, and its ranks would die assigned at the end of the grace period.
+   can no longer be listed and run no rank (gone, failed, terminating without ranks)
+   leave meanwhile; one whose ranks run (an eviction or preemption during the reset)
+   stays until the reset ends, then leaves: the driver drops a notice sent during a
+   reset, and its ranks would die assigned at the end of the grace period.
 2. **A rank-holder stays.** The driver refuses a reset whose host set holds no host of
    the ranks' current assignment ("No hosts from previous set remaining") and ends the
    job. So while a listed worker holds ranks and no host of the new list does, one of the
@@ -199,11 +199,10 @@ def _pending(
         if name in seen:
             # A terminating host too: its ranks are in the reset until it ends.
             end = joined(name, snapshot, bound, now)
-        elif h.terminating:
-            continue  # no rank of it to wait for, and none may start there now
         else:
-            # Not started yet: the driver starts its ranks at the reset its listing brings,
-            # so the bound runs from then (from its start, if it came later).
+            # Not started yet, or its report is on its way: the driver starts its ranks at
+            # the reset its listing brings, so the bound runs from then (from its start, if
+            # it came later).
             listed_at = max(h.running_since, evidence.added_at or h.running_since)
             end = listed_at + bound
         if end is not None and end > now:
@@ -249,13 +248,15 @@ def next_hosts(
     ]
     if waiting and set(chosen) != set(listed):
         why = f"waiting for the ranks of {', '.join(waiting)} (one host-list change at a time)"
-        # A terminating host whose ranks run stays too, until the reset ends: unlisted now,
-        # the driver would drop the notice and its ranks would die assigned at the end of
-        # its grace period; unlisted after the reset, they leave at their next commit.
+        # A host whose ranks run stays too, until the reset ends, even one that may no
+        # longer be listed (preempted, terminating): unlisted now, the driver would drop
+        # the notice and its ranks would die assigned at the end of its grace period;
+        # unlisted after the reset, they leave at their next commit.
+        # So does a host listed so lately that its remote shells' reports may still be on
+        # their way (it is pending itself).
+        keep = holders | set(waiting)
         chosen = [
-            n
-            for n in listed
-            if (h := hosts.get(n)) is not None and (h.listable or (h.terminating and n in holders))
+            n for n in listed if (h := hosts.get(n)) is not None and (h.listable or n in keep)
         ]
     else:
         waiting, recheck = [], None

@@ -552,13 +552,14 @@ class World:
         for name in sorted(hosts):
             pod = self.objects.get(("Pod", name))
             # (c) a listed host exists, is not being deleted, runs and is wanted; but a
-            # rank-holder already listed may stay while terminating: the last one (rule 2),
-            # or one whose reset may still run (rule 1: unlisted then, the notice is lost).
+            # rank-holder already listed may stay, unwanted or terminating: the last one
+            # (rule 2), or one whose reset may still run (rule 1: unlisted then, the notice
+            # would be lost).
             terminating = pod is not None and pod["metadata"].get("deletionTimestamp")
             kept = name in before and name in holders
             if pod is None or (terminating and not kept):
                 self._violate(f"(c) discover_hosts.sh names {name}, which is gone or terminating")
-            elif name not in acting.listable and not (terminating and kept):
+            elif name not in acting.listable and not kept:
                 self._violate(
                     f"(c) discover_hosts.sh names {name}, which the controller's view did not "
                     "show running and wanted"

@@ -222,8 +222,14 @@ def test_a_host_preempted_during_the_reset_it_joined_leaves_once_the_reset_ends(
     """A growth step's workers are listed, their ranks start slowly, and the scheduler
     preempts one at once: unlisted during the reset, the notice would be dropped and its
     rank would die assigned at the end of its grace period (issue 30)."""
-    hosts = {w(0): host(0), w(1): host(1), w(2): host(2, terminating=True, listable=False)}
+    # Preempted: first the scheduler's DisruptionTarget (the planner no longer lists it),
+    # then its deletion.
+    hosts = {w(0): host(0), w(1): host(1), w(2): host(2, listable=False, disrupted=True)}
     listed = [w(0), w(1), w(2)]
+    started = NOW - timedelta(seconds=2)
+    snap = RankSnapshot(NOW, frozenset(listed), since={w(1): started, w(2): started})
+    assert rules([w(0), w(1)], listed, hosts, snap, NOW).hosts == tuple(listed)
+    hosts[w(2)] = host(2, terminating=True, listable=False)
     started = NOW - timedelta(seconds=2)
     snap = RankSnapshot(NOW, frozenset(listed), since={w(1): started, w(2): started})
     got = rules([w(0), w(1)], listed, hosts, snap, NOW)
@@ -235,8 +241,12 @@ def test_a_host_preempted_during_the_reset_it_joined_leaves_once_the_reset_ends(
     # The reset has ended (the commit marker): they leave, and the driver hears of it.
     done = dataclasses.replace(snap, committed=frozenset({w(1), w(2)}))
     assert rules([w(0)], listed, hosts, done, NOW).hosts == (w(0),)
-    # A terminating host whose rank never started is not kept: one must not start there.
+    # Preempted so soon after its listing that no report of its remote shell came yet: the
+    # driver may well have started its rank in this reset, so it stays too.
     unseen = RankSnapshot(NOW, frozenset({w(0), w(1)}), since={w(1): started})
     hosts[w(1)] = host(1)
-    got = rules([w(0), w(1)], listed, hosts, unseen, NOW)
+    got = rules([w(0), w(1)], listed, hosts, unseen, NOW, added_at=started)
+    assert got.hosts == tuple(listed)
+    # Listed long ago and never reached: no rank of it to wait for; it goes.
+    got = rules([w(0), w(1)], listed, hosts, unseen, NOW, added_at=LONG_AGO)
     assert got.hosts == (w(0), w(1))
