@@ -192,6 +192,7 @@ def _pending(
         # A launcher that reaches none of the listed hosts runs no ranks on them (not yet,
         # or no more): there is no reset to wait for.
         return waiting, recheck
+    assert snapshot is not None
     for name in sorted(listed):
         h = hosts.get(name)
         if h is None or h.running_since is None:
@@ -199,6 +200,8 @@ def _pending(
         if name in seen:
             # A terminating host too: its ranks are in the reset until it ends.
             end = joined(name, snapshot, bound, now)
+        elif snapshot.known is not None and name in snapshot.known:
+            continue  # its remote shells have all ended: no rank of it to wait for
         else:
             # Not started yet, or its report is on its way: the driver starts its ranks at
             # the reset its listing brings, so the bound runs from then (from its start, if
@@ -209,7 +212,6 @@ def _pending(
             waiting.append(name)
             left = (end - now).total_seconds()
             recheck = left if recheck is None else min(recheck, left)
-    assert snapshot is not None
     for name, mark in sorted(draining.items()):
         # Unlisted at ``mark``: a read from before then says nothing; the drain's floor
         # (drain.py) is when a read that counts is due.
