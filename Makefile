@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: test unit integration e2e e2e-kind lint demo bench bench-kind bench-kind-drain bench-planning bench-spot bench-capacity binaries kube-binaries cluster-up cluster-down venv lock clean
+.PHONY: test unit integration e2e e2e-kind lint demo bench bench-kind bench-kind-drain bench-planning bench-spot bench-capacity bench-relocation binaries kube-binaries cluster-up cluster-down venv lock clean
 
 # The exact versions, with hashes, of requirements-dev.lock; the image installs
 # requirements.lock (its runtime subset) the same way. The project itself goes on top
@@ -138,6 +138,12 @@ bench-planning: venv
 # job at a fixed size, on a scripted and a seeded random capacity trace (docs/benchmarks.md).
 bench-capacity: venv binaries
 	@$(PY) -m bench.capacity
+
+# Issue 30: a colocated job relocated by a cordon with 2 s and 20 s rank starts, with the
+# commit hook and without, beside the controller before issue 30 (bc8de50); the local
+# KWOK cluster, about 10 minutes (docs/benchmarks.md).
+bench-relocation: venv binaries
+	@$(PY) -m bench.relocation $(BENCH_RELOCATION_ARGS)
 
 clean: cluster-down
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
