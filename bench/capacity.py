@@ -49,7 +49,7 @@ import yaml
 from kubernetes import client, config, watch
 
 from bench.cluster import _cluster_up, kubectl_binary, machine
-from e2e.harness import ElasticRun
+from e2e.harness import ElasticRun, mock_driver_args
 from e2e.mockhorovod import events as ev
 from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster, fake_gpu_node, on_gpu_pool
@@ -265,6 +265,7 @@ def run_trace(
     trace: Trace,
     variant: str,
     workdir: Path,
+    rank_start: float,
 ) -> Result:
     grows = variant != FIXED
     namespace = f"bench-cap-{tag}-{VARIANTS[variant]}"
@@ -276,7 +277,10 @@ def run_trace(
         namespace,
         job("cap", grows, ignores_sigterm=variant == NO_TERM),
         workdir / namespace,
-        driver_args=("-np", str(BASELINE), "--min-np", "1", "--max-np", str(MAXIMUM)),
+        driver_args=mock_driver_args(
+            ("-np", str(BASELINE), "--min-np", "1", "--max-np", str(MAXIMUM)),
+            rank_start_seconds=rank_start,
+        ),
     )
     churn = Churn(kubeconfig, namespace, "cap")
     command = [
@@ -365,6 +369,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kubeconfig", help="default: a local KWOK cluster of its own")
     parser.add_argument("--seed", type=int, default=21)
+    # Ranks that join at once, as in the figures of issue 21: harvest counts the seconds a
+    # rank trains, so a slower start lowers it the same for any controller.
+    parser.add_argument("--rank-start-seconds", type=float, default=0.0)
     args = parser.parse_args(argv)
     # The random trace's higher-priority pods may never run (seed 21: they do not), so the
     # SIGTERM variant, which is about their wait, runs on the scripted trace only.
@@ -383,7 +390,9 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             for i, (tag, trace, variants) in enumerate(traces):
                 for variant in variants:
-                    result = run_trace(c, kubeconfig, str(i), trace, variant, Path(tmp))
+                    result = run_trace(
+                        c, kubeconfig, str(i), trace, variant, Path(tmp), args.rank_start_seconds
+                    )
                     result.trace = tag
                     results.append(result)
                     print(table(results[-1:], machine()).splitlines()[-1], flush=True)
@@ -391,6 +400,7 @@ def main(argv: list[str] | None = None) -> None:
         if not args.kubeconfig:
             subprocess.run([str(ROOT / "hack/cluster-down.sh")], env=env, check=False)
     print()
+    print(f"ranks join {args.rank_start_seconds:g} s after their start, with the commit hook")
     print(table(results, machine()))
 
 
