@@ -144,8 +144,9 @@ def test_scale_2_4_1_3_host_lists_role_and_exec(
     job.wait_hosts(2)
     config = job.config()
     assert config[names.HOSTFILE] == "elastic-worker-0 slots=1\nelastic-worker-1 slots=1\n"
-    # v1's exec line, on a line of its own between the rank reports (docs/formats.md).
-    assert 'kubectl exec ${POD_NAME} -- /bin/sh -c "$*"' in config[names.KUBEXEC].splitlines()
+    # v1's exec command, between the rank reports, its output through the commit marker's
+    # watch (docs/formats.md).
+    assert 'kubectl exec ${POD_NAME} -- /bin/sh -c "$*" 3>&- 4>&-;' in config[names.KUBEXEC]
     assert job.exec_names() == ["elastic-worker-0", "elastic-worker-1"]
     launcher = launcher_kubectl(cluster, job, tmp_path)
     assert can_exec(launcher, "elastic-worker-1")
