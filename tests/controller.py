@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from mpijob_elastic.core.formats import COMMITTED_MARKER
 from tests.cluster import ROOT, Cluster
 
 # The shipped ClusterRole that may get /metrics (config/rbac/metrics_reader.yaml).
@@ -179,6 +180,9 @@ def metrics_token(cluster: Cluster, namespace: str) -> Iterator[str]:
 # killing it is a rank that died (``kubectl exec`` then ends non-zero and kubexec.sh
 # reports it). Tests using them give their job a name no other test uses.
 RANK_CODE = "import time; time.sleep(600)"
+# A rank of a training with the commit hook (contrib/mpijob_elastic_notice.py): it has
+# joined at once, and says so, so the host-list rules need not wait out the reset bound.
+HOOKED_RANK_CODE = f'import time; print("{COMMITTED_MARKER}", flush=True); time.sleep(600)'
 
 
 class RemoteShells:
@@ -207,7 +211,7 @@ class RemoteShells:
         self.env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
     def start(self, worker: str) -> None:
-        rank = f"exec {sys.executable} -c '{RANK_CODE}' rank-of-{worker}"
+        rank = f"exec {sys.executable} -c '{HOOKED_RANK_CODE}' rank-of-{worker}"
         self.procs[worker] = subprocess.Popen(
             ["/bin/sh", str(self.tmp / "kubexec.sh"), worker, rank],
             env=self.env,
