@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic.core import names
+from mpijob_elastic.core import host_rules, names
 from tests.cluster import Cluster
 from tests.controller import RemoteShells, StartController, wait_for
 from tests.integration.test_controller import Job, elastic_job
@@ -213,7 +213,13 @@ def test_a_drain_cannot_evict_the_last_rank_holder(
     last = old[2]
     new = [names.worker_name(job.name, i) for i in range(3, 5)]
     wait_for(lambda: set(new) <= set(job.workers()), 20, f"replacements {new} created")
-    wait_for(lambda: {f"{n}:1" for n in new} <= set(job.hosts()), 30, "replacements listed")
+    # Created one after the other, they may be listed one per change; no rank starts on
+    # the first here, so the second waits the reset bound of the first's listing.
+    wait_for(
+        lambda: {f"{n}:1" for n in new} <= set(job.hosts()),
+        host_rules.reset_bound(30).total_seconds() + 20,
+        "replacements listed",
+    )
     assert f"{last}:1" in job.hosts(), "the last rank-holder stays listed"
     wait_for(lambda: allowed(job, 0), 20, "no disruption allowed")
     # ...and the third is refused while the replacements, Running, hold no rank.
