@@ -15,11 +15,11 @@ rule is a way the real driver (0.28.1, reference section 4a) ends or stalls the 
    holds the list the bound from when it was listed. After a rewrite that removed hosts,
    nothing changes until their ranks have left, and a removed host a scale-out takes
    back is not listed again before then (the driver judges an exit by host at exit
-   time). Only hosts that
-   can no longer be listed and run no rank (gone, failed, terminating without ranks)
-   leave meanwhile; one whose ranks run (an eviction or preemption during the reset)
-   stays until the reset ends, then leaves: the driver drops a notice sent during a
-   reset, and its ranks would die assigned at the end of the grace period.
+   time). Only hosts that can no longer be listed and run no rank (gone, failed,
+   terminating without ranks) leave meanwhile; one whose ranks run, or may have started
+   unreported (an eviction or preemption during the reset), stays until the reset ends,
+   then leaves: the driver drops a notice sent during a reset, and its ranks would die
+   assigned at the end of the grace period.
 2. **A rank-holder stays.** The driver refuses a reset whose host set holds no host of
    the ranks' current assignment ("No hosts from previous set remaining") and ends the
    job. So while a listed worker holds ranks and no host of the new list does, one of the
