@@ -137,7 +137,7 @@ bench-planning: venv
 # Issue 21: how much idle GPU capacity an opportunistic job harvests, against the same
 # job at a fixed size, on a scripted and a seeded random capacity trace (docs/benchmarks.md).
 bench-capacity: venv binaries
-	@$(PY) -m bench.capacity
+	@$(PY) -m bench.capacity $(BENCH_CAPACITY_ARGS)
 
 # Issue 30: a colocated job relocated by a cordon with 2 s and 20 s rank starts, with the
 # commit hook and without, beside the controller before issue 30 (bc8de50); the local

@@ -26,7 +26,8 @@ Figures per run:
 * resets: the driver's resets (host-list changes it acted on) during the trace;
 * ``failures`` and ``blacklists`` in the driver's record.
 
-    python -m bench.capacity [--seed N] [--kubeconfig FILE]   (make bench-capacity)
+    python -m bench.capacity [--seed N] [--trace both|scripted|random] [--rank-start-seconds S]
+        [--kubeconfig FILE]   (make bench-capacity; BENCH_CAPACITY_ARGS passes these)
 """
 
 from __future__ import annotations
@@ -372,6 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     # Ranks that join at once, as in the figures of issue 21: harvest counts the seconds a
     # rank trains, so a slower start lowers it the same for any controller.
     parser.add_argument("--rank-start-seconds", type=float, default=0.0)
+    parser.add_argument("--trace", choices=("both", "scripted", "random"), default="both")
     args = parser.parse_args(argv)
     # The random trace's higher-priority pods may never run (seed 21: they do not), so the
     # SIGTERM variant, which is about their wait, runs on the scripted trace only.
@@ -379,6 +381,7 @@ def main(argv: list[str] | None = None) -> None:
         ("scripted", SCRIPTED, (OPPORTUNISTIC, FIXED, NO_TERM)),
         (f"random (seed {args.seed})", random_trace(args.seed), (OPPORTUNISTIC, FIXED)),
     ]
+    traces = [t for t in traces if args.trace in ("both", t[0].split()[0])]
     results: list[Result] = []
     # A cluster of its own: other benchmarks share mpijob-elastic-bench.
     env = dict(os.environ, MPIJOB_ELASTIC_CLUSTER=CLUSTER)
