@@ -5,7 +5,6 @@ tests use. Read from `make -n`, which prints the commands without running them."
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -20,8 +19,6 @@ EVERY_BUILD = {
     "build-helm.sh",
     "build-kueue.sh",
 }
-
-pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 
 
 def builds(target: str) -> set[str]:
