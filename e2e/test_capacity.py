@@ -287,8 +287,8 @@ def test_grows_into_idle_capacity_and_gives_it_back_to_higher_priority(
 
 
 # On kind this case never got past its baseline (2 workers listed with joined ranks within
-# 120 s) in the two runs of 2026-11-28, for a reason not found yet: issue 30 stays open on
-# it. It runs on KWOK, where it passes.
+# 120 s) in the three runs of 2026-11-28, for a reason not found yet: issue 30 stays open
+# on it. It runs on KWOK, where it passes.
 @pytest.mark.skipif(IN_CLUSTER, reason="issue 30: on kind the baseline never settled; open")
 def test_a_growth_step_preempted_while_its_ranks_start_costs_no_failure(
     cluster: Cluster,
@@ -326,6 +326,13 @@ def test_a_growth_step_preempted_while_its_ranks_start_costs_no_failure(
     try:
         pod = higher_priority_pod(filler, node, resource, _times(share, idle))
         run.kubectl("apply", "-f", "-", input=json.dumps(pod))
+
+        def filler_running() -> bool:
+            found = json.loads(run.kubectl("get", "pod", filler, "-o", "json"))
+            return bool(found.get("status", {}).get("phase") == "Running")
+
+        # Placed before the job, or its workers take the room and it preempts them later.
+        wait_for(filler_running, 60, "the filler pod running")
         run.submit()
         run.start_launcher()
         baseline = run.wait_for_size(BASELINE, timeout=120)
