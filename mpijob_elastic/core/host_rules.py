@@ -197,16 +197,16 @@ def _pending(
         h = hosts.get(name)
         if h is None or h.running_since is None:
             continue
+        # When the driver may have started its ranks: at the reset its listing brought (at
+        # its start, if that came later).
+        listed_at = max(h.running_since, evidence.added_at or h.running_since)
         if name in seen:
             # A terminating host too: its ranks are in the reset until it ends.
             end = joined(name, snapshot, bound, now)
-        elif snapshot.known is not None and name in snapshot.known:
+        elif _ended_since(snapshot, name, listed_at):
             continue  # its remote shells have all ended: no rank of it to wait for
         else:
-            # Not started yet, or its report is on its way: the driver starts its ranks at
-            # the reset its listing brings, so the bound runs from then (from its start, if
-            # it came later).
-            listed_at = max(h.running_since, evidence.added_at or h.running_since)
+            # Not started yet, or its report is on its way.
             end = listed_at + bound
         if end is not None and end > now:
             waiting.append(name)
@@ -220,6 +220,13 @@ def _pending(
         if name in seen if snapshot.at >= mark else now < mark + _FLOOR:
             waiting.append(name)
     return waiting, recheck
+
+
+def _ended_since(snapshot: RankSnapshot, name: str, listed_at: datetime) -> bool:
+    """Whether remote shells into ``name`` started since it was listed and all ended.
+    Reports name start seconds, hence the second's slack."""
+    start = snapshot.started.get(name)
+    return start is not None and start >= listed_at - timedelta(seconds=1)
 
 
 def next_hosts(

@@ -97,6 +97,10 @@ class RankSnapshot:
     # From the reports: reached hosts every running shell of which has reported the
     # commit marker; the resets their ranks joined have ended.
     committed: frozenset[str] = frozenset()
+    # From the reports: each host in ``known``'s latest shell start, running or ended. A
+    # worker's name is reused by a later pod (membership.py): shells that started before
+    # that pod was listed say nothing of its ranks.
+    started: Mapping[str, datetime] = field(default_factory=dict)
 
 
 def pushed(
@@ -118,17 +122,28 @@ def pushed(
     def host(key: str) -> str:
         return key.split(REPORT_SEPARATOR, 1)[0]
 
+    when = {key: _started_at(key.rsplit(REPORT_SEPARATOR, 1)[-1], at) for key in started}
     since: dict[str, datetime] = {}
     latest: dict[str, datetime] = {}
+    last: dict[str, datetime] = {}
     unmarked: set[str] = set()
+    for key in started:
+        last[host(key)] = max(last.get(host(key), when[key]), when[key])
     for key in started - codes.keys():
-        when = _started_at(key.rsplit(REPORT_SEPARATOR, 1)[-1], at)
-        since[host(key)] = min(since.get(host(key), when), when)
-        latest[host(key)] = max(latest.get(host(key), when), when)
+        since[host(key)] = min(since.get(host(key), when[key]), when[key])
+        latest[host(key)] = max(latest.get(host(key), when[key]), when[key])
         if key not in marked:
             unmarked.add(host(key))
     running = frozenset(since)
-    failed = {host(key) for key in started if codes.get(key, "0").strip() != "0"}
+    # Only the shells of the ranks the previous snapshot saw running judge a host lost: an
+    # older shell that failed may be a former pod's of the same name.
+    before = previous.since if previous is not None else {}
+    failed = {
+        host(key)
+        for key in started
+        if codes.get(key, "0").strip() != "0"
+        and (host(key) not in before or when[key] >= before[host(key)])
+    }
     lost = previous.lost if previous is not None else frozenset()
     if previous is not None and previous.hosts and running:
         lost |= (previous.hosts - running) & failed
@@ -141,6 +156,7 @@ def pushed(
         known=known,
         latest=latest,
         committed=running - unmarked,
+        started=last,
     )
 
 

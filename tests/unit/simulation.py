@@ -944,7 +944,10 @@ class Sim:
         }
         known = hosts | (before.known or frozenset() if before else frozenset())
         marked = [h for h in hosts if (now - since[h]).total_seconds() >= RANK_COMMIT_SECONDS]
-        snapshot = RankSnapshot(now, hosts, since=since, known=known, committed=frozenset(marked))
+        started = {**(before.started if before else {}), **since}
+        snapshot = RankSnapshot(
+            now, hosts, since=since, known=known, committed=frozenset(marked), started=started
+        )
         self._pushed[name] = (uid, snapshot)
         return snapshot
 

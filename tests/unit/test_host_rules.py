@@ -250,3 +250,29 @@ def test_a_host_preempted_during_the_reset_it_joined_leaves_once_the_reset_ends(
     # Listed long ago and never reached: no rank of it to wait for; it goes.
     got = rules([w(0), w(1)], listed, hosts, unseen, NOW, added_at=LONG_AGO)
     assert got.hosts == (w(0), w(1))
+
+
+def test_a_reused_name_waits_for_its_new_pods_ranks() -> None:
+    """A scale-out reuses the lowest free index (membership.py): the former pod's remote
+    shells into that name all ended, which says nothing of the new pod's ranks. Read as
+    "its shells have ended", a scale-in right after the scale-out was written during the
+    reset, and the driver lost it (landing CI, e2e drain case)."""
+    listed = [w(0), w(1), w(2)]
+    added = NOW - timedelta(seconds=2)
+    hosts = {w(0): host(0, since=added), w(1): host(1), w(2): host(2, since=added)}
+    old_shell = LONG_AGO + timedelta(seconds=10)
+    snap = RankSnapshot(
+        NOW,
+        frozenset({w(1)}),
+        since={w(1): LONG_AGO},
+        known=frozenset({w(0), w(1)}),
+        started={w(0): old_shell, w(1): LONG_AGO},
+    )
+    got = rules([w(0), w(1)], listed, hosts, snap, NOW, added_at=added)
+    assert got.hosts == tuple(listed)
+    assert "job-worker-0" in got.waiting
+    # Shells into the new pod that started after its listing and all ended: its ranks are
+    # gone (a crash), nothing of it to wait for.
+    crashed = dataclasses.replace(snap, started={w(0): NOW - timedelta(seconds=1), w(1): LONG_AGO})
+    got = rules([w(1), w(2)], listed, hosts, crashed, NOW, added_at=added)
+    assert w(0) not in got.waiting

@@ -258,9 +258,10 @@ def test_a_drain_on_the_launchers_reports_asks_for_no_exec_read() -> None:
 
 def test_a_worker_whose_reported_rank_died_is_retired_and_replaced() -> None:
     c = started(3)
-    before = {"job-worker-0_1_5": "start", "job-worker-1_2_5": "start", "job-worker-2_3_5": "start"}
+    t = int(c.now.timestamp())  # the shells started once the pods ran
+    before = {f"job-worker-{i}_{i + 1}_{t}": "start" for i in range(3)}
     first = pushed(before, c.now)
-    c.reports = pushed({**before, "job-worker-1_2_5_exit": "1"}, c.now, first)
+    c.reports = pushed({**before, f"job-worker-1_2_{t}_exit": "1"}, c.now, first)
     assert c.reports.lost == frozenset({"job-worker-1"})
     c.apply(c.plan())
     assert discovered(c.get("ConfigMap", "job-config")) == ["job-worker-0", "job-worker-2"]
@@ -272,6 +273,26 @@ def test_a_worker_whose_reported_rank_died_is_retired_and_replaced() -> None:
         "job-worker-2",
         "job-worker-3",
     ]
+
+
+def test_a_failed_shell_of_a_former_pod_of_the_name_loses_no_rank() -> None:
+    """Names are reused: the drained pod's rank failed (137), the new pod of that name ran
+    a rank that has left gracefully (a scale-in, exit 0). Only the shells the previous
+    snapshot saw running judge the host."""
+    c = started(2)
+    before = {
+        "job-worker-0_1_5": "start",
+        "job-worker-1_2_5": "start",
+        "job-worker-1_2_5_exit": "137",
+        "job-worker-1_3_9": "start",
+    }
+    first = pushed(before, c.now)
+    assert first.lost == frozenset()
+    later = pushed({**before, "job-worker-1_3_9_exit": "0"}, c.now, first)
+    assert later.lost == frozenset()
+    # The new pod's own rank failing is a loss.
+    failed = pushed({**before, "job-worker-1_3_9_exit": "1"}, c.now, first)
+    assert failed.lost == frozenset({"job-worker-1"})
 
 
 def test_an_unreadable_launcher_keeps_the_full_drain() -> None:
