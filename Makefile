@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: test unit integration e2e e2e-kind lint demo bench bench-kind bench-kind-drain bench-planning bench-spot bench-capacity bench-relocation binaries kube-binaries cluster-up cluster-down venv lock clean
+.PHONY: test test-tools unit integration e2e e2e-kind lint demo bench bench-kind bench-kind-drain bench-planning bench-spot bench-capacity bench-relocation binaries kube-binaries cluster-up cluster-down venv lock clean
 
 # The exact versions, with hashes, of requirements-dev.lock; the image installs
 # requirements.lock (its runtime subset) the same way. The project itself goes on top
@@ -35,11 +35,13 @@ lock: venv
 kube-binaries:
 	@hack/build-binaries.sh >/dev/null
 
-# Everything the tests need: the Kubernetes binaries, Prometheus's promtool and server (the
-# monitoring tests), helm, the scheduler-plugins scheduler (the gang tests) and Kueue (the
-# Kueue tests), the same way. Each script takes a lock of its own in the cache, so two runs
-# never build the same thing at once.
-binaries: kube-binaries
+# Everything the tests need: the Kubernetes binaries, and the test tools: Prometheus's
+# promtool and server (the monitoring tests), helm, the scheduler-plugins scheduler (the
+# gang tests) and Kueue (the Kueue tests), the same way. Each script takes a lock of its
+# own in the cache, so two runs never build the same thing at once.
+binaries: kube-binaries test-tools
+
+test-tools:
 	@hack/build-scheduler-plugins.sh >/dev/null
 	@hack/build-promtool.sh promtool >/dev/null
 	@hack/build-promtool.sh prometheus >/dev/null
@@ -91,10 +93,10 @@ e2e-kind: venv
 	@hack/e2e-kind.sh
 
 # Everything: lint, unit, integration and end-to-end tests on one local KWOK cluster that
-# a session fixture starts and stops, then the end-to-end suite again on kind.
-test: lint binaries
-	$(call run_pytest,tests e2e)
-	@hack/e2e-kind.sh
+# a session fixture starts and stops, then the end-to-end suite again on kind. The test
+# tools and the kind cluster are built meanwhile, in the background (hack/test.sh).
+test: lint kube-binaries
+	@hack/test.sh
 
 demo: venv kube-binaries
 	@$(PY) -m e2e.demo $(DEMO_ARGS)

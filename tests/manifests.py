@@ -106,8 +106,12 @@ def _confined(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+# Every test namespace's name starts so.
+TEST_NAMESPACE_PREFIX = "t-"
+
+
 def create_namespace(cluster: Cluster, labels: dict[str, str] | None = None) -> str:
-    name = f"t-{uuid.uuid4().hex[:10]}"
+    name = f"{TEST_NAMESPACE_PREFIX}{uuid.uuid4().hex[:10]}"
     manifest = {
         "apiVersion": "v1",
         "kind": "Namespace",

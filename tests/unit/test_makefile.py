@@ -37,4 +37,9 @@ def test_the_demo_and_the_local_cluster_build_only_the_kubernetes_binaries(targe
 
 
 def test_make_test_builds_everything_the_tests_use() -> None:
-    assert builds("test") == EVERY_BUILD
+    """The Kubernetes binaries before the suite; the test tools in the background while it
+    runs (hack/test.sh)."""
+    assert builds("test") == {"build-binaries.sh"}
+    assert builds("kube-binaries") | builds("test-tools") == EVERY_BUILD
+    assert "make -s test-tools" in (ROOT / "hack" / "test.sh").read_text()
+    assert builds("binaries") == EVERY_BUILD

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The body of `make test`, after lint and the Kubernetes binaries: the KWOK suite, then the
+# kind half. The builds only some tests need (`make test-tools`) and the kind cluster
+# (hack/kind-up.sh) go on meanwhile in the background, at a lower CPU priority and logged
+# to a file, instead of before the suite: from nothing they take about 40 minutes of their
+# own. A test that needs a tool asks its build script, which waits on the build's lock
+# and so on the background build; hack/e2e-kind.sh's kind-up waits on kind-up's lock the
+# same way. A background build that failed is run again in the foreground by whoever needs
+# it, and fails there loudly.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cache_root=${MPIJOB_ELASTIC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mpijob-elastic}
+mkdir -p "$cache_root/logs"
+bg_log="$cache_root/logs/test-background.log"
+log() { printf '[test %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+log "building the test tools and starting kind in the background (log: $bg_log)"
+# setsid: its own process group, so that it can be stopped whole when the suite fails.
+setsid bash -c 'nice -n 10 make -s test-tools && nice -n 10 hack/kind-up.sh >/dev/null' \
+  </dev/null >"$bg_log" 2>&1 &
+background=$!
+handed_over=0
+# A run that ends before the kind half stops what the background started; the kind half
+# (hack/e2e-kind.sh) stops its cluster itself.
+stop_background() {
+  if kill -0 "$background" 2>/dev/null; then
+    kill -- "-$background" 2>/dev/null || true
+    wait "$background" 2>/dev/null || true
+  fi
+  if [ $handed_over = 0 ]; then hack/kind-down.sh >>"$bg_log" 2>&1 || true; fi
+}
+trap stop_background EXIT
+
+# pytest exits 5 when it collects nothing; that must fail loudly, never pass quietly.
+rc=0
+.venv/bin/python -m pytest tests e2e || rc=$?
+if [ $rc -eq 5 ]; then log "pytest collected no tests: failing"; exit 1; fi
+[ $rc -eq 0 ] || exit $rc
+
+if ! wait "$background"; then
+  log "a background build failed (its log's tail follows); the kind half builds it again"
+  tail -n 20 "$bg_log" >&2
+fi
+handed_over=1
+hack/e2e-kind.sh
