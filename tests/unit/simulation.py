@@ -1016,9 +1016,8 @@ class Sim:
         phase = self._phase(request)
         self._check_phase(request, phase)
         self._progress(self.world.clock + self.faults.latency)
-        if fault is not None:
-            self._failed = -1 if phase is None else phase
-            self._failed_request = (request, fault)
+        if fault is not None and fault != TIMEOUT_AFTER:
+            self._fail(request, phase, fault)
         if isinstance(fault, ApiError):
             raise fault
         if fault == TIMEOUT_BEFORE:
@@ -1028,12 +1027,20 @@ class Sim:
         except ApiError:
             # The server's own answer (a name taken, a pod gone): whether the writer takes
             # it for a failure depends on the write, so later phases may or may not follow.
+            # A timeout meant to come after the server applied it never comes then (found
+            # with a fresh seed: a ServiceAccount made by a create that timed out, whose
+            # retry met AlreadyExists, which the writer rightly takes as success).
             self._unsure = True
             raise
         if fault == TIMEOUT_AFTER:
+            self._fail(request, phase, fault)
             raise TimeoutError(fault)
         self._accepted[request] += 1
         return result
+
+    def _fail(self, request: Request, phase: int | None, fault: Fault) -> None:
+        self._failed = -1 if phase is None else phase
+        self._failed_request = (request, fault)
 
     def _phase(self, request: Request) -> int | None:
         """The phase of the plan this sending of ``request`` belongs to."""

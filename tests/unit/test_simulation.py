@@ -90,7 +90,9 @@ step = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None, derandomize=True)
+# Fresh examples on every run (a failure prints its example and the blob that replays it);
+# the examples below run every time.
+@settings(max_examples=200, deadline=None, print_blob=True)
 @given(
     steps=st.lists(step, max_size=30),
     seed=st.integers(min_value=0, max_value=2**32),
@@ -123,6 +125,24 @@ step = st.one_of(
     kill=0.0,
     lag=0.0,
     drain=0,
+)
+# Found by a fresh seed: a create that timed out after the server applied it, retried.
+@example(
+    steps=[
+        ("wait", "", 2),
+        ("restart", "", 0),
+        ("wait", "", 0.05),
+        ("scale", "job", 1),
+        ("wait", "", 0.05),
+        ("restart", "", 0),
+        ("fail", "other", 1),
+        ("restart", "", 0),
+    ],
+    seed=573214763,
+    failure=0.3,
+    kill=0.0,
+    lag=0.5,
+    drain=3,
 )
 def test_invariants_under_faults_lag_and_restarts(
     steps: list[tuple[str, str, float]],
