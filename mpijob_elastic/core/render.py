@@ -41,7 +41,8 @@ def job_owner_reference(name: str, uid: str) -> Obj:
     }
 
 
-def _metadata(spec: JobSpec, name: str, labels: dict[str, str]) -> Obj:
+def child_metadata(spec: JobSpec, name: str, labels: dict[str, str]) -> Obj:
+    """The metadata of a child the job owns (its pods' too, render_pods.py)."""
     return {
         "name": name,
         "namespace": spec.namespace,
@@ -51,7 +52,7 @@ def _metadata(spec: JobSpec, name: str, labels: dict[str, str]) -> Obj:
 
 
 def _launcher_object(spec: JobSpec, name: str | None = None) -> Obj:
-    return _metadata(
+    return child_metadata(
         spec,
         name or names.launcher_name(spec.name),
         names.object_labels(spec.name, names.ROLE_LAUNCHER),
@@ -118,7 +119,7 @@ def role(spec: JobSpec, exec_targets: Sequence[str], ranks: bool = False) -> Obj
 
 def ranks_config_map(spec: JobSpec) -> Obj:
     """Empty: the launcher's ``kubexec.sh`` fills it (ranks.py). The job's, like its config."""
-    meta = _metadata(spec, names.ranks_name(spec.name), names.object_labels(spec.name, None))
+    meta = child_metadata(spec, names.ranks_name(spec.name), names.object_labels(spec.name, None))
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}
 
 
@@ -196,7 +197,9 @@ def config_map(
     """``annotations``: the job's state that must be stored before any pod create (the
     retired worker indexes, a scale-out backoff), which this object is."""
     # The ConfigMap is the job's, not the launcher's: it carries no role label in v1.
-    meta = _metadata(spec, names.config_map_name(spec.name), names.object_labels(spec.name, None))
+    meta = child_metadata(
+        spec, names.config_map_name(spec.name), names.object_labels(spec.name, None)
+    )
     if annotations:
         meta["annotations"] = dict(annotations)
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": dict(data)}
@@ -227,7 +230,7 @@ def disruption_budget(spec: JobSpec, min_available: int) -> Obj:
         "kind": "PodDisruptionBudget",
         # Labelled like the job's other objects that are not pods; it selects its workers
         # by the v1 labels, which every worker of ours carries, as before.
-        "metadata": _metadata(
+        "metadata": child_metadata(
             spec,
             names.disruption_budget_name(spec.name),
             names.object_labels(spec.name, names.ROLE_WORKER),

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mpijob_elastic.core import formats, names, podgroups
-from mpijob_elastic.core.render import KUBECTL_DIR, Obj, _metadata, requests_gpu
+from mpijob_elastic.core.render import KUBECTL_DIR, Obj, child_metadata, requests_gpu
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
 from mpijob_elastic.core.spec import JobSpec, ReplicaSpec
 
@@ -81,7 +81,7 @@ def main_container_index(spec: JobSpec, containers: Sequence[Mapping[str, Any]])
 def _pod(spec: JobSpec, replica: ReplicaSpec, name: str, labels: dict[str, str]) -> Obj:
     template = copy.deepcopy(dict(replica.template))
     meta = template.get("metadata") or {}
-    pod_meta = _metadata(spec, name, labels)
+    pod_meta = child_metadata(spec, name, labels)
     pod_meta["labels"] = {**(meta.get("labels") or {}), **pod_meta["labels"]}
     if meta.get("annotations"):
         pod_meta["annotations"] = dict(meta["annotations"])
