@@ -51,8 +51,7 @@ from mpijob_elastic.core.drain import DRAIN_FLOOR_SECONDS
 from mpijob_elastic.core.membership import Membership
 from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.ranks import RankSnapshot, signal
-from mpijob_elastic.core.spec import JobSpec
-from mpijob_elastic.core.spec_fields import DEFAULT_GLOO_TIMEOUT_SECONDS
+from mpijob_elastic.core.spec import DEFAULT_GLOO_TIMEOUT_SECONDS, JobSpec
 from mpijob_elastic.core.times import parse_time
 from mpijob_elastic.core.workers import Worker, discovered_hosts
 

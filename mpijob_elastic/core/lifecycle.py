@@ -40,7 +40,8 @@ from typing import Any
 
 from mpijob_elastic.core import names, notices
 from mpijob_elastic.core.capacity import Backoff
-from mpijob_elastic.core.spec import InvalidSpec, JobSpec, parse
+from mpijob_elastic.core.spec import JobSpec
+from mpijob_elastic.core.spec_parse import InvalidSpec, parse
 from mpijob_elastic.core.status import (
     CREATED,
     FAILED,

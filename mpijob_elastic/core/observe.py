@@ -17,7 +17,7 @@ from mpijob_elastic.core.actions import Refusal
 from mpijob_elastic.core.growth_state import Share
 from mpijob_elastic.core.kueue import Standing
 from mpijob_elastic.core.ranks import RankSnapshot
-from mpijob_elastic.core.spec import launcher_service_account
+from mpijob_elastic.core.spec_parse import launcher_service_account
 
 Obj = dict[str, Any]
 

@@ -1,4 +1,4 @@
-"""Readers of the MPIJob's single fields, for spec.parse.
+"""Readers of the MPIJob's single fields, for spec_parse.parse.
 
 Each reads one field (or annotation), appends a ``FieldError`` naming it when the value is
 unusable, and returns a default instead of raising, so that ``parse`` reports every field
@@ -11,15 +11,13 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mpijob_elastic.core import names, scheduling_policy
 from mpijob_elastic.core.scheduling_policy import SchedulingPolicy
 from mpijob_elastic.core.shapes import FieldError, as_int, mapping, show, string_field, string_map
+from mpijob_elastic.core.spec import DEFAULT_GLOO_TIMEOUT_SECONDS, Bounds, ReplicaSpec
 from mpijob_elastic.core.workers import worker_index
-
-if TYPE_CHECKING:
-    from mpijob_elastic.core.spec import Bounds, ReplicaSpec
 
 CLEAN_POD_POLICIES = ("All", "Running", "None")
 
@@ -33,7 +31,7 @@ _MAX_LABEL = 63
 # ServiceAccount otherwise, far from the field that caused it.
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _MAX_SUBDOMAIN = 253
-_SERVICE_ACCOUNT_FIELD = "spec.mpiReplicaSpecs.Launcher.template.spec.serviceAccountName"
+SERVICE_ACCOUNT_FIELD = "spec.mpiReplicaSpecs.Launcher.template.spec.serviceAccountName"
 
 # int() and float() also take "1_0", " 4 ", "\u0661" (Arabic-Indic one), "+4", "1e3" and
 # "nan", none of which a user typing a count or a duration means; fullmatch, because "$"
@@ -43,7 +41,7 @@ _DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 
 # The CRD declares replicas and slotsPerWorker int32 but does not enforce it; outside that
 # range a number is a typo, and Python's str() of a huge int raises.
-_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 # The longest duration an annotation may give, in seconds (365 days): a drain, a scale-out
 # or a stay below the minimum longer than a year is a typo, and a deadline computed from
@@ -51,13 +49,12 @@ _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 # admission policy (config/admission/policy.yaml) holds the same bound.
 MAX_DURATION_SECONDS = 365 * 24 * 3600
 
-# Horovod's Gloo timeout: how long the ranks of a reset wait for every newly started rank
-# before they all abort (reference 4a); Horovod's default where the launcher sets none.
+# Horovod's Gloo timeout as the launcher's environment sets it (its default where unset:
+# spec.DEFAULT_GLOO_TIMEOUT_SECONDS).
 GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
-DEFAULT_GLOO_TIMEOUT_SECONDS = 30.0
 
 
-def _annotation_int(
+def annotation_int(
     annotations: Mapping[str, Any],
     key: str,
     minimum: int,
@@ -90,26 +87,26 @@ def _annotation_int(
 
 
 def _run_policy_count(
-    run_policy: Mapping[str, Any], key: str, minimum: int, errors: list[FieldError]
+    policy: Mapping[str, Any], key: str, minimum: int, errors: list[FieldError]
 ) -> int | None:
-    value = run_policy.get(key)
+    value = policy.get(key)
     if value is None:
         return None
     # bool is an int to Python, never to the API. Above int32 (68 years) a deadline is a
     # typo, and one beyond Python's datetime range would raise in every reconcile.
     count = as_int(value)
-    if count is None or not minimum <= count <= _INT32_MAX:
+    if count is None or not minimum <= count <= INT32_MAX:
         errors.append(
             FieldError(
                 f"spec.runPolicy.{key}",
-                f"must be a whole number from {minimum} to {_INT32_MAX}, got {show(value)}",
+                f"must be a whole number from {minimum} to {INT32_MAX}, got {show(value)}",
             )
         )
         return None
     return count
 
 
-def _seconds(
+def seconds(
     annotations: Mapping[str, Any], key: str, default: float, errors: list[FieldError]
 ) -> float:
     raw = annotations.get(key)
@@ -137,7 +134,7 @@ def _seconds(
     return value
 
 
-def _remove_workers(
+def remove_workers(
     annotations: Mapping[str, Any], job_name: str | None, errors: list[FieldError]
 ) -> frozenset[str]:
     raw = annotations.get(names.ANN_REMOVE_WORKERS)
@@ -157,7 +154,7 @@ def _remove_workers(
     return frozenset(wanted)
 
 
-def _choice(
+def choice(
     value: Any, field: str, allowed: tuple[str, ...], default: str, errors: list[FieldError]
 ) -> str:
     # "" is how Go clients write "unset", and the upstream operator defaults it too.
@@ -173,7 +170,7 @@ def _choice(
     return str(value)
 
 
-def _metadata(
+def metadata(
     meta: Mapping[str, Any] | None, errors: list[FieldError]
 ) -> tuple[str | None, str | None, str | None, Mapping[str, Any]]:
     """The job's name, namespace, uid and annotations."""
@@ -188,13 +185,13 @@ def _metadata(
     return name, namespace, uid, annotations
 
 
-def _slots(spec: Mapping[str, Any], errors: list[FieldError]) -> int | None:
+def slots(spec: Mapping[str, Any], errors: list[FieldError]) -> int | None:
     slots_raw = spec.get("slotsPerWorker", 1)
-    slots = as_int(slots_raw)
-    if slots is not None and slots < 1:
-        errors.append(FieldError("spec.slotsPerWorker", f"must be at least 1, got {slots}"))
-        slots = None
-    elif slots is None or slots > _INT32_MAX:
+    count = as_int(slots_raw)
+    if count is not None and count < 1:
+        errors.append(FieldError("spec.slotsPerWorker", f"must be at least 1, got {count}"))
+        count = None
+    elif count is None or count > INT32_MAX:
         errors.append(
             FieldError(
                 "spec.slotsPerWorker",
@@ -202,11 +199,13 @@ def _slots(spec: Mapping[str, Any], errors: list[FieldError]) -> int | None:
             )
         )
         return None
-    return slots
+    return count
 
 
 @dataclass(frozen=True)
-class _RunPolicy:
+class RunPolicy:
+    """spec.runPolicy as read, for the JobSpec's fields of the same meaning."""
+
     clean: str
     suspend: bool
     deadline: int | None
@@ -215,22 +214,22 @@ class _RunPolicy:
     scheduling: SchedulingPolicy | None
 
 
-def _run_policy(spec: Mapping[str, Any], errors: list[FieldError]) -> _RunPolicy:
+def run_policy(spec: Mapping[str, Any], errors: list[FieldError]) -> RunPolicy:
     """spec.runPolicy, and the v1 spec.cleanPodPolicy it replaces."""
-    run_policy = mapping(spec.get("runPolicy"), "spec.runPolicy", errors) or {}
-    if run_policy.get("cleanPodPolicy") not in (None, ""):
-        clean = _choice(
-            run_policy.get("cleanPodPolicy"),
+    policy = mapping(spec.get("runPolicy"), "spec.runPolicy", errors) or {}
+    if policy.get("cleanPodPolicy") not in (None, ""):
+        clean = choice(
+            policy.get("cleanPodPolicy"),
             "spec.runPolicy.cleanPodPolicy",
             CLEAN_POD_POLICIES,
             "None",
             errors,
         )
     else:
-        clean = _choice(
+        clean = choice(
             spec.get("cleanPodPolicy"), "spec.cleanPodPolicy", CLEAN_POD_POLICIES, "None", errors
         )
-    suspend = run_policy.get("suspend")
+    suspend = policy.get("suspend")
     if suspend is None:
         suspend = False
     elif not isinstance(suspend, bool):
@@ -238,17 +237,17 @@ def _run_policy(spec: Mapping[str, Any], errors: list[FieldError]) -> _RunPolicy
             FieldError("spec.runPolicy.suspend", f"must be true or false, got {show(suspend)}")
         )
         suspend = False
-    return _RunPolicy(
+    return RunPolicy(
         clean,
         suspend,
-        _run_policy_count(run_policy, "activeDeadlineSeconds", 1, errors),
-        _run_policy_count(run_policy, "ttlSecondsAfterFinished", 0, errors),
-        _run_policy_count(run_policy, "backoffLimit", 0, errors),
-        scheduling_policy.parse(run_policy.get("schedulingPolicy"), errors),
+        _run_policy_count(policy, "activeDeadlineSeconds", 1, errors),
+        _run_policy_count(policy, "ttlSecondsAfterFinished", 0, errors),
+        _run_policy_count(policy, "backoffLimit", 0, errors),
+        scheduling_policy.parse(policy.get("schedulingPolicy"), errors),
     )
 
 
-def _check_name(
+def check_name(
     name: str | None, worker: ReplicaSpec | None, bounds: Bounds, errors: list[FieldError]
 ) -> None:
     """The job's name must make worker pod names that are hostnames."""
@@ -274,7 +273,7 @@ def _check_name(
             )
 
 
-def _main_container(
+def main_container(
     spec: Mapping[str, Any], worker: ReplicaSpec | None, errors: list[FieldError]
 ) -> str | None:
     main = spec.get("mainContainer")
@@ -297,7 +296,7 @@ def _main_container(
     return main if isinstance(main, str) else None
 
 
-def _gloo_timeout(launcher: ReplicaSpec | None, errors: list[FieldError]) -> float:
+def gloo_timeout(launcher: ReplicaSpec | None, errors: list[FieldError]) -> float:
     """Horovod's Gloo timeout as the launcher's containers set it (horovodrun passes its
     environment on to the ranks); the largest where several do, Horovod's default where
     none does. The host-list rules take it as the longest a reset may last (host_rules.py),
@@ -336,7 +335,7 @@ def _gloo_timeout(launcher: ReplicaSpec | None, errors: list[FieldError]) -> flo
     return max(found, default=DEFAULT_GLOO_TIMEOUT_SECONDS)
 
 
-def _launcher_account(launcher: ReplicaSpec | None, errors: list[FieldError]) -> Any:
+def launcher_account(launcher: ReplicaSpec | None, errors: list[FieldError]) -> Any:
     """The Launcher template's serviceAccountName; None: unset."""
     if launcher is None:
         return None
@@ -350,7 +349,7 @@ def _launcher_account(launcher: ReplicaSpec | None, errors: list[FieldError]) ->
     ):
         errors.append(
             FieldError(
-                _SERVICE_ACCOUNT_FIELD,
+                SERVICE_ACCOUNT_FIELD,
                 f"must be a ServiceAccount name (DNS-1123 subdomain), got {show(account)}",
             )
         )

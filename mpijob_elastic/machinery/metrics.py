@@ -34,7 +34,7 @@ from prometheus_client.registry import Collector
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Emit
 from mpijob_elastic.core.settings import Settings
-from mpijob_elastic.core.spec import InvalidSpec, parse
+from mpijob_elastic.core.spec_parse import InvalidSpec, parse
 from mpijob_elastic.core.times import parse_time
 from mpijob_elastic.core.workers import discovered_hosts
 

@@ -9,7 +9,7 @@ from mpijob_elastic.core.actions import Claim, Create
 from mpijob_elastic.core.observe import Observed
 from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.settings import Settings
-from mpijob_elastic.core.spec import parse
+from mpijob_elastic.core.spec_parse import parse
 from tests.unit.simulation import make_job
 
 Obj = dict[str, Any]

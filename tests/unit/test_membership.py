@@ -26,7 +26,7 @@ from mpijob_elastic.core.ranks import (
     pushed,
     remote_shell_hosts,
 )
-from mpijob_elastic.core.spec import InvalidSpec, parse
+from mpijob_elastic.core.spec_parse import InvalidSpec, parse
 from mpijob_elastic.core.workers import Worker
 from tests.unit.simulation import Cluster, discovered, make_job, running_status
 

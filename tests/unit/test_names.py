@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mpijob_elastic.core import names
-from mpijob_elastic.core.spec import parse
+from mpijob_elastic.core.spec_parse import parse
 from mpijob_elastic.core.spec_warnings import check
 from tests.unit.simulation import make_job
 
@@ -21,7 +21,7 @@ PACKAGE = ROOT / "mpijob_elastic"
 CONFIGURATION = ROOT / "docs" / "configuration.md"
 PREFIX = "mpijob-elastic.io/"
 # The modules of the spec's parser: every annotation they name is one a user writes.
-PARSER = ("core/spec.py", "core/spec_fields.py")
+PARSER = ("core/spec_parse.py", "core/spec_fields.py")
 
 
 def sources() -> Iterator[tuple[str, ast.Module]]:

@@ -14,7 +14,8 @@ from mpijob_elastic.core.actions import AnnotatePod, DeletePod, Emit, Writes
 from mpijob_elastic.core.kueue import Standing
 from mpijob_elastic.core.notices import format_notice, parse_notice
 from mpijob_elastic.core.plan import plan_writes
-from mpijob_elastic.core.spec import DEFAULT_CHECKPOINT_SECONDS, InvalidSpec, parse
+from mpijob_elastic.core.spec import DEFAULT_CHECKPOINT_SECONDS
+from mpijob_elastic.core.spec_parse import InvalidSpec, parse
 from mpijob_elastic.core.times import format_time
 from tests.unit.simulation import SETTINGS, Cluster, discovered, make_job
 

@@ -23,7 +23,7 @@ from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.ranks import RankSnapshot
 from mpijob_elastic.core.render import disruption_budget
 from mpijob_elastic.core.settings import Settings
-from mpijob_elastic.core.spec import InvalidSpec, parse
+from mpijob_elastic.core.spec_parse import InvalidSpec, parse
 from mpijob_elastic.core.times import format_precise_time
 from mpijob_elastic.core.workers import Worker
 from mpijob_elastic.machinery.kube import ApiError

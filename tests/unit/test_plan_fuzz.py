@@ -32,7 +32,7 @@ from mpijob_elastic.core.actions import WriteStatus
 from mpijob_elastic.core.observe import Listed, observe
 from mpijob_elastic.core.plan import plan_writes
 from mpijob_elastic.core.settings import Settings
-from mpijob_elastic.core.spec import InvalidSpec, parse
+from mpijob_elastic.core.spec_parse import InvalidSpec, parse
 from mpijob_elastic.machinery.job_memory import JobMemory
 from tests.unit.simulation import running_status
 from tests.unit.test_spec_fuzz import paths as every_path

@@ -15,7 +15,7 @@ from mpijob_elastic.core.actions import Create, DeletePod
 from mpijob_elastic.core.ranks import RankSnapshot
 from mpijob_elastic.core.render import exec_names
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
-from mpijob_elastic.core.spec import InvalidSpec, launcher_service_account, parse
+from mpijob_elastic.core.spec_parse import InvalidSpec, launcher_service_account, parse
 from mpijob_elastic.machinery.job_memory import IN_USE_RECHECK_SECONDS
 from tests.unit.simulation import Cluster, discovered, make_job
 

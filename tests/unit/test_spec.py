@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from mpijob_elastic.core import names, render_pods
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
-from mpijob_elastic.core.spec import Bounds, InvalidSpec, managed_by, parse
+from mpijob_elastic.core.spec import Bounds
+from mpijob_elastic.core.spec_parse import InvalidSpec, managed_by, parse
 
 
 def make_job(

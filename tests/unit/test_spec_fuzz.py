@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from mpijob_elastic.core import names, render, render_pods, spec_warnings
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
-from mpijob_elastic.core.spec import InvalidSpec, JobSpec, parse
+from mpijob_elastic.core.spec import JobSpec
+from mpijob_elastic.core.spec_parse import InvalidSpec, parse
 
 Path = tuple[str | int, ...]
 

@@ -13,7 +13,7 @@ import yaml
 from mpijob_elastic.core import names
 from mpijob_elastic.core.launcher_command import argv
 from mpijob_elastic.core.shapes import FieldError
-from mpijob_elastic.core.spec import parse
+from mpijob_elastic.core.spec_parse import parse
 from mpijob_elastic.core.spec_warnings import check, unsupported_version
 from tests.unit.simulation import Cluster, make_job
 

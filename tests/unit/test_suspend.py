@@ -12,7 +12,7 @@ import pytest
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Create, DeleteObject, DeletePod
-from mpijob_elastic.core.spec import InvalidSpec, parse
+from mpijob_elastic.core.spec_parse import InvalidSpec, parse
 from mpijob_elastic.core.status import StatusBuilder
 from tests.unit.simulation import Cluster, make_job
 
