@@ -16,7 +16,7 @@ import time
 from datetime import timedelta
 
 from mpijob_elastic.core.actions import Create
-from mpijob_elastic.core.plan import plan_writes
+from mpijob_elastic.core.planning.plan import plan_writes
 from tests.unit.simulation import SETTINGS, Cluster, make_job
 
 

@@ -55,8 +55,8 @@ from e2e.test_relocation import (
     start_job,
 )
 from mpijob_elastic.core import names
-from mpijob_elastic.core.host_rules import reset_bound
-from mpijob_elastic.core.spec import DEFAULT_GLOO_TIMEOUT_SECONDS
+from mpijob_elastic.core.hosts.host_rules import reset_bound
+from mpijob_elastic.core.spec.model import DEFAULT_GLOO_TIMEOUT_SECONDS
 from tests.cluster import ROOT, Cluster
 
 CRD = ROOT / "config" / "crd" / "kubeflow.org_mpijobs.yaml"

@@ -38,7 +38,7 @@ from typing import Any
 
 from bench.cluster import ROOT, Controller, cluster, kubectl_binary, machine, sh
 from mpijob_elastic.core import names
-from mpijob_elastic.core.notices import parse_notice
+from mpijob_elastic.core.lifecycle.notices import parse_notice
 from tests.cluster import Cluster
 
 ON_DEMAND = "kwok-node-0"

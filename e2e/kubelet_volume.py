@@ -37,7 +37,7 @@ from typing import Any
 from kubernetes_asyncio import config as kube_config
 
 from mpijob_elastic.core import names
-from mpijob_elastic.core.render import config_hash
+from mpijob_elastic.core.objects.render import config_hash
 from mpijob_elastic.machinery.informer import DELETED, Informer
 
 # The kubelet's periodic pod sync: a ConfigMap change reaches a pod that nobody touches

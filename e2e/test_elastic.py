@@ -41,11 +41,13 @@ OUT = ROOT / "e2e" / "out"
 IN_CLUSTER = os.environ.get("E2E_IN_CLUSTER") == "1"
 SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
 # The drain is only the upper bound: a victim goes once the launcher no longer reaches it
-# (mpijob_elastic/core/ranks.py), about a second after its rank left at its next commit. A long
-# bound shows that the early end works: waiting it out would fail the step's timing.
+# (mpijob_elastic/core/inputs/ranks.py), about a second after its rank left at its next
+# commit. A long bound shows that the early end works: waiting it out would fail the
+# step's timing.
 DRAIN_SECONDS = 15
-# The floor of every drain (core/drain.py's DRAIN_FLOOR_SECONDS), and how soon after its rank left a
-# victim must be gone: one launcher read a second, plus the delete reaching the cache.
+# The floor of every drain (core/hosts/drain.py's DRAIN_FLOOR_SECONDS), and how soon after
+# its rank left a victim must be gone: one launcher read a second, plus the delete reaching
+# the cache.
 DRAIN_FLOOR_SECONDS = 3.0
 GONE_AFTER_RANKS_LEFT_SECONDS = 3.0
 

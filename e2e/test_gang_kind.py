@@ -30,7 +30,8 @@ import yaml
 from e2e.harness import in_cluster_job
 from e2e.test_capacity import _on, _quantity, _resources
 from e2e.test_relocation import colocation_node
-from mpijob_elastic.core import names, podgroups
+from mpijob_elastic.core import names
+from mpijob_elastic.core.objects import podgroups
 from tests.cluster import ROOT, Cluster
 from tests.controller import ControllerProcess, wait_for
 from tests.gang import GANG_TAINT, bound, gang_node_manifest

@@ -27,8 +27,9 @@ import yaml
 from e2e.harness import EXIT_ANNOTATION, ElasticRun
 from e2e.mockhorovod import events as ev
 from e2e.test_relocation import nothing_fatal
-from mpijob_elastic.core import kueue, names
-from mpijob_elastic.core.notices import parse_notice
+from mpijob_elastic.core import names
+from mpijob_elastic.core.lifecycle.notices import parse_notice
+from mpijob_elastic.core.queueing import kueue
 from tests.cluster import ROOT, Cluster
 from tests.controller import ControllerProcess, wait_for
 from tests.integration.test_controller import Job

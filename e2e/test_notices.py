@@ -32,7 +32,7 @@ import yaml
 from e2e.harness import ElasticRun, in_cluster_job
 from e2e.mockhorovod import events as ev
 from mpijob_elastic.core import names
-from mpijob_elastic.core.notices import parse_notice
+from mpijob_elastic.core.lifecycle.notices import parse_notice
 from tests.cluster import ROOT, Cluster
 from tests.controller import ControllerProcess, wait_for
 from tests.manifests import mpijob

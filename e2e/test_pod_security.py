@@ -12,9 +12,10 @@ import copy
 import json
 from typing import Any
 
-from mpijob_elastic.core import names, render_pods
+from mpijob_elastic.core import names
+from mpijob_elastic.core.objects import render_pods
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
-from mpijob_elastic.core.spec_parse import parse
+from mpijob_elastic.core.spec.parse import parse
 from tests.cluster import Cluster
 from tests.unit.simulation import make_job
 

@@ -33,10 +33,12 @@ from mpijob_elastic.app.watches import (
     pod_groups_served,
     resources,
 )
-from mpijob_elastic.core import kueue, names, nodes, podgroups
-from mpijob_elastic.core.observe import Observed, observe
-from mpijob_elastic.core.plan import plan_writes
-from mpijob_elastic.core.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
+from mpijob_elastic.core import names, nodes
+from mpijob_elastic.core.inputs.observe import Observed, observe
+from mpijob_elastic.core.inputs.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
+from mpijob_elastic.core.objects import podgroups
+from mpijob_elastic.core.planning.plan import plan_writes
+from mpijob_elastic.core.queueing import kueue
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.machinery import metrics
 from mpijob_elastic.machinery.capacity_watch import CapacityWatch
@@ -318,7 +320,7 @@ class Controller:
                 self.kueue.forget(job["metadata"]["uid"])
             return None
         await self.writer.recheck(key, job)
-        # A job labelled for a Kueue queue is seen through its admission (core/kueue.py).
+        # A job labelled for a Kueue queue is seen through its admission (core/queueing/kueue.py).
         queue = self.kueue.queue(job) if kueue.queue_name(job) else None
         seen = kueue.gate(job, queue) if queue is not None else job
         observed = self.observe(seen)

@@ -12,7 +12,7 @@ from pathlib import Path
 from mpijob_elastic.app import build, leader
 from mpijob_elastic.core import names
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
-from mpijob_elastic.core.spec_fields import MAX_DURATION_SECONDS
+from mpijob_elastic.core.spec.fields import MAX_DURATION_SECONDS
 
 DESCRIPTION = (
     "The ``mpijob-elastic`` command: ``run`` the controller, or ``render`` a job's children."
@@ -22,7 +22,7 @@ TIMINGS = leader.Timings()
 
 
 def _seconds(text: str) -> float:
-    """A duration flag: what the annotations allow (spec_fields.py), so no default can
+    """A duration flag: what the annotations allow (core/spec/fields.py), so no default can
     make a deadline that overflows."""
     try:
         value = float(text)

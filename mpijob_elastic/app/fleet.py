@@ -1,4 +1,4 @@
-"""What an opportunistic job's turn sees of the others (core/opportunistic.py): their growth
+"""What an opportunistic job's turn sees of the others (core/sizing/opportunistic.py): their growth
 states, read from the ConfigMap cache's events, and when capacity last changed.
 
 Kept from the watch events the controller receives anyway, so reading it costs a turn
@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mpijob_elastic.core import names
-from mpijob_elastic.core.growth_state import Share, share
+from mpijob_elastic.core.inputs.growth_state import Share, share
 from mpijob_elastic.machinery.capacity_watch import CapacityWatch
 
 Key = tuple[str, str]

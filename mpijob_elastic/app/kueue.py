@@ -1,6 +1,6 @@
-"""The shell of Kueue admission (core/kueue.py decides; docs/scheduling.md, "Kueue"): whether
-Kueue's API is served, the caches of Workloads, ResourceFlavors and WorkloadPriorityClasses,
-and the writes of a job's Workload."""
+"""The shell of Kueue admission (core/queueing/kueue.py decides; docs/scheduling.md,
+"Kueue"): whether Kueue's API is served, the caches of Workloads, ResourceFlavors and
+WorkloadPriorityClasses, and the writes of a job's Workload."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 
 from mpijob_elastic.app.preflight import REVIEWS_PATH, Permission, review
 from mpijob_elastic.app.watches import CHILD_SELECTOR, Caches
-from mpijob_elastic.core import kueue
-from mpijob_elastic.core.kueue import Queue, Standing
-from mpijob_elastic.core.kueue_writes import workload_writes
+from mpijob_elastic.core.queueing import kueue
+from mpijob_elastic.core.queueing.kueue import Queue, Standing
+from mpijob_elastic.core.queueing.kueue_writes import workload_writes
 from mpijob_elastic.core.times import format_time
 from mpijob_elastic.machinery.informer import Informer
 from mpijob_elastic.machinery.kube import ApiError, Kube
@@ -41,7 +41,7 @@ PERMISSIONS = (
 
 class KueueShell:
     def __init__(self, kube: Kube, caches: Caches, slices: bool) -> None:
-        """``slices``: Kueue runs with ElasticJobsViaWorkloadSlices (core/kueue.py)."""
+        """``slices``: Kueue runs with ElasticJobsViaWorkloadSlices (core/queueing/kueue.py)."""
         self.kube = kube
         self.caches = caches
         self.slices = slices

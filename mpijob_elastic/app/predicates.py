@@ -9,7 +9,7 @@ from typing import Any
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.settings import Settings
-from mpijob_elastic.core.spec_parse import managed_by
+from mpijob_elastic.core.spec.parse import managed_by
 
 Obj = dict[str, Any]
 

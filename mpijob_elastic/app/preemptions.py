@@ -1,5 +1,5 @@
 """The scheduler's ``Preempted`` Events, for the job's Event to name who took a worker's
-room (core/preemptors.py; docs/capacity.md, "Giving capacity back: preemption").
+room (core/sizing/preemptors.py; docs/capacity.md, "Giving capacity back: preemption").
 
 The kube-scheduler records one on each pod it preempts: reason ``Preempted``, the victim as
 ``involvedObject`` (``regarding`` in events.k8s.io), the preemptor as ``related``. One cache

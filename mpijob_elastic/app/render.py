@@ -12,11 +12,11 @@ import yaml
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Create, Replace
-from mpijob_elastic.core.observe import Listed, observe
-from mpijob_elastic.core.plan import plan_writes
+from mpijob_elastic.core.inputs.observe import Listed, observe
+from mpijob_elastic.core.planning.plan import plan_writes
+from mpijob_elastic.core.reports.spec_warnings import check, unsupported_version
 from mpijob_elastic.core.settings import Settings
-from mpijob_elastic.core.spec_parse import InvalidSpec, parse
-from mpijob_elastic.core.spec_warnings import check, unsupported_version
+from mpijob_elastic.core.spec.parse import InvalidSpec, parse
 from mpijob_elastic.machinery.job_memory import JobMemory
 
 

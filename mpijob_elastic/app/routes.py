@@ -101,7 +101,7 @@ class Routes:
 
     def on_preempted(self, type_: str, event: Obj) -> None:
         """The scheduler's Event on a pod it preempted: the victim's job may be waiting for
-        it to name the preemptor (core/preemptors.py). A victim already gone from the pod
+        it to name the preemptor (core/sizing/preemptors.py). A victim already gone from the pod
         cache is named at the end of that wait, from the Events cache."""
         if type_ == "DELETED":
             return

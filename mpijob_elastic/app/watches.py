@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from mpijob_elastic.core import names, podgroups
-from mpijob_elastic.core.observe import HANDOVER_KINDS
+from mpijob_elastic.core import names
+from mpijob_elastic.core.inputs.observe import HANDOVER_KINDS
+from mpijob_elastic.core.objects import podgroups
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.machinery.informer import Informer
 from mpijob_elastic.machinery.kube import RESOURCES, ApiError, Kube

@@ -70,7 +70,7 @@ NOTICE_FILE: Final = "notice"
 ANN_OPPORTUNISTIC: Final = "mpijob-elastic.io/opportunistic"
 ANN_OPPORTUNISTIC_PRIORITY_CLASS: Final = "mpijob-elastic.io/opportunistic-priority-class"
 # Every annotation a user writes on the MPIJob, the one list of them: the spec's parser
-# reads exactly these (spec_parse.py, spec_fields.py), and SpecWarnings calls any other
+# reads exactly these (spec/parse.py, spec/fields.py), and SpecWarnings calls any other
 # annotation under the prefix unknown (spec_warnings.py). The controller's own annotations
 # below live on its children: on the job they are as unknown as a typo.
 USER_ANNOTATIONS: Final = (

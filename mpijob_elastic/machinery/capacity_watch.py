@@ -32,7 +32,7 @@ from typing import Any, cast
 import aiohttp
 
 from mpijob_elastic.core import names
-from mpijob_elastic.core.opportunistic import BACKOFF_SECONDS
+from mpijob_elastic.core.sizing.opportunistic import BACKOFF_SECONDS
 from mpijob_elastic.machinery import watch_stream
 from mpijob_elastic.machinery.kubeclient import ApiClient
 

@@ -1,6 +1,6 @@
 """Names someone else's object holds: who holds each, learned when a create meets it and
 read again before each turn of the job, so that the job reports a conflict for as long
-as it lasts (core/reports.py) and takes a freed name back. The caches cannot tell: they
+as it lasts (core/conditions.py) and takes a freed name back. The caches cannot tell: they
 hold only objects with our labels, so each such name costs one read per turn, and a job
 without one costs none.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpijob_elastic.core import reports
 from mpijob_elastic.core.actions import Create
+from mpijob_elastic.core.reports import conditions
 from mpijob_elastic.machinery.job_memory import JobMemory, owner_description
 from mpijob_elastic.machinery.kube import ApiError, Kube
 
@@ -24,7 +24,7 @@ async def recheck(kube: Kube, memory: dict[Key, JobMemory], key: Key, job: Obj) 
     status reports held (a restarted controller remembers nothing)."""
     known = memory.get(key)
     if known is None:
-        held = reports.held_names(job)
+        held = conditions.held_names(job)
         if not held:
             return
         known = memory.setdefault(key, JobMemory())

@@ -3,7 +3,7 @@
 The caches cannot show everything a turn learned: a delete the server accepted before the
 pod shows it, a name someone else's object holds (that object carries none of our labels,
 so no cache holds it), the last write the server refused. The core gets them as inputs
-(``core/observe.py``'s ``Memory``); the writer (``writer.py``) fills them in.
+(``core/inputs/observe.py``'s ``Memory``); the writer (``writer.py``) fills them in.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from prometheus_client.registry import Collector
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Emit
 from mpijob_elastic.core.settings import Settings
-from mpijob_elastic.core.spec_parse import InvalidSpec, parse
+from mpijob_elastic.core.spec.parse import InvalidSpec, parse
 from mpijob_elastic.core.times import parse_time
 from mpijob_elastic.core.workers import discovered_hosts
 
@@ -262,7 +262,7 @@ class _JobDetails(Collector):
     def __init__(self, jobs: _JobStates) -> None:
         self._jobs = jobs
         self.config_map: Callable[[str, str], Mapping[str, Any] | None] = lambda _ns, _n: None
-        # The controller's, so a job reads here as its turns read it (core/lifecycle.py).
+        # The controller's, so a job reads here as its turns read it (core/lifecycle/run_policy.py).
         self.settings = Settings()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:

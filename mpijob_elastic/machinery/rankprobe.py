@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mpijob_elastic.core.actions import Probe
-from mpijob_elastic.core.ranks import (
+from mpijob_elastic.core.inputs.ranks import (
     PROBE_TIMEOUT_SECONDS,
     RankSnapshot,
     pushed,

@@ -9,7 +9,7 @@ hold. What happens next depends on why it failed:
   the user has to act. The refusal, with the server's message, is remembered for the job
   (``JobMemory.refused`` until a turn's writes all go through; ``conflicts`` for a taken
   name, until a read finds the name free or the job's own, see ``held_names.py``); the
-  core reports it on the job (``core/reports.py``: a ``WriteRefused``
+  core reports it on the job (``core/reports/conditions.py``: a ``WriteRefused``
   condition, ``InvalidSpec`` for a pod template the server rejects, and one Warning Event,
   quoting the server). A turn that stops at a write refused again still sends what the
   core planned for that case (``Writes.on_refusal``: the status, the Events that report
@@ -334,7 +334,7 @@ class Writer:
             return
         if refused.reason == "AlreadyExists":
             return  # the next plan knows the name is taken and reports it
-        # The core reports it on the job (core/reports.py), from the next turn on.
+        # The core reports it on the job (core/reports/conditions.py), from the next turn on.
         self.of(key).refused = Refusal(
             f"{verb} {kind} {name}",
             refused.reason or str(refused.status),

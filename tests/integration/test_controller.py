@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic.core import names, render
+from mpijob_elastic.core import names
+from mpijob_elastic.core.objects import render
 from mpijob_elastic.machinery import clients
 from tests.cluster import Cluster
 from tests.controller import StartController, wait_for

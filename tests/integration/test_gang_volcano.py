@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic.core import names, podgroups
+from mpijob_elastic.core import names
+from mpijob_elastic.core.objects import podgroups
 from tests.cluster import Cluster
 from tests.controller import StartController, wait_for
 from tests.gang import VOLCANO_CRD, install_crd

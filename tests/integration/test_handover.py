@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic.core import names, render, render_pods
+from mpijob_elastic.core import names
+from mpijob_elastic.core.objects import render, render_pods
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
-from mpijob_elastic.core.spec_parse import parse
+from mpijob_elastic.core.spec.parse import parse
 from tests.cluster import Cluster
 from tests.controller import StartController, wait_for
 from tests.integration.test_controller import Job, elastic_job

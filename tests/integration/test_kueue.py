@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic.core import kueue, names
-from mpijob_elastic.core.notices import parse_notice
+from mpijob_elastic.core import names
+from mpijob_elastic.core.lifecycle.notices import parse_notice
+from mpijob_elastic.core.queueing import kueue
 from tests.cluster import Cluster
 from tests.controller import StartController, wait_for
 from tests.integration.test_controller import Job

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from mpijob_elastic.core import names
-from mpijob_elastic.core.notices import parse_notice
+from mpijob_elastic.core.lifecycle.notices import parse_notice
 from tests.cluster import Cluster
 from tests.controller import StartController, wait_for
 from tests.integration.test_controller import Job, elastic_job

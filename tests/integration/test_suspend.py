@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic.core import host_rules, names
+from mpijob_elastic.core import names
+from mpijob_elastic.core.hosts import host_rules
 from tests.cluster import Cluster
 from tests.controller import RemoteShells, StartController, wait_for
 from tests.integration.test_controller import Job, elastic_job

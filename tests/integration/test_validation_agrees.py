@@ -1,5 +1,5 @@
 """The admission policy (CEL, config/admission, on a real API server) and the controller's
-own validation (core/spec_parse.py and the bounds check) judge the same jobs alike.
+own validation (core/spec/parse.py and the bounds check) judge the same jobs alike.
 
 Clusters may run without the policy, so the controller checks everything again; a job one
 of them accepts and the other refuses would behave differently on two clusters. Each row
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from mpijob_elastic.core import names
-from mpijob_elastic.core.spec_parse import InvalidSpec, parse
+from mpijob_elastic.core.spec.parse import InvalidSpec, parse
 from tests.cluster import Cluster
 from tests.manifests import mpijob
 

@@ -49,14 +49,14 @@ from mpijob_elastic.core.actions import (
     Writes,
     WriteStatus,
 )
-from mpijob_elastic.core.capacity import WORKER_BACKOFF_MAX_SECONDS
-from mpijob_elastic.core.drain import DRAIN_FLOOR_SECONDS
-from mpijob_elastic.core.observe import HANDOVER_KINDS, Listed, Observed
-from mpijob_elastic.core.observe import observe as observe_caches
-from mpijob_elastic.core.plan import plan_writes
-from mpijob_elastic.core.ranks import RankSnapshot
-from mpijob_elastic.core.render import requests_gpu
+from mpijob_elastic.core.hosts.drain import DRAIN_FLOOR_SECONDS
+from mpijob_elastic.core.inputs.observe import HANDOVER_KINDS, Listed, Observed
+from mpijob_elastic.core.inputs.observe import observe as observe_caches
+from mpijob_elastic.core.inputs.ranks import RankSnapshot
+from mpijob_elastic.core.objects.render import requests_gpu
+from mpijob_elastic.core.planning.plan import plan_writes
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
+from mpijob_elastic.core.sizing.capacity import WORKER_BACKOFF_MAX_SECONDS
 from mpijob_elastic.core.workers import worker_index
 from mpijob_elastic.machinery import writer as writer_module
 from mpijob_elastic.machinery.job_memory import JobMemory
@@ -846,7 +846,7 @@ class Sim:
 
     The loop of ``controller.Controller``: a watch cache (here ``view``) fed by the world's
     change stream after a random delay, the controller's own confirmed writes upserted into
-    it, read by the controller's own ``observe`` (core/observe.py), one job reconciled at a
+    it, read by the controller's own ``observe`` (core/inputs/observe.py), one job reconciled at a
     time from a queue of due times, a failed turn retried with the work queue's backoff,
     ``requeue_after`` honoured. The real ``Writer`` executes each plan, phase by phase;
     ``writer`` and ``planner`` can be swapped for variants under test.

@@ -21,10 +21,11 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic.core import names, podgroups, quantity, render_pods
+from mpijob_elastic.core import names, quantity
 from mpijob_elastic.core.actions import Create, DeleteObject, Replace
+from mpijob_elastic.core.objects import podgroups, render_pods
 from mpijob_elastic.core.settings import Settings
-from mpijob_elastic.core.spec_parse import InvalidSpec, parse
+from mpijob_elastic.core.spec.parse import InvalidSpec, parse
 from tests.unit.simulation import NAMESPACE, Cluster, make_job
 
 VOLCANO = Settings(gang_scheduler_name="volcano")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpijob_elastic.core import handover, names, render_pods
+from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Claim, Create
-from mpijob_elastic.core.observe import Observed
-from mpijob_elastic.core.plan import plan_writes
+from mpijob_elastic.core.inputs.observe import Observed
+from mpijob_elastic.core.objects import render_pods
+from mpijob_elastic.core.planning import handover
+from mpijob_elastic.core.planning.plan import plan_writes
 from mpijob_elastic.core.settings import Settings
-from mpijob_elastic.core.spec_parse import parse
+from mpijob_elastic.core.spec.parse import parse
 from tests.unit.simulation import make_job
 
 Obj = dict[str, Any]

@@ -6,7 +6,7 @@ import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from mpijob_elastic.core.host_rules import (
+from mpijob_elastic.core.hosts.host_rules import (
     Evidence,
     Host,
     HostList,
@@ -15,7 +15,7 @@ from mpijob_elastic.core.host_rules import (
     rank_holders,
     reset_bound,
 )
-from mpijob_elastic.core.ranks import RankSnapshot
+from mpijob_elastic.core.inputs.ranks import RankSnapshot
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 LONG_AGO = NOW - timedelta(hours=1)

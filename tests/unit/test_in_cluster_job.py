@@ -6,8 +6,8 @@ import yaml
 
 from e2e.harness import DRIVER_ARGS, STOP_FILE_IN_POD, in_cluster_job, mock_driver_args
 from e2e.mockhorovod.driver import parse_args
-from mpijob_elastic.core import render_pods
-from mpijob_elastic.core.spec_parse import parse
+from mpijob_elastic.core.objects import render_pods
+from mpijob_elastic.core.spec.parse import parse
 
 SAMPLE = Path(__file__).resolve().parents[2] / "config" / "samples" / "elastic-mpijob.yaml"
 

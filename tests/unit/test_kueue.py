@@ -1,5 +1,6 @@
-"""Kueue admission, pure (core/kueue.py, core/kueue_writes.py): the Workload a job gets,
-how the job is seen through its admission, and the writes of its Workloads."""
+"""Kueue admission, pure (core/queueing/kueue.py, core/queueing/kueue_writes.py): the
+Workload a job gets, how the job is seen through its admission, and the writes of its
+Workloads."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import copy
 from datetime import UTC, datetime
 from typing import Any
 
-from mpijob_elastic.core import kueue, names
-from mpijob_elastic.core.desired import desired
-from mpijob_elastic.core.kueue import Queue, Standing
-from mpijob_elastic.core.kueue_writes import workload_writes
-from mpijob_elastic.core.observe import Observed
+from mpijob_elastic.core import names
+from mpijob_elastic.core.inputs.observe import Observed
+from mpijob_elastic.core.planning.desired import desired
+from mpijob_elastic.core.queueing import kueue
+from mpijob_elastic.core.queueing.kueue import Queue, Standing
+from mpijob_elastic.core.queueing.kueue_writes import workload_writes
 from mpijob_elastic.core.settings import Settings
 from tests.unit.simulation import make_job
 
@@ -119,7 +121,7 @@ def test_an_evicted_job_is_held_and_its_quota_released_only_once_its_pods_are_go
     evicted = workload(j, 2, admitted=2, conditions=(("Evicted", "Preempted"),))
     evicted["status"]["conditions"][0]["lastTransitionTime"] = NOW
     queue = Queue(True, [evicted], FLAVOR)
-    # Its quota still held: the job runs on as admitted, until lifecycle.py stops it once
+    # Its quota still held: the job runs on as admitted, until run_policy.py stops it once
     # the checkpoint window after the eviction is over (tests/unit/test_notices.py).
     gated = kueue.gate(j, queue)
     assert "suspend" not in gated["spec"].get("runPolicy", {})
@@ -252,7 +254,7 @@ def test_a_waiting_workload_follows_the_jobs_edits_an_admitted_one_does_not() ->
 
 
 def test_nothing_raises_on_a_malformed_job() -> None:
-    """An invalid spec is spec.py's to report; Kueue's part must not raise on it."""
+    """An invalid spec is parse.py's to report; Kueue's part must not raise on it."""
     base = job(replicas=2, low=None)
     bad_values: tuple[Any, ...] = ([], "x", 3, None, {"spec": []})
     paths = (

@@ -10,8 +10,8 @@ import pytest
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import AnnotatePod, Create, DeletePod
-from mpijob_elastic.core.drain import DRAIN_FLOOR_SECONDS, RANK_FREE_GRACE_SECONDS
-from mpijob_elastic.core.membership import (
+from mpijob_elastic.core.hosts.drain import DRAIN_FLOOR_SECONDS, RANK_FREE_GRACE_SECONDS
+from mpijob_elastic.core.hosts.membership import (
     DISRUPTED,
     NAMED,
     NEWEST,
@@ -21,12 +21,12 @@ from mpijob_elastic.core.membership import (
     format_indexes,
     parse_indexes,
 )
-from mpijob_elastic.core.ranks import (
+from mpijob_elastic.core.inputs.ranks import (
     RankSnapshot,
     pushed,
     remote_shell_hosts,
 )
-from mpijob_elastic.core.spec_parse import InvalidSpec, parse
+from mpijob_elastic.core.spec.parse import InvalidSpec, parse
 from mpijob_elastic.core.workers import Worker
 from tests.unit.simulation import Cluster, discovered, make_job, running_status
 

@@ -14,8 +14,8 @@ from prometheus_client import REGISTRY
 from mpijob_elastic.app import leader
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Emit
+from mpijob_elastic.core.outputs.status import CONDITION_ORDER, SUSPENDED, StatusBuilder
 from mpijob_elastic.core.settings import Settings
-from mpijob_elastic.core.status import CONDITION_ORDER, SUSPENDED, StatusBuilder
 from mpijob_elastic.core.times import format_precise_time
 from mpijob_elastic.machinery import metrics
 from mpijob_elastic.machinery.kube import request_labels

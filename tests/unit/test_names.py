@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from mpijob_elastic.core import names
-from mpijob_elastic.core.spec_parse import parse
-from mpijob_elastic.core.spec_warnings import check
+from mpijob_elastic.core.reports.spec_warnings import check
+from mpijob_elastic.core.spec.parse import parse
 from tests.unit.simulation import make_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,7 +21,7 @@ PACKAGE = ROOT / "mpijob_elastic"
 CONFIGURATION = ROOT / "docs" / "configuration.md"
 PREFIX = "mpijob-elastic.io/"
 # The modules of the spec's parser: every annotation they name is one a user writes.
-PARSER = ("core/spec_parse.py", "core/spec_fields.py")
+PARSER = ("core/spec/parse.py", "core/spec/fields.py")
 
 
 def sources() -> Iterator[tuple[str, ast.Module]]:
@@ -133,20 +133,20 @@ STANDINGS = {"Admitted", "Pending", "Evicted", "KueueNotInstalled", "KueueNotPer
 STANDINGS |= {"WorkloadRefused"}
 DYNAMIC = {
     # desired.py's _queue: the three refusals as themselves, the rest with "Queue" before.
-    ("core/desired.py", "standing.reason"): {
+    ("core/planning/desired.py", "standing.reason"): {
         "KueueNotInstalled",
         "KueueNotPermitted",
         "WorkloadRefused",
     },
-    ("core/desired.py", "f'Queue{standing.reason}'"): {
+    ("core/planning/desired.py", "f'Queue{standing.reason}'"): {
         "QueueAdmitted",
         "QueuePending",
         "QueueEvicted",
     },
     # Turn.event itself, which sends what its callers (read above) give it.
-    ("core/turn.py", "reason"): set(),
+    ("core/outputs/turn.py", "reason"): set(),
     # reports.py's refused: a pod template refused, or any other refused write.
-    ("core/reports.py", "event"): {"PodTemplateRejected", "WriteRefused"},
+    ("core/reports/conditions.py", "event"): {"PodTemplateRejected", "WriteRefused"},
 }
 
 

@@ -7,9 +7,9 @@ import dataclasses
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import AnnotatePod, Create, DeletePod, Emit
+from mpijob_elastic.core.inputs.ranks import RankSnapshot
 from mpijob_elastic.core.nodes import DEFAULT_LEAVING_TAINTS, leaving, slim, takes_pods
-from mpijob_elastic.core.plan import plan_writes
-from mpijob_elastic.core.ranks import RankSnapshot
+from mpijob_elastic.core.planning.plan import plan_writes
 from tests.unit.simulation import SETTINGS, Cluster, discovered, make_job
 
 NODE = {

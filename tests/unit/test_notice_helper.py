@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic.core import formats, names, render_pods
-from mpijob_elastic.core.notices import format_notice
+from mpijob_elastic.core import formats, names
+from mpijob_elastic.core.lifecycle.notices import format_notice
+from mpijob_elastic.core.objects import render_pods
 
 HELPER = Path(__file__).resolve().parents[2] / "contrib" / "mpijob_elastic_notice.py"
 T = datetime(2026, 1, 1, 0, 1, 30, tzinfo=UTC)

@@ -9,13 +9,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from mpijob_elastic.core import names, render_pods
+from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import AnnotatePod, DeletePod, Emit, Writes
-from mpijob_elastic.core.kueue import Standing
-from mpijob_elastic.core.notices import format_notice, parse_notice
-from mpijob_elastic.core.plan import plan_writes
-from mpijob_elastic.core.spec import DEFAULT_CHECKPOINT_SECONDS
-from mpijob_elastic.core.spec_parse import InvalidSpec, parse
+from mpijob_elastic.core.lifecycle.notices import format_notice, parse_notice
+from mpijob_elastic.core.objects import render_pods
+from mpijob_elastic.core.planning.plan import plan_writes
+from mpijob_elastic.core.queueing.kueue import Standing
+from mpijob_elastic.core.spec.model import DEFAULT_CHECKPOINT_SECONDS
+from mpijob_elastic.core.spec.parse import InvalidSpec, parse
 from mpijob_elastic.core.times import format_time
 from tests.unit.simulation import SETTINGS, Cluster, discovered, make_job
 

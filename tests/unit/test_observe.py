@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mpijob_elastic.core import names
-from mpijob_elastic.core.observe import Listed, observe
+from mpijob_elastic.core.inputs.observe import Listed, observe
 from mpijob_elastic.machinery.job_memory import JobMemory
 from tests.unit.simulation import make_job
 

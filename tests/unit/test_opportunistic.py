@@ -1,6 +1,6 @@
 """Elastic by capacity (issue 21): an opportunistic job grows above its Worker replicas into
 room the scheduler has, backs off when it has none, gives workers back to preemption and
-to a hungry peer (core/opportunistic.py, docs/capacity.md)."""
+to a hungry peer (core/sizing/opportunistic.py, docs/capacity.md)."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ import pytest
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import DeletePod
-from mpijob_elastic.core.growth_state import GrowthState, Share, parse_growth, share
-from mpijob_elastic.core.membership import Facts, choose_members
-from mpijob_elastic.core.observe import Observed
-from mpijob_elastic.core.opportunistic import next_backoff
-from mpijob_elastic.core.plan import plan_writes
-from mpijob_elastic.core.ranks import RankSnapshot
-from mpijob_elastic.core.render import disruption_budget
+from mpijob_elastic.core.hosts.membership import Facts, choose_members
+from mpijob_elastic.core.inputs.growth_state import GrowthState, Share, parse_growth, share
+from mpijob_elastic.core.inputs.observe import Observed
+from mpijob_elastic.core.inputs.ranks import RankSnapshot
+from mpijob_elastic.core.objects.render import disruption_budget
+from mpijob_elastic.core.planning.plan import plan_writes
 from mpijob_elastic.core.settings import Settings
-from mpijob_elastic.core.spec_parse import InvalidSpec, parse
+from mpijob_elastic.core.sizing.opportunistic import next_backoff
+from mpijob_elastic.core.spec.parse import InvalidSpec, parse
 from mpijob_elastic.core.times import format_precise_time
 from mpijob_elastic.core.workers import Worker
 from mpijob_elastic.machinery.kube import ApiError

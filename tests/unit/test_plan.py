@@ -21,10 +21,10 @@ from mpijob_elastic.core.actions import (
     Replace,
     WriteStatus,
 )
-from mpijob_elastic.core.drain import DRAIN_FLOOR_SECONDS, PROBE_INTERVAL_SECONDS
-from mpijob_elastic.core.plan import plan_writes
-from mpijob_elastic.core.render import exec_names
-from mpijob_elastic.core.reports import held_names
+from mpijob_elastic.core.hosts.drain import DRAIN_FLOOR_SECONDS, PROBE_INTERVAL_SECONDS
+from mpijob_elastic.core.objects.render import exec_names
+from mpijob_elastic.core.planning.plan import plan_writes
+from mpijob_elastic.core.reports.conditions import held_names
 from mpijob_elastic.core.workers import worker_index
 from mpijob_elastic.machinery.kube import ApiError
 from mpijob_elastic.machinery.writer import Writer

@@ -29,10 +29,10 @@ import yaml
 from mpijob_elastic.app.render import render_children
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import WriteStatus
-from mpijob_elastic.core.observe import Listed, observe
-from mpijob_elastic.core.plan import plan_writes
+from mpijob_elastic.core.inputs.observe import Listed, observe
+from mpijob_elastic.core.planning.plan import plan_writes
 from mpijob_elastic.core.settings import Settings
-from mpijob_elastic.core.spec_parse import InvalidSpec, parse
+from mpijob_elastic.core.spec.parse import InvalidSpec, parse
 from mpijob_elastic.machinery.job_memory import JobMemory
 from tests.unit.simulation import running_status
 from tests.unit.test_spec_fuzz import paths as every_path

@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
-from mpijob_elastic.core import names, render, render_pods
+from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Create, DeletePod
-from mpijob_elastic.core.ranks import RankSnapshot
-from mpijob_elastic.core.render import exec_names
+from mpijob_elastic.core.inputs.ranks import RankSnapshot
+from mpijob_elastic.core.objects import render, render_pods
+from mpijob_elastic.core.objects.render import exec_names
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
-from mpijob_elastic.core.spec_parse import InvalidSpec, launcher_service_account, parse
+from mpijob_elastic.core.spec.parse import InvalidSpec, launcher_service_account, parse
 from mpijob_elastic.machinery.job_memory import IN_USE_RECHECK_SECONDS
 from tests.unit.simulation import Cluster, discovered, make_job
 

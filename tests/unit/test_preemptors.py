@@ -1,5 +1,5 @@
 """The job's Preempted Event names who took a worker's room, ``preempted by <ns>/<pod>``,
-from the scheduler's Preempted Events (core/preemptors.py, docs/capacity.md): it waits a
+from the scheduler's Preempted Events (core/sizing/preemptors.py, docs/capacity.md): it waits a
 bounded time for them, never holds the backoff back, and names each victim once."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 from mpijob_elastic.app import preemptions
 from mpijob_elastic.core import names
-from mpijob_elastic.core.preemptors import WAIT, Pending, message, parse_pending
+from mpijob_elastic.core.sizing.preemptors import WAIT, Pending, message, parse_pending
 from tests.unit.simulation import Cluster
 from tests.unit.test_opportunistic import events, growth, job, preempt, run, turn, workers
 

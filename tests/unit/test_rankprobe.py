@@ -7,7 +7,7 @@ import itertools
 from datetime import UTC, datetime, timedelta
 
 from mpijob_elastic.core.actions import Probe
-from mpijob_elastic.core.ranks import pushed
+from mpijob_elastic.core.inputs.ranks import pushed
 from mpijob_elastic.machinery.rankprobe import RankProbes
 
 KEY = ("ns", "job")

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from mpijob_elastic.core import formats, names, render, render_pods
+from mpijob_elastic.core import formats, names
+from mpijob_elastic.core.objects import render, render_pods
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
-from mpijob_elastic.core.spec import JobSpec
-from mpijob_elastic.core.spec_parse import parse
+from mpijob_elastic.core.spec.model import JobSpec
+from mpijob_elastic.core.spec.parse import parse
 from tests.controller import wait_for
 from tests.unit.simulation import make_job
 

@@ -11,7 +11,7 @@ import pytest
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Create, DeleteObject, DeletePod, WriteStatus
-from mpijob_elastic.core.spec_parse import InvalidSpec, parse
+from mpijob_elastic.core.spec.parse import InvalidSpec, parse
 from mpijob_elastic.core.times import parse_time
 from tests.unit.simulation import Cluster, make_job
 

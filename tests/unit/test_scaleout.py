@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Create, DeletePod
-from mpijob_elastic.core.capacity import Backoff, next_backoff, parse_backoff
+from mpijob_elastic.core.sizing.capacity import Backoff, next_backoff, parse_backoff
 from tests.unit.simulation import Cluster, make_job
 
 UNSCHEDULABLE = {

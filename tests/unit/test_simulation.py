@@ -21,7 +21,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from mpijob_elastic.core import host_rules, membership, names
+from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import (
     DELETE_MEMORY_SECONDS,
     Action,
@@ -30,12 +30,13 @@ from mpijob_elastic.core.actions import (
     Replace,
     Writes,
 )
-from mpijob_elastic.core.desired import desired
-from mpijob_elastic.core.host_rules import reset_bound
-from mpijob_elastic.core.observe import Observed
-from mpijob_elastic.core.plan import plan_writes
+from mpijob_elastic.core.hosts import host_rules, membership
+from mpijob_elastic.core.hosts.host_rules import reset_bound
+from mpijob_elastic.core.inputs.observe import Observed
+from mpijob_elastic.core.planning.desired import desired
+from mpijob_elastic.core.planning.plan import plan_writes
+from mpijob_elastic.core.planning.write_order import diff
 from mpijob_elastic.core.settings import Settings
-from mpijob_elastic.core.write_order import diff
 from mpijob_elastic.machinery.writer import Key, Writer
 from tests.unit.simulation import (
     KILL,

@@ -9,10 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mpijob_elastic.core import names, render_pods
+from mpijob_elastic.core import names
+from mpijob_elastic.core.objects import render_pods
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
-from mpijob_elastic.core.spec import Bounds
-from mpijob_elastic.core.spec_parse import InvalidSpec, managed_by, parse
+from mpijob_elastic.core.spec.model import Bounds
+from mpijob_elastic.core.spec.parse import InvalidSpec, managed_by, parse
 
 
 def make_job(

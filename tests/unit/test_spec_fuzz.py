@@ -14,10 +14,12 @@ from typing import Any
 from hypothesis import HealthCheck, currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
-from mpijob_elastic.core import names, render, render_pods, spec_warnings
+from mpijob_elastic.core import names
+from mpijob_elastic.core.objects import render, render_pods
+from mpijob_elastic.core.reports import spec_warnings
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
-from mpijob_elastic.core.spec import JobSpec
-from mpijob_elastic.core.spec_parse import InvalidSpec, parse
+from mpijob_elastic.core.spec.model import JobSpec
+from mpijob_elastic.core.spec.parse import InvalidSpec, parse
 
 Path = tuple[str | int, ...]
 

@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from mpijob_elastic.core import names
-from mpijob_elastic.core.launcher_command import argv
+from mpijob_elastic.core.reports.launcher_command import argv
+from mpijob_elastic.core.reports.spec_warnings import check, unsupported_version
 from mpijob_elastic.core.shapes import FieldError
-from mpijob_elastic.core.spec_parse import parse
-from mpijob_elastic.core.spec_warnings import check, unsupported_version
+from mpijob_elastic.core.spec.parse import parse
 from tests.unit.simulation import Cluster, make_job
 
 SAMPLE = Path(__file__).resolve().parents[2] / "config" / "samples" / "elastic-mpijob.yaml"

@@ -6,8 +6,8 @@ import copy
 import json
 from typing import Any
 
-from mpijob_elastic.core.capacity import why_not_running
-from mpijob_elastic.core.status import _counts
+from mpijob_elastic.core.outputs.status import _counts
+from mpijob_elastic.core.sizing.capacity import why_not_running
 from mpijob_elastic.core.workers import Worker
 from mpijob_elastic.machinery.store import (
     ADDED,

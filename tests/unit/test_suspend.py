@@ -12,8 +12,8 @@ import pytest
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Create, DeleteObject, DeletePod
-from mpijob_elastic.core.spec_parse import InvalidSpec, parse
-from mpijob_elastic.core.status import StatusBuilder
+from mpijob_elastic.core.outputs.status import StatusBuilder
+from mpijob_elastic.core.spec.parse import InvalidSpec, parse
 from tests.unit.simulation import Cluster, make_job
 
 BUDGET = ("PodDisruptionBudget", "job-workers")

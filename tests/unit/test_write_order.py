@@ -18,7 +18,7 @@ from mpijob_elastic.core.actions import (
     Writes,
     WriteStatus,
 )
-from mpijob_elastic.core.write_order import CONFIG_MAP_EVENTS, STEPS
+from mpijob_elastic.core.planning.write_order import CONFIG_MAP_EVENTS, STEPS
 from tests.unit.simulation import Cluster, make_job
 
 ELASTIC = {names.ANN_MIN_REPLICAS: "1", names.ANN_MAX_REPLICAS: "5", names.ANN_DRAIN_SECONDS: "5"}

@@ -1,0 +1,104 @@
+"""Which workers discover_hosts.sh lists this turn, and who the launcher may exec into.
+
+The job's wanted list (its kept workers that can take ranks and that the Role we wrote
+grants) goes through the rules of Horovod's driver (host_rules.py) at this one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mpijob_elastic.core import names
+from mpijob_elastic.core.hosts import drain, host_rules
+from mpijob_elastic.core.hosts.membership import Membership
+from mpijob_elastic.core.objects import render
+from mpijob_elastic.core.outputs.turn import Turn
+from mpijob_elastic.core.sizing import opportunistic
+from mpijob_elastic.core.spec.model import JobSpec
+from mpijob_elastic.core.times import format_precise_time
+from mpijob_elastic.core.workers import Worker, discovered_hosts
+
+
+@dataclass(frozen=True)
+class Hosts:
+    # Who the launcher may exec into: the job's workers, those created now, and the
+    # launcher itself if it is a host.
+    role_names: list[str]
+    # The workers in discover_hosts.sh.
+    listed: list[str]
+    # Whether the launcher is listed, first, as a host.
+    launcher: bool
+    # What the host-list rules (host_rules.py) made of the list the job wants.
+    rules: host_rules.HostList
+
+
+def hosts(
+    turn: Turn,
+    spec: JobSpec,
+    workers: Sequence[Worker],
+    m: Membership,
+    create_now: Sequence[int],
+    launcher: Mapping[str, Any] | None,
+) -> Hosts:
+    # Exec rights only on pods the job controls or creates in this turn: never on a
+    # name that someone else's pod holds.
+    role_names = by_index(spec.name, workers, create_now)
+    granted = render.exec_names(turn.observed.role)
+    main = spec.main_container
+    listed = [w.name for w in m.keep if w.can_take_ranks(main) and w.name in granted]
+    current = discovered_hosts((turn.observed.config_map or {}).get("data"))
+    listed = opportunistic.gathered(turn, spec, m.keep, listed, current, bool(create_now))
+    # A launcher that is a host may exec into itself once it exists as the job's (a pod
+    # of that name that is not ours is never granted), and is listed, first, once the
+    # Role we wrote grants it. It is no worker: never a victim, not counted against
+    # min-replicas, max-replicas or Worker replicas.
+    launcher_host = (
+        render.launcher_is_host(spec)
+        and launcher is not None
+        and not launcher["metadata"].get("deletionTimestamp")
+    )
+    if launcher_host:
+        role_names.insert(0, names.launcher_name(spec.name))
+    launcher_listed = launcher_host and names.launcher_name(spec.name) in granted
+    rules = _allowed_hosts(turn, spec, workers, m, listed, launcher, launcher_listed)
+    return Hosts(role_names, list(rules.hosts), launcher_listed, rules)
+
+
+def _allowed_hosts(
+    turn: Turn,
+    spec: JobSpec,
+    workers: Sequence[Worker],
+    m: Membership,
+    wanted: Sequence[str],
+    launcher: Mapping[str, Any] | None,
+    launcher_listed: bool,
+) -> host_rules.HostList:
+    """The host list the driver's rules allow now (host_rules.py, the one call site);
+    while they hold a change, the launcher's reports say when it may go on (each is a
+    watch event), or, if it reports nothing, an exec read every second."""
+    rules = host_rules.for_job(
+        spec, workers, m, wanted, launcher, launcher_listed, turn.observed, turn.now
+    )
+    reports = turn.observed.ranks
+    if rules.waiting and not (reports is not None and reports.known):
+        drain.read_launcher(turn, spec, launcher, drain.PROBE_INTERVAL_SECONDS)
+    if rules.recheck is not None:
+        turn.requeue(rules.recheck)
+    return rules
+
+
+def hosts_added(turn: Turn, listed: Sequence[str]) -> str:
+    """``names.ANN_HOSTS_ADDED`` after this turn: now if ``listed`` adds a host to
+    ``discover_hosts.sh``, else as it was (rule 1, host_rules.py)."""
+    current = set(discovered_hosts((turn.observed.config_map or {}).get("data")))
+    when = turn.now if set(listed) - current else host_rules.added_at(turn.observed.config_map)
+    return format_precise_time(when) if when is not None else ""
+
+
+def by_index(job_name: str, workers: Sequence[Worker], new: Sequence[int]) -> list[str]:
+    """The names of ``workers`` and of the workers to create at ``new``, in index order."""
+    pairs = [(w.index, w.name) for w in workers]
+    pairs += [(i, names.worker_name(job_name, i)) for i in new]
+    return [name for _, name in sorted(pairs)]

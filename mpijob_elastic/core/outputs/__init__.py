@@ -1,0 +1,3 @@
+"""What a turn gathers besides its decisions' values: the Turn (turn.py) and the job's next
+status (status.py).
+"""

@@ -1,0 +1,146 @@
+"""Taking over the children another v1 controller made, and adopting orphans.
+
+Training-operator 1.9 labels a job's children its own way (names.py) and not with the
+v1 labels our caches select, so a job it started is invisible to the main caches; a
+metadata-only cache per kind finds such objects (app/controller.py). Before anything else of
+a job is planned:
+
+* each child the job controls that lacks any of our labels gets them merged in (a
+  training-operator child, or one of ours whose labels someone removed); others' labels
+  are left as they are;
+* each object in the job's namespace that no controller owns, named as one of the job's
+  children and labelled with the job's name, is adopted as controller-runtime adopts: a
+  controller ownerReference with ``blockOwnerDeletion`` is added, with an Event on the job.
+
+An object another controller owns is never touched: its name stays taken (docs/design.md).
+Until the claims are written the rest of the plan waits: with part of its children
+unseen, a job would, say, rewrite ``discover_hosts.sh`` without workers Horovod is using.
+Pods are never restarted: a claim only patches metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from mpijob_elastic.core import names
+from mpijob_elastic.core.actions import Claim, Emit, Phase, Writes
+from mpijob_elastic.core.inputs.observe import Observed
+from mpijob_elastic.core.objects import render
+from mpijob_elastic.core.workers import worker_index
+
+# Claims one turn may make; the job comes straight back for the rest.
+CLAIMS_PER_TURN = 100
+_LAUNCHER_OBJECTS = ("ServiceAccount", "Role", "RoleBinding")
+
+
+def our_labels(job: str, kind: str, name: str) -> dict[str, str] | None:
+    """The labels we give the job's child ``kind``/``name``; None: no child of ours is
+    named so (a PodDisruptionBudget is not taken over: no other controller makes one)."""
+    if kind == "Pod":
+        if name == names.launcher_name(job):
+            return names.pod_labels(job, names.ROLE_LAUNCHER)
+        index = worker_index(job, name)
+        return None if index is None else names.pod_labels(job, names.ROLE_WORKER, index)
+    if kind in _LAUNCHER_OBJECTS and name == names.launcher_name(job):
+        return names.object_labels(job, names.ROLE_LAUNCHER)
+    if kind == "ConfigMap" and name == names.config_map_name(job):
+        return names.object_labels(job, None)
+    return None
+
+
+def labelled_for(job: str, kind: str, labels: Mapping[str, Any]) -> bool:
+    """Whether an object's labels name the job, as MPI Operator v1 or training-operator
+    labels that kind."""
+    keys = (names.LABEL_JOB, names.LABEL_TO_JOB if kind == "Pod" else names.LABEL_APP)
+    return any(labels.get(key) == job for key in keys)
+
+
+def controller_of(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller"):
+            return ref  # type: ignore[no-any-return]
+    return None
+
+
+def _candidates(observed: Observed) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    for obj in observed.strays:
+        yield str(obj.get("kind", "")), obj
+    # Kept by their own objects' plans otherwise (write_order.py); pods have none.
+    for pod in observed.pods:
+        yield "Pod", pod
+
+
+def claims(observed: Observed) -> tuple[list[Claim], list[Emit]]:
+    """The claims one job makes now, and the Events that announce them."""
+    job = observed.job
+    meta = job["metadata"]
+    if meta.get("deletionTimestamp"):
+        return [], []  # the garbage collector is taking the children away
+    job_name, job_uid = str(meta["name"]), str(meta["uid"])
+    found: list[Claim] = []
+    adopted: list[str] = []
+    taken_over: list[str] = []
+    for kind, obj in _candidates(observed):
+        child = obj["metadata"]
+        wanted = our_labels(job_name, kind, str(child["name"]))
+        if wanted is None or child.get("deletionTimestamp"):
+            continue
+        labels = child.get("labels") or {}
+        controller = controller_of(child)
+        if controller is None:
+            if not labelled_for(job_name, kind, labels):
+                continue
+            refs = [r for r in child.get("ownerReferences") or [] if r.get("uid") != job_uid]
+            refs.append(render.job_owner_reference(job_name, job_uid))
+            adopted.append(f"{kind} {child['name']}")
+        elif controller.get("uid") != job_uid or all(labels.get(k) == v for k, v in wanted.items()):
+            continue
+        else:
+            refs = None
+            if names.LABEL_JOB not in labels:
+                taken_over.append(f"{kind} {child['name']}")
+        found.append(
+            Claim(
+                kind,
+                str(child["name"]),
+                str(child.get("uid", "")),
+                str(child.get("resourceVersion", "")),
+                wanted,
+                refs,
+            )
+        )
+    found = found[:CLAIMS_PER_TURN]
+    claimed = {f"{c.kind} {c.name}" for c in found}
+    events: list[Emit] = []
+    if adopted := [a for a in adopted if a in claimed]:
+        events.append(
+            Emit(
+                "Normal",
+                "Adopted",
+                f"adopted {', '.join(adopted)}: named and labelled as this job's and "
+                "controlled by nothing, so it now has this job as its controller",
+            )
+        )
+    if taken_over := [t for t in taken_over if t in claimed]:
+        events.append(
+            Emit(
+                "Normal",
+                "TakenOver",
+                f"took over {', '.join(taken_over)}, which lacked the v1 labels (made by "
+                "another controller, such as training-operator): labelled as ours, nothing "
+                "restarted",
+            )
+        )
+    return found, events
+
+
+def claim_writes(observed: Observed) -> Writes | None:
+    """The turn's writes if the job has anything to claim; None: plan it as usual."""
+    found, events = claims(observed)
+    if not found:
+        return None
+    # Right back: the claimed children are in the main caches now (the writes' results).
+    # The claims patch distinct objects, so they go out together.
+    phases = (Phase("claims", tuple(found)), Phase("events", tuple(events)))
+    return Writes(tuple(p for p in phases if p.writes), requeue_after=0.0)

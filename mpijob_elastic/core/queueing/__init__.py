@@ -1,0 +1,3 @@
+"""Kueue admission of a queue-labelled job: its Workload and standing (kueue.py), and the
+Workloads' writes (kueue_writes.py).
+"""

@@ -1,0 +1,383 @@
+"""Kueue admission for MPIJobs labelled ``kueue.x-k8s.io/queue-name`` (docs/scheduling.md,
+"Kueue").
+
+Kueue admits ``kubeflow.org/v1`` MPIJobs through its external-framework contract: the
+job's controller (this one) creates the Workload Kueue queues and keeps it in step, starts
+the job once Kueue admits the Workload, stops it when Kueue evicts the Workload and then
+gives the quota back by clearing the admission, and marks the Workload finished with the
+job. Kueue itself only reserves quota and evicts.
+
+The rest of the core sees the job through ``gate``: held (``runPolicy.suspend``) until
+admitted and while evicted, at the admitted worker count once admitted, its pods on the
+admitted flavor's nodes. An evicted Workload that still holds its quota keeps the job
+running as admitted: run_policy.py stops it, after the notice and the checkpoint window
+(notices.queue_evicted), and only then does kueue_writes.py give the quota back.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from mpijob_elastic.core import names
+from mpijob_elastic.core.times import parse_time
+
+Obj = dict[str, Any]
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Kueue's WorkloadPriorityClass for the job, as Kueue's own integrations read it.
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+API_VERSION = "kueue.x-k8s.io/v1beta2"
+# What Kueue's own integrations label their Workloads with.
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+# Kueue's pod-set names for an MPIJob (as its v2beta1 integration names them).
+LAUNCHER, WORKER = "launcher", "worker"
+# Kueue's annotations of workload slices (ElasticJobsViaWorkloadSlices).
+ELASTIC_ANNOTATION = "kueue.x-k8s.io/elastic-job"
+REPLACEMENT_ANNOTATION = "kueue.x-k8s.io/workload-slice-replacement-for"
+# Which of the job's Workloads this is, 0 for the first: names them, orders them
+# (creationTimestamp has whole seconds).
+SLICE_ANNOTATION = names.ANN_WORKLOAD_SLICE
+
+
+@dataclass(frozen=True)
+class Queue:
+    """What the caches hold of Kueue for one queue-labelled job."""
+
+    # Kueue's API is served (its CRDs are installed).
+    installed: bool
+    # The Workloads the job controls.
+    workloads: Sequence[Mapping[str, Any]] = ()
+    # ResourceFlavor name -> its spec.
+    flavors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # WorkloadPriorityClass name -> its value.
+    priorities: Mapping[str, int] = field(default_factory=dict)
+    # Kueue runs with ElasticJobsViaWorkloadSlices: an elastic job grows by workload
+    # slices and shrinks its Workload in place (kueue_writes.py); without it, it is
+    # admitted once, from min-replicas up, by partial admission.
+    slices: bool = False
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where the job stands in Kueue, for its condition: (True if admitted, reason, why)."""
+
+    admitted: bool
+    reason: str
+    message: str
+    # When Kueue evicted the job's Workload, while that still holds its quota: the job
+    # stops one checkpoint window after it (run_policy.py).
+    evicted_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class WorkloadWrite:
+    """A write of one of the job's Workloads: ``create``; ``replace`` (a PUT) or a merge
+    ``patch_status``, both carrying the observed resourceVersion (a stale view is refused
+    with 409 and planned again); ``delete`` with a UID precondition."""
+
+    verb: str
+    obj: Obj
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    """A mapping, or an empty one where the job has something else (an invalid spec,
+    which parse.py reports; nothing here may raise on it)."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def queue_name(job: Mapping[str, Any]) -> str | None:
+    name = _map(_map(job.get("metadata")).get("labels")).get(QUEUE_LABEL)
+    return name if isinstance(name, str) and name else None
+
+
+def workload_name(job: Mapping[str, Any], index: int = 0) -> str:
+    meta = job["metadata"]
+    base = f"mpijob-{meta['name'][:200]}-{str(meta['uid'])[:5]}"
+    return f"{base}-{index}" if index else base
+
+
+def slice_index(workload: Mapping[str, Any]) -> int:
+    return _int((workload["metadata"].get("annotations") or {}).get(SLICE_ANNOTATION), 0)
+
+
+def condition(obj: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == type_:
+            return c
+    return None
+
+
+def is_true(obj: Mapping[str, Any], type_: str) -> bool:
+    c = condition(obj, type_)
+    return c is not None and c.get("status") == "True"
+
+
+def _unfinished(queue: Queue) -> list[Mapping[str, Any]]:
+    return sorted(
+        (w for w in queue.workloads if not is_true(w, "Finished")), key=slice_index, reverse=True
+    )
+
+
+def reserved(workload: Mapping[str, Any]) -> bool:
+    return (workload.get("status") or {}).get("admission") is not None
+
+
+def current(queue: Queue) -> Mapping[str, Any] | None:
+    """The job's Workload in force: the newest unfinished one holding quota; else the
+    slice that one replaces, while Kueue has finished it and not yet admitted its
+    replacement (Kueue does these one after the other, and the job must not stop in
+    between); else the newest unfinished one. A slice asking to replace it is ``pending``."""
+    live = _unfinished(queue)
+    held = next((w for w in live if reserved(w)), None)
+    if held is not None or not live:
+        return held
+    # Only for a slice never admitted yet: one that was, and lost its quota since (an
+    # eviction), has left the slice it replaced behind for good.
+    replaced = _replaced(live[0], queue) if condition(live[0], "Admitted") is None else None
+    return replaced if replaced is not None and reserved(replaced) else live[0]
+
+
+def _replaced(workload: Mapping[str, Any], queue: Queue) -> Mapping[str, Any] | None:
+    """The slice a slice names as the one it replaces, once Kueue finished it for that."""
+    key = (workload["metadata"].get("annotations") or {}).get(REPLACEMENT_ANNOTATION)
+    for w in queue.workloads:
+        meta = w["metadata"]
+        finished_as = (condition(w, "Finished") or {}).get("reason")
+        if f"{meta['namespace']}/{meta['name']}" == key and finished_as == "WorkloadSliceReplaced":
+            return w
+    return None
+
+
+def pending(queue: Queue) -> list[Mapping[str, Any]]:
+    """Unfinished Workloads newer than the one in force, holding no quota: slices asking
+    to replace it."""
+    now = current(queue)
+    top = slice_index(now) if now is not None else -1
+    return [w for w in _unfinished(queue) if slice_index(w) > top and not reserved(w)]
+
+
+def admitted_workers(workload: Mapping[str, Any]) -> int | None:
+    """The workers Kueue admitted: the assignment's count, or the Workload's own count once
+    it was shrunk in place below that (ElasticJobsViaWorkloadSlices)."""
+    assigned = _assignments(workload).get(WORKER)
+    if assigned is None:
+        return None
+    spec: Mapping[str, Any] = next(
+        (p for p in (workload.get("spec") or {}).get("podSets") or [] if p.get("name") == WORKER),
+        {},
+    )
+    count = _int(assigned.get("count"), _int(spec.get("count"), 0))
+    return min(count, _int(spec.get("count"), count))
+
+
+def elastic(job: Mapping[str, Any], queue: Queue) -> bool:
+    """The job grows and shrinks by workload slices."""
+    low = min_replicas(job)
+    return queue.slices and low is not None and low < max_replicas(job)
+
+
+def finished(job: Mapping[str, Any]) -> str | None:
+    for c in (job.get("status") or {}).get("conditions") or []:
+        if c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True":
+            return str(c["type"])
+    return None
+
+
+def _specs(job: Mapping[str, Any]) -> Mapping[str, Any]:
+    return _map(_map(job.get("spec")).get("mpiReplicaSpecs"))
+
+
+def _template(job: Mapping[str, Any], role: str) -> Mapping[str, Any]:
+    return _map(_map(_specs(job).get(role)).get("template"))
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _replicas(job: Mapping[str, Any]) -> int:
+    return _int(_map(_specs(job).get("Worker")).get("replicas"), 1)
+
+
+def replicas(job: Mapping[str, Any]) -> int:
+    return _replicas(job)
+
+
+def min_replicas(job: Mapping[str, Any]) -> int | None:
+    annotations = _map(job["metadata"].get("annotations"))
+    if names.ANN_MIN_REPLICAS not in annotations:
+        return None
+    return _int(annotations[names.ANN_MIN_REPLICAS], _replicas(job))
+
+
+def max_replicas(job: Mapping[str, Any]) -> int:
+    annotations = _map(job["metadata"].get("annotations"))
+    return _int(annotations.get(names.ANN_MAX_REPLICAS), _replicas(job))
+
+
+def _pod_set(name: str, template: Mapping[str, Any], count: int, min_count: int | None) -> Obj:
+    meta = _map(template.get("metadata"))
+    pod_set: Obj = {
+        "name": name,
+        "count": count,
+        "template": {
+            "metadata": {k: meta[k] for k in ("labels", "annotations") if meta.get(k)},
+            "spec": copy.deepcopy(dict(_map(template.get("spec")))),
+        },
+    }
+    if min_count is not None and min_count < count:
+        pod_set["minCount"] = min_count
+    return pod_set
+
+
+def render_workload(
+    job: Mapping[str, Any], queue: Queue, workers: int, index: int = 0, replaces: str = ""
+) -> Obj:
+    """A Workload Kueue queues for the job: the launcher and ``workers`` workers as pod
+    sets. Without workload slices the workers are admissible from ``min-replicas`` (Kueue's
+    partial admission); with them, a slice asks for its exact count, and names the slice it
+    ``replaces`` (namespace/name) when it grows the job."""
+    meta = job["metadata"]
+    pod_sets = [
+        _pod_set(LAUNCHER, _template(job, "Launcher"), 1, None),
+        _pod_set(
+            WORKER,
+            _template(job, "Worker"),
+            max(workers, 1),
+            None if elastic(job, queue) else min_replicas(job),
+        ),
+    ]
+    annotations = {SLICE_ANNOTATION: str(index)}
+    if elastic(job, queue):
+        annotations[ELASTIC_ANNOTATION] = "true"
+    if replaces:
+        annotations[REPLACEMENT_ANNOTATION] = replaces
+    spec: Obj = {"queueName": queue_name(job), "podSets": pod_sets}
+    priority = _map(meta.get("labels")).get(PRIORITY_LABEL)
+    if isinstance(priority, str) and priority in queue.priorities:
+        spec["priorityClassRef"] = {
+            "group": "kueue.x-k8s.io",
+            "kind": "WorkloadPriorityClass",
+            "name": priority,
+        }
+        spec["priority"] = queue.priorities[priority]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Workload",
+        "metadata": {
+            "name": workload_name(job, index),
+            "namespace": meta["namespace"],
+            "annotations": annotations,
+            "labels": {
+                names.LABEL_GROUP: names.GROUP,
+                names.LABEL_JOB: meta["name"],
+                JOB_UID_LABEL: str(meta["uid"]),
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": names.API_VERSION,
+                    "kind": names.KIND,
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": spec,
+    }
+
+
+def _assignments(workload: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    admission = (workload.get("status") or {}).get("admission") or {}
+    return {str(a.get("name")): a for a in admission.get("podSetAssignments") or []}
+
+
+def _placement(assignment: Mapping[str, Any], queue: Queue) -> tuple[Obj, list[Obj]]:
+    """The node labels and tolerations of the flavors a pod set was admitted on."""
+    selector: Obj = {}
+    tolerations: list[Obj] = []
+    for flavor in sorted(set((assignment.get("flavors") or {}).values())):
+        spec = queue.flavors.get(flavor) or {}
+        selector.update(spec.get("nodeLabels") or {})
+        tolerations += [dict(t) for t in spec.get("tolerations") or [] if t not in tolerations]
+    return selector, tolerations
+
+
+def standing(job: Mapping[str, Any], queue: Queue) -> Standing:
+    if not queue.installed:
+        return Standing(
+            False,
+            "KueueNotInstalled",
+            f"the job names Kueue queue {queue_name(job)!r} but Kueue's API "
+            f"({API_VERSION}) is not served: install Kueue or remove the {QUEUE_LABEL} label",
+        )
+    workload = current(queue)
+    if workload is None:
+        return Standing(False, "Pending", "the job's Workload is being created")
+    wl = workload["metadata"]["name"]
+    if is_true(workload, "Evicted"):
+        evicted = condition(workload, "Evicted") or {}
+        message = f"Kueue evicted Workload {wl}: {evicted.get('message', '')}"
+        # The window counts from the condition's time, which the API keeps in whole seconds
+        # (rounded down): a second later, so it is never shorter. Unreadable: at once.
+        since = parse_time(evicted.get("lastTransitionTime"))
+        at = since + timedelta(seconds=1) if since else datetime.min.replace(tzinfo=UTC)
+        return Standing(False, "Evicted", message, at if reserved(workload) else None)
+    if is_true(workload, "Admitted"):
+        cq = ((workload.get("status") or {}).get("admission") or {}).get("clusterQueue")
+        count = admitted_workers(workload)
+        return Standing(
+            True, "Admitted", f"Workload {wl} admitted by ClusterQueue {cq} with {count} workers"
+        )
+    return Standing(False, "Pending", f"Workload {wl} waits in LocalQueue {queue_name(job)}")
+
+
+def gate(job: Obj, queue: Queue) -> Obj:
+    """The job as the rest of the core sees it: suspended unless admitted (or evicted with
+    its quota still held), at the admitted worker count and on the admitted flavors' nodes
+    once admitted. A finished job is left as it is."""
+    if finished(job):
+        return job
+    workload = current(queue) if queue.installed else None
+    # Evicted but still holding the quota: the job runs on, as admitted, until run_policy.py
+    # stops it at the end of its checkpoint window; then the admission is cleared.
+    admitted = workload is not None and (
+        (is_true(workload, "Admitted") and not is_true(workload, "Evicted"))
+        or (is_true(workload, "Evicted") and reserved(workload))
+    )
+    gated = copy.deepcopy(dict(job))
+    spec = gated.setdefault("spec", {})
+    run_policy = spec.setdefault("runPolicy", {}) if isinstance(spec, dict) else None
+    if not isinstance(run_policy, dict):
+        # Invalid: parse.py freezes the job, which creates nothing.
+        return job
+    if not admitted or workload is None:
+        run_policy["suspend"] = True
+        return gated
+    assigned = _assignments(workload)
+    for role, pod_set in (("Launcher", LAUNCHER), ("Worker", WORKER)):
+        replica = _map(spec.get("mpiReplicaSpecs")).get(role)
+        if not isinstance(replica, dict) or pod_set not in assigned:
+            continue
+        count = admitted_workers(workload)
+        if role == "Worker" and isinstance(replica.get("replicas"), int) and count is not None:
+            replica["replicas"] = min(replica["replicas"], count)
+        selector, tolerations = _placement(assigned[pod_set], queue)
+        template = replica.setdefault("template", {})
+        pod_spec = template.setdefault("spec", {}) if isinstance(template, dict) else None
+        if not isinstance(pod_spec, dict):
+            continue
+        if selector:
+            pod_spec["nodeSelector"] = {**_map(pod_spec.get("nodeSelector")), **selector}
+        if tolerations:
+            own = pod_spec.get("tolerations")
+            pod_spec["tolerations"] = [*(own if isinstance(own, list) else []), *tolerations]
+    return gated

@@ -1,0 +1,248 @@
+"""The writes of a queue-labelled job's Workloads (kueue.py holds what they are and how the
+job sees them; docs/scheduling.md, "Kueue").
+
+The job's controller owns its Workloads and keeps them in step, as Kueue's contract for
+external frameworks asks: it creates the first one, marks them finished with the job, and
+once Kueue evicted one, clears its admission only when the job's last pod is gone, so that
+Kueue counts the quota in use until then. With workload slices an elastic job also grows,
+one worker at a time, by a new slice that replaces the one in force once Kueue admits it,
+and shrinks its Workload in place once the workers it gives back are gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mpijob_elastic.core import names
+from mpijob_elastic.core.queueing.kueue import (
+    API_VERSION,
+    WORKER,
+    Queue,
+    WorkloadWrite,
+    admitted_workers,
+    condition,
+    current,
+    elastic,
+    finished,
+    is_true,
+    min_replicas,
+    pending,
+    render_workload,
+    replicas,
+    reserved,
+    slice_index,
+)
+
+Obj = dict[str, Any]
+
+
+def workload_writes(
+    job: Mapping[str, Any], queue: Queue, pods: Sequence[Mapping[str, Any]], now: str
+) -> list[WorkloadWrite]:
+    """What the job's Workloads need now. ``pods``: every pod of the job the cache holds,
+    terminating ones included; ``now``: RFC 3339, for the conditions written."""
+    if not queue.installed:
+        return []
+    workload = current(queue)
+    done = finished(job)
+    if workload is None:
+        # A finished job's Workloads were finished with it; none is made again.
+        if done or queue.workloads:
+            return []
+        first = min_replicas(job) if elastic(job, queue) else None
+        return [WorkloadWrite("create", render_workload(job, queue, first or replicas(job)))]
+    if done:
+        message = f"the MPIJob {done.lower()}"
+        return [
+            _status_patch(w, [_cond(w, "Finished", True, done, message, now)])
+            for w in (workload, *pending(queue))
+            if not is_true(w, "Finished")
+        ]
+    if is_true(workload, "Evicted"):
+        return _evicted(job, queue, workload, pods, now)
+    if not reserved(workload) and not pending(queue):
+        return _follow(job, queue, workload)
+    if reserved(workload) and is_true(workload, "Admitted"):
+        return _admitted(job, queue, workload, pods, now)
+    return []
+
+
+def _admitted(
+    job: Mapping[str, Any],
+    queue: Queue,
+    workload: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    now: str,
+) -> list[WorkloadWrite]:
+    """``PodsReady`` once the launcher and the admitted workers first run (what Kueue's
+    waitForPodsReady waits for; the job's own scale-out timeout and below-min suspension
+    handle later losses, so it is not turned back); then, for an elastic job, its size."""
+    if not is_true(workload, "PodsReady") and _started(job, workload, pods):
+        message = "the launcher and the admitted workers run"
+        return [
+            _status_patch(workload, [_cond(workload, "PodsReady", True, "Started", message, now)])
+        ]
+    return _resize(job, queue, workload, pods) if elastic(job, queue) else []
+
+
+def _started(
+    job: Mapping[str, Any], workload: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]
+) -> bool:
+    def running(role: str) -> int:
+        return sum(
+            1
+            for p in pods
+            if (p["metadata"].get("labels") or {}).get(names.LABEL_ROLE) == role
+            and not p["metadata"].get("deletionTimestamp")
+            and (p.get("status") or {}).get("phase") == "Running"
+        )
+
+    admitted = admitted_workers(workload)
+    want = min(replicas(job), admitted if admitted is not None else replicas(job))
+    return running(names.ROLE_LAUNCHER) >= 1 and running(names.ROLE_WORKER) >= want
+
+
+def _follow(
+    job: Mapping[str, Any], queue: Queue, workload: Mapping[str, Any]
+) -> list[WorkloadWrite]:
+    """A Workload waiting in the queue follows the job's edits, as Kueue's own integrations
+    do; an admitted one changes only as ``_resize`` says. The counts are compared, not the
+    templates, which the server may default."""
+    first = min_replicas(job) if elastic(job, queue) else replicas(job)
+    wanted = render_workload(job, queue, first or replicas(job))["spec"]["podSets"]
+    if _counts(workload.get("spec") or {}) == _counts({"podSets": wanted}):
+        return []
+    return [_replace_pod_sets(workload, wanted)]
+
+
+def _evicted(
+    job: Mapping[str, Any],
+    queue: Queue,
+    workload: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    now: str,
+) -> list[WorkloadWrite]:
+    """The job stops (run_policy.py, after its notice and checkpoint window); slices asking
+    to grow it are withdrawn; once its last pod is gone an elastic Workload asks for
+    min-replicas again, then the admission is cleared, which gives the quota back and
+    requeues it."""
+    writes = [_delete(w) for w in pending(queue)]
+    if pods or not reserved(workload):
+        return writes
+    low = min_replicas(job)
+    if elastic(job, queue) and low is not None and _count(workload) > low:
+        return [*writes, _replace(workload, low)]
+    evicted = condition(workload, "Evicted") or {}
+    reason, message = str(evicted.get("reason", "")), str(evicted.get("message", ""))
+    requeue = reason in ("Preempted", "NodeFailures")
+    return [
+        *writes,
+        _status_patch(
+            workload,
+            [
+                _cond(workload, "QuotaReserved", False, "Pending", message, now),
+                _cond(workload, "Admitted", False, "NoReservation", "no quota reserved", now),
+                _cond(workload, "Requeued", requeue, reason, message, now),
+            ],
+            admission=None,
+        ),
+    ]
+
+
+def _resize(
+    job: Mapping[str, Any],
+    queue: Queue,
+    workload: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+) -> list[WorkloadWrite]:
+    """Grow by a slice of one more worker while the job wants more; shrink in place once
+    the workers beyond what the job wants are gone."""
+    count, want = admitted_workers(workload) or 0, replicas(job)
+    waiting = pending(queue)
+    if count < want:
+        stale = [_delete(w) for w in waiting if _count(w) > want]
+        if waiting:
+            return stale
+        meta = workload["metadata"]
+        index = max(slice_index(w) for w in queue.workloads) + 1
+        replaces = f"{meta['namespace']}/{meta['name']}"
+        return [WorkloadWrite("create", render_workload(job, queue, count + 1, index, replaces))]
+    writes = [_delete(w) for w in waiting]
+    workers = sum(
+        1
+        for p in pods
+        if (p["metadata"].get("labels") or {}).get(names.LABEL_ROLE) == names.ROLE_WORKER
+    )
+    if count > want and workers <= want:
+        writes.append(_replace(workload, want))
+    return writes
+
+
+def _counts(spec: Mapping[str, Any]) -> list[tuple[Any, Any, Any]]:
+    return [(p.get("name"), p.get("count"), p.get("minCount")) for p in spec.get("podSets") or []]
+
+
+def _count(workload: Mapping[str, Any]) -> int:
+    for pod_set in (workload.get("spec") or {}).get("podSets") or []:
+        if pod_set.get("name") == WORKER:
+            return int(pod_set.get("count", 0))
+    return 0
+
+
+def _replace(workload: Mapping[str, Any], workers: int) -> WorkloadWrite:
+    pod_sets = (workload.get("spec") or {}).get("podSets") or []
+    return _replace_pod_sets(
+        workload, [{**p, "count": workers} if p.get("name") == WORKER else p for p in pod_sets]
+    )
+
+
+def _replace_pod_sets(workload: Mapping[str, Any], pod_sets: Sequence[Any]) -> WorkloadWrite:
+    obj: Obj = {**workload, "apiVersion": API_VERSION, "kind": "Workload"}
+    obj["spec"] = {**(obj.get("spec") or {}), "podSets": list(pod_sets)}
+    return WorkloadWrite("replace", obj)
+
+
+def _delete(workload: Mapping[str, Any]) -> WorkloadWrite:
+    meta = workload["metadata"]
+    return WorkloadWrite(
+        "delete",
+        {"metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]}},
+    )
+
+
+def _status_patch(
+    workload: Mapping[str, Any], conditions: Sequence[Mapping[str, Any]], **fields: Any
+) -> WorkloadWrite:
+    meta = workload["metadata"]
+    kept = [
+        c
+        for c in (workload.get("status") or {}).get("conditions") or []
+        if c.get("type") not in {c2["type"] for c2 in conditions}
+    ]
+    return WorkloadWrite(
+        "patch_status",
+        {
+            "apiVersion": API_VERSION,
+            "kind": "Workload",
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "resourceVersion": meta["resourceVersion"],
+            },
+            "status": {"conditions": [*kept, *conditions], **fields},
+        },
+    )
+
+
+def _cond(
+    workload: Mapping[str, Any], type_: str, status: bool, reason: str, message: str, now: str
+) -> Obj:
+    return {
+        "type": type_,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now,
+        "observedGeneration": workload["metadata"].get("generation", 1),
+    }
