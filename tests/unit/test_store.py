@@ -6,7 +6,7 @@ import copy
 import json
 from typing import Any
 
-from mpijob_elastic.core.outputs.status import _counts
+from mpijob_elastic.core.outputs.status import replica_counts
 from mpijob_elastic.core.sizing.capacity import why_not_running
 from mpijob_elastic.core.workers import Worker
 from mpijob_elastic.machinery.store import (
@@ -369,7 +369,7 @@ def worker_view(pod: Obj) -> tuple[Any, ...]:
         w.can_take_ranks(None),
         w.can_take_ranks("sidecar"),
         why_not_running(w, None),
-        _counts([pod]),
+        replica_counts([pod]),
     )
 
 

@@ -52,7 +52,8 @@ CONDITION_ORDER = (
 )
 
 
-def _counts(pods: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+def replica_counts(pods: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """A replica type's active, succeeded and failed pods, as status.replicaStatuses counts."""
     phases = [
         ((p.get("status") or {}).get("phase"), p["metadata"].get("deletionTimestamp")) for p in pods
     ]
@@ -67,9 +68,9 @@ def replica_statuses(
     job_name: str, workers: Sequence[Worker], launcher: Mapping[str, Any] | None
 ) -> Obj:
     return {
-        "Launcher": _counts([launcher] if launcher else []),
+        "Launcher": replica_counts([launcher] if launcher else []),
         "Worker": {
-            **_counts([w.pod for w in workers]),
+            **replica_counts([w.pod for w in workers]),
             "selector": names.selector(job_name, names.ROLE_WORKER),
         },
     }
