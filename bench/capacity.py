@@ -49,7 +49,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config, watch
 
-from bench.cluster import _cluster_up, kubectl_binary, machine
+from bench.cluster import cluster_up, kubectl_binary, machine
 from e2e.harness import ElasticRun, mock_driver_args
 from e2e.mockhorovod import events as ev
 from mpijob_elastic.core import names
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> None:
     results: list[Result] = []
     # A cluster of its own: other benchmarks share mpijob-elastic-bench.
     env = dict(os.environ, MPIJOB_ELASTIC_CLUSTER=CLUSTER)
-    kubeconfig = args.kubeconfig or _cluster_up(env)
+    kubeconfig = args.kubeconfig or cluster_up(env)
     try:
         c = Cluster(kubeconfig, kubectl_binary())
         c.kubectl("apply", "-f", str(PRIORITY_CLASS), "-f", str(CRD))

@@ -64,7 +64,7 @@ def cluster(kubeconfig: str | None, pods: int = 0) -> Iterator[str]:
         yield kubeconfig
         return
     env = dict(os.environ, MPIJOB_ELASTIC_CLUSTER=BENCH_CLUSTER)
-    local = _cluster_up(env)
+    local = cluster_up(env)
     try:
         if pods:
             add_nodes(local, pods)
@@ -73,7 +73,7 @@ def cluster(kubeconfig: str | None, pods: int = 0) -> Iterator[str]:
         subprocess.run([str(ROOT / "hack/cluster-down.sh")], env=env, check=False)
 
 
-def _cluster_up(env: dict[str, str]) -> str:
+def cluster_up(env: dict[str, str]) -> str:
     """The local cluster's kubeconfig. Tried twice: on a loaded machine kwokctl's own 60 s
     wait can run out (it did under a load of 20, ending a run of `make bench` before its
     last size), and a half-made cluster must go before the next try."""

@@ -84,7 +84,7 @@ def listed_hosts(script: str) -> int:
     return sum(1 for line in script.splitlines() if line.startswith("echo "))
 
 
-def _slim(obj: Obj) -> Obj:
+def slim(obj: Obj) -> Obj:
     """What the benchmark reads of an object, and what its cache needs to index it."""
     meta = obj["metadata"]
     kept: Obj = {
@@ -169,7 +169,8 @@ async def wait_for(predicate: Any, limit: float, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
-async def _bounded(calls: list[Any]) -> None:
+async def bounded(calls: list[Any]) -> None:
+    """Runs the calls, at most CLIENT_CONCURRENCY at once."""
     slots = asyncio.Semaphore(CLIENT_CONCURRENCY)
 
     async def one(call: Any) -> None:
@@ -196,7 +197,7 @@ async def measure(kubeconfig: str, namespace: str, opts: Options) -> dict[str, A
     kube = Kube(api)
     fleet = Fleet()
     informers = [
-        Informer(api, *RESOURCES[kind], fleet.handler(kind), namespace=namespace, transform=_slim)
+        Informer(api, *RESOURCES[kind], fleet.handler(kind), namespace=namespace, transform=slim)
         for kind in WATCHED
     ]
     controller: Controller | None = None
@@ -242,7 +243,7 @@ async def _first_create(
         manifest["metadata"]["namespace"] = namespace
         await kube.create(manifest)
 
-    await _bounded([lambda j=j: create(j) for j in fleet.jobs.values()])
+    await bounded([lambda j=j: create(j) for j in fleet.jobs.values()])
     result["create_s"] = round(time.monotonic() - t0, 1)
     await wait_for(
         lambda: all(j.converged is not None for j in fleet.jobs.values()),
@@ -324,7 +325,7 @@ async def _rescale(
 
     cpu0 = cpu_seconds(pid) if pid else 0.0
     t0 = time.monotonic()
-    await _bounded([lambda j=j: edit(j) for j in edited])
+    await bounded([lambda j=j: edit(j) for j in edited])
     await wait_for(
         lambda: all(j.rescaled is not None for j in edited), opts.converge_limit, "rescale"
     )

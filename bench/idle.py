@@ -44,7 +44,7 @@ from bench.cluster import (
     machine,
     sh,
 )
-from bench.fleet import WATCHED, Fleet, Job, _bounded, _slim, percentile, wait_for
+from bench.fleet import WATCHED, Fleet, Job, bounded, percentile, slim, wait_for
 from mpijob_elastic.core import names
 from mpijob_elastic.machinery.informer import Informer
 from mpijob_elastic.machinery.kube import RESOURCES, Kube
@@ -125,7 +125,7 @@ async def measure(kubeconfig: str, namespace: str, args: argparse.Namespace) -> 
     kube = Kube(api)
     fleet = Fleet()
     informers = [
-        Informer(api, *RESOURCES[kind], fleet.handler(kind), namespace=namespace, transform=_slim)
+        Informer(api, *RESOURCES[kind], fleet.handler(kind), namespace=namespace, transform=slim)
         for kind in WATCHED
         if kind in ("Pod", "ConfigMap", "MPIJob")
     ]
@@ -147,7 +147,7 @@ async def measure(kubeconfig: str, namespace: str, args: argparse.Namespace) -> 
             manifest["metadata"]["namespace"] = namespace
             await kube.create(manifest)
 
-        await _bounded([lambda j=j: create(j) for j in fleet.jobs.values()])
+        await bounded([lambda j=j: create(j) for j in fleet.jobs.values()])
         await wait_for(
             lambda: all(j.converged is not None for j in fleet.jobs.values()), 3600, "converged"
         )

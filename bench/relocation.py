@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.cluster import _cluster_up, free_port, kubectl_binary, machine
+from bench.cluster import cluster_up, free_port, kubectl_binary, machine
 from e2e.harness import EXIT_ANNOTATION, ElasticRun, Step, seconds
 from e2e.mockhorovod import events as ev
 from e2e.test_relocation import (
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
     host = machine()
     started = time.monotonic()
     env = dict(os.environ, MPIJOB_ELASTIC_CLUSTER=CLUSTER)
-    kubeconfig = args.kubeconfig or _cluster_up(env)
+    kubeconfig = args.kubeconfig or cluster_up(env)
     rows: list[Row] = []
     out = args.out.parent / "relocation" / time.strftime("%Y%m%d-%H%M%S")
     try:

@@ -83,12 +83,12 @@ def scarce(cluster: Cluster, node: str) -> tuple[str, str]:
     )
     assert not leaving, f"{node} still holds pods of tests: {leaving}"
     used = sum(
-        _quantity(c.get("resources", {}).get("requests", {}).get(resource, "0"))
+        cpu_quantity(c.get("resources", {}).get("requests", {}).get(resource, "0"))
         for p in pods
         if p["status"].get("phase") not in ("Succeeded", "Failed")
         for c in p["spec"]["containers"]
     )
-    free = _quantity(status["allocatable"].get(resource, "0")) - used
+    free = cpu_quantity(status["allocatable"].get(resource, "0")) - used
     share = int(free // MAXIMUM)
     assert share >= 1, f"{node} has {free} {resource} free, too little for {MAXIMUM} workers"
     return resource, (f"{share}m" if IN_CLUSTER else str(share))
@@ -107,7 +107,7 @@ def room(cluster: Cluster, node: str) -> tuple[str, str]:
     return found
 
 
-def _quantity(text: str) -> float:
+def cpu_quantity(text: str) -> float:
     """A CPU quantity in millicores, or a count."""
     return float(text[:-1]) if text.endswith("m") else float(text) * (1000 if IN_CLUSTER else 1)
 
@@ -135,14 +135,14 @@ def opportunistic_job(
     specs = job["spec"]["mpiReplicaSpecs"]
     specs["Worker"]["replicas"] = BASELINE
     worker = specs["Worker"]["template"]["spec"]
-    worker["affinity"] = _on(node, "In")
+    worker["affinity"] = node_affinity(node, "In")
     for container in worker["containers"]:
-        container["resources"] = _resources(resource, share)
-    specs["Launcher"]["template"]["spec"]["affinity"] = _on(node, "NotIn")
+        container["resources"] = scarce_resources(resource, share)
+    specs["Launcher"]["template"]["spec"]["affinity"] = node_affinity(node, "NotIn")
     return job
 
 
-def _resources(resource: str, amount: str) -> dict[str, Any]:
+def scarce_resources(resource: str, amount: str) -> dict[str, Any]:
     """Requests only for CPU (a limit would throttle the ranks), a limit for GPUs (which
     a pod must ask for as one)."""
     if resource == "cpu":
@@ -150,7 +150,8 @@ def _resources(resource: str, amount: str) -> dict[str, Any]:
     return {"limits": {resource: amount}}
 
 
-def _on(node: str, operator: str) -> dict[str, Any]:
+def node_affinity(node: str, operator: str) -> dict[str, Any]:
+    """Required node affinity: on ``node`` (``In``) or off it (``NotIn``)."""
     term = {"matchExpressions": [{"key": HOSTNAME, "operator": operator, "values": [node]}]}
     return {
         "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
@@ -166,7 +167,7 @@ def higher_priority_pod(name: str, node: str, resource: str, amount: str) -> dic
         "kind": "Pod",
         "metadata": {"name": name, "labels": {"app": "capacity-e2e"}},
         "spec": {
-            "affinity": _on(node, "In"),
+            "affinity": node_affinity(node, "In"),
             "terminationGracePeriodSeconds": 0,
             "containers": [
                 {
@@ -175,7 +176,7 @@ def higher_priority_pod(name: str, node: str, resource: str, amount: str) -> dic
                     "image": os.environ.get("E2E_WORKER_IMAGE", "busybox"),
                     "imagePullPolicy": "IfNotPresent",
                     "command": ["sleep", "3600"],
-                    "resources": _resources(resource, amount),
+                    "resources": scarce_resources(resource, amount),
                 }
             ],
         },

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from e2e.harness import in_cluster_job
-from e2e.test_capacity import _on, _quantity, _resources
+from e2e.test_capacity import cpu_quantity, node_affinity, scarce_resources
 from e2e.test_relocation import colocation_node
 from mpijob_elastic.core import names
 from mpijob_elastic.core.objects import podgroups
@@ -124,12 +124,12 @@ def room(cluster: Cluster) -> Iterator[tuple[str, str, str]]:
         ).stdout
     )["items"]
     used = sum(
-        _quantity(c.get("resources", {}).get("requests", {}).get("cpu", "0"))
+        cpu_quantity(c.get("resources", {}).get("requests", {}).get("cpu", "0"))
         for p in pods
         if p["status"].get("phase") not in ("Succeeded", "Failed")
         for c in p["spec"]["containers"]
     )
-    share = int((_quantity(status["allocatable"]["cpu"]) - used) // ROOM)
+    share = int((cpu_quantity(status["allocatable"]["cpu"]) - used) // ROOM)
     assert share >= 10, f"{node}: {share}m a worker is too little"
     yield node, "cpu", f"{share}m"
 
@@ -158,11 +158,11 @@ def gang_job(name: str, node: str, resource: str, share: str) -> dict[str, Any]:
     specs = job["spec"]["mpiReplicaSpecs"]
     specs["Worker"]["replicas"] = WANTED
     worker = specs["Worker"]["template"]["spec"]
-    worker["affinity"] = _on(node, "In")
+    worker["affinity"] = node_affinity(node, "In")
     worker["tolerations"] = [{"key": GANG_TAINT, "operator": "Exists", "effect": "NoSchedule"}]
     for container in worker["containers"]:
-        container["resources"] = _resources(resource, share)
-    specs["Launcher"]["template"]["spec"]["affinity"] = _on(node, "NotIn")
+        container["resources"] = scarce_resources(resource, share)
+    specs["Launcher"]["template"]["spec"]["affinity"] = node_affinity(node, "NotIn")
     return job
 
 
