@@ -1,4 +1,4 @@
-"""Readers of the MPIJob's single fields, for parse.parse (parse.py).
+"""Readers of the MPIJob's single fields, for ``parse`` (parse.py).
 
 Each reads one field (or annotation), appends a ``FieldError`` naming it when the value is
 unusable, and returns a default instead of raising, so that ``parse`` reports every field

@@ -1,4 +1,4 @@
-"""The typed spec the planner works from: what ``parse.parse`` makes of an MPIJob.
+"""The typed spec the planner works from: what ``parse`` (parse.py) makes of an MPIJob.
 
 Frozen values only; reading and checking the MPIJob's fields is ``fields.py``'s, and
 putting them together into a ``JobSpec`` (or an ``InvalidSpec``) is ``parse.py``'s.
