@@ -1,8 +1,8 @@
 """Names someone else's object holds: who holds each, learned when a create meets it and
 read again before each turn of the job, so that the job reports a conflict for as long
-as it lasts (core/conditions.py) and takes a freed name back. The caches cannot tell: they
-hold only objects with our labels, so each such name costs one read per turn, and a job
-without one costs none.
+as it lasts (core/reports/conditions.py) and takes a freed name back. The caches cannot
+tell: they hold only objects with our labels, so each such name costs one read per turn,
+and a job without one costs none.
 """
 
 from __future__ import annotations
