@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from mpijob_elastic.core import names
@@ -44,6 +44,7 @@ from mpijob_elastic.core.actions import (
     Writes,
     WriteStatus,
 )
+from mpijob_elastic.core.planning.write_order import BULK, HOST_LIST, STEP
 from mpijob_elastic.core.workers import discovered_hosts
 from mpijob_elastic.machinery import held_names, metrics
 from mpijob_elastic.machinery.events import EventRecorder
@@ -64,24 +65,16 @@ Key = tuple[str, str]
 # round trips before the next host list is written. One turn has at most TURN_CONCURRENCY
 # of them in flight, so a 1000-worker job's creates leave room for other jobs' writes.
 TURN_CONCURRENCY = 16
-# Writes go through two lanes with slots of their own (docs/design.md, "Write lanes"):
-# the host lists and drain marks, which say where ranks may run, never wait behind other
-# jobs' pod creates, deletes, Roles and statuses.
+# Writes go through two lanes with slots of their own, chosen by the write's step
+# (write_order.STEPS; docs/design.md, "Write lanes"): the host lists and what goes with
+# them, which say where ranks may run, never wait behind other jobs' pod creates, deletes,
+# Roles and statuses.
 HOST_LIST_WRITES = 32
 BULK_WRITES = 32
 # Events are sent in the background, a few at a time: a reconcile does not wait for them.
 EVENT_WRITES = 4
 # What the write client's connection pool must hold so that no write waits for one.
 WRITE_CONCURRENCY = HOST_LIST_WRITES + BULK_WRITES + EVENT_WRITES
-
-
-def host_list_write(action: Action) -> bool:
-    """Whether the write says where ranks may run: the ConfigMap (its hostfile and
-    discover_hosts.sh), the launcher's config-hash annotation that refreshes its copy, and
-    drain marks. Those of every job go before bulk writes (docs/design.md)."""
-    if isinstance(action, Create | Replace):
-        return bool(action.obj["kind"] == "ConfigMap")
-    return isinstance(action, AnnotatePod)
 
 
 def _job(job: Mapping[str, Any]) -> str:
@@ -123,8 +116,10 @@ class Writer:
         self._cache = cache
         self._cached = cached
         self.memory: dict[Key, JobMemory] = {}
-        self._host_lists = asyncio.Semaphore(HOST_LIST_WRITES)
-        self._bulk = asyncio.Semaphore(BULK_WRITES)
+        self._lanes = {
+            HOST_LIST: asyncio.Semaphore(HOST_LIST_WRITES),
+            BULK: asyncio.Semaphore(BULK_WRITES),
+        }
         self.events = EventRecorder(kube, EVENT_WRITES)
 
     def of(self, key: Key) -> JobMemory:
@@ -139,8 +134,9 @@ class Writer:
         key = (meta["namespace"], meta["name"])
         turn = asyncio.Semaphore(TURN_CONCURRENCY)
         for phase in plan.phases:
+            lane = STEP[phase.step].lane
             results = await asyncio.gather(
-                *(self._one(turn, key, job, a) for a in phase.writes),
+                *(self._one(turn, lane, key, job, a) for a in phase.writes),
                 return_exceptions=True,
             )
             # The first failure in the plan's order, so that a retry meets the same one and
@@ -160,20 +156,17 @@ class Writer:
         # Every write of the turn went through: no refusal is left to report.
         self.of(key).refused = None
 
-    async def _one(self, turn: asyncio.Semaphore, key: Key, job: Obj, action: Action) -> None:
-        if isinstance(action, WriteStatus):
-            async with self._bulk:
-                await self._write_status(job, action.status, action.resource_version)
-        elif isinstance(action, Emit):
-            self.events.emit_soon(job, action)
-        else:
-            await self._bounded(turn, action, self._write(key, job, action))
-
-    async def _bounded(
-        self, turn: asyncio.Semaphore, action: Action, write: Awaitable[None]
+    async def _one(
+        self, turn: asyncio.Semaphore, lane: str, key: Key, job: Obj, action: Action
     ) -> None:
-        async with turn, self._host_lists if host_list_write(action) else self._bulk:
-            await write
+        if isinstance(action, Emit):
+            self.events.emit_soon(job, action)
+            return
+        async with turn, self._lanes[lane]:
+            if isinstance(action, WriteStatus):
+                await self._write_status(job, action.status, action.resource_version)
+            else:
+                await self._write(key, job, action)
 
     async def _write(self, key: Key, job: Obj, action: Action) -> None:
         ns = job["metadata"]["namespace"]

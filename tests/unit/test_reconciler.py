@@ -11,7 +11,6 @@ from mpijob_elastic.core.actions import (
     DELETE_MEMORY_SECONDS,
     AnnotatePod,
     Create,
-    DeletePod,
     Phase,
     Replace,
     Writes,
@@ -19,7 +18,7 @@ from mpijob_elastic.core.actions import (
 )
 from mpijob_elastic.machinery.job_memory import CONFLICT_RECHECK_SECONDS, JobMemory, refusal
 from mpijob_elastic.machinery.kube import ApiError, Kube
-from mpijob_elastic.machinery.writer import Writer, host_list_write
+from mpijob_elastic.machinery.writer import BULK_WRITES, Writer
 
 
 def pod(name: str) -> Create:
@@ -145,13 +144,64 @@ def test_a_status_write_does_not_trigger_a_reconcile_but_an_edit_does() -> None:
     assert job_signature(job) != job_signature(edited)
 
 
-def test_host_lists_and_drain_marks_take_the_host_list_lane() -> None:
-    assert host_list_write(Create({"kind": "ConfigMap", "metadata": {"name": "c"}}))
-    assert host_list_write(Replace({"kind": "ConfigMap", "metadata": {"name": "c"}}))
-    assert host_list_write(AnnotatePod("w0", {"mpijob-elastic.io/draining-since": "t"}, "1"))
-    assert not host_list_write(pod("w0"))
-    assert not host_list_write(DeletePod("w0", "1"))
-    assert not host_list_write(Replace({"kind": "Role", "metadata": {"name": "r"}}))
+class _Held(Kube):
+    """Holds every write until ``release`` is set; records the names written."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.release = asyncio.Event()
+
+    async def replace(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        self.started.append(obj["metadata"]["name"])
+        await self.release.wait()
+        return {**obj, "metadata": {**obj["metadata"], "namespace": "ns"}}
+
+
+def test_a_write_takes_the_lane_of_its_step_not_of_its_kind() -> None:
+    """With every bulk slot taken by other jobs' turns, a host-list step still writes; a
+    ConfigMap written by a bulk step would wait."""
+
+    def job(i: int) -> dict[str, Any]:
+        return {"kind": "MPIJob", "metadata": {"name": f"j{i}", "namespace": "ns", "uid": "u"}}
+
+    def replace(kind: str, name: str) -> Replace:
+        return Replace({"kind": kind, "metadata": {"name": name}})
+
+    async def scenario() -> list[str]:
+        kube = _Held()
+        writer = Writer(kube, lambda _: None)
+        per_turn = 16  # writer.TURN_CONCURRENCY
+        busy = [
+            writer.run(
+                job(i),
+                Writes(
+                    (Phase("Role", tuple(replace("Role", f"r{i}-{n}") for n in range(per_turn))),)
+                ),
+            )
+            for i in range(BULK_WRITES // per_turn)
+        ]
+        tasks = [asyncio.create_task(t) for t in busy]
+        tasks.append(
+            asyncio.create_task(
+                writer.run(job(8), Writes((Phase("Role", (replace("ConfigMap", "bulk-cm"),)),)))
+            )
+        )
+        tasks.append(
+            asyncio.create_task(
+                writer.run(job(9), Writes((Phase("ConfigMap", (replace("ConfigMap", "hosts"),)),)))
+            )
+        )
+        for _ in range(10):
+            await asyncio.sleep(0)
+        started = list(kube.started)
+        kube.release.set()
+        await asyncio.gather(*tasks)
+        return started
+
+    started = asyncio.run(scenario())
+    assert "hosts" in started
+    assert "bulk-cm" not in started
+    assert len(started) == BULK_WRITES + 1
 
 
 def test_only_pod_changes_that_can_move_a_host_are_urgent() -> None:

@@ -18,8 +18,9 @@ from mpijob_elastic.core.actions import (
     Writes,
     WriteStatus,
 )
-from mpijob_elastic.core.planning.write_order import CONFIG_MAP_EVENTS, STEPS
-from tests.unit.simulation import Cluster, make_job
+from mpijob_elastic.core.outputs.turn import POD_WRITES_PER_TURN
+from mpijob_elastic.core.planning.write_order import CONFIG_MAP_EVENTS, STEP, STEPS
+from tests.unit.simulation import Cluster, discovered, make_job
 
 ELASTIC = {names.ANN_MIN_REPLICAS: "1", names.ANN_MAX_REPLICAS: "5", names.ANN_DRAIN_SECONDS: "5"}
 
@@ -125,12 +126,13 @@ def check(p: Writes) -> None:
     assert len(set(steps)) == len(steps), steps
     for phase in p.phases:
         assert phase.writes, phase
+        assert len(phase.writes) <= (STEP[phase.step].bound or len(phase.writes)), phase.step
         strays = [a for a in phase.writes if not BELONGS[phase.step](a)]
         assert not strays, (phase.step, strays)
 
 
 def test_steps_are_the_documented_order() -> None:
-    assert STEPS == DOCUMENTED
+    assert tuple(step.name for step in STEPS) == DOCUMENTED
 
 
 def test_every_plan_of_a_job_s_life_follows_the_order() -> None:
@@ -189,3 +191,68 @@ def test_the_notice_of_a_pod_being_taken_is_patched_unconditionally() -> None:
     (plain,) = next(ph for ph in c.plan().phases if ph.step == "notices").writes
     assert isinstance(plain, AnnotatePod)
     assert plain.resource_version != ""
+
+
+def _large_job() -> _Recorded:
+    c = _Recorded(
+        make_job(
+            POD_WRITES_PER_TURN + 30,
+            annotations=dict(ELASTIC, **{names.ANN_MAX_REPLICAS: str(POD_WRITES_PER_TURN + 30)}),
+        )
+    )
+    c.converge()
+    return c
+
+
+def test_notices_over_the_bound_end_the_turn_and_the_host_list_waits_for_the_rest() -> None:
+    """Every step below the notices may rely on them (a victim reads its notice before the
+    host list drops it): a turn with more than the bound writes that many, and nothing
+    else, and comes back at once."""
+    c = _large_job()
+    hosts = discovered(c.get("ConfigMap", "job-config"))
+    c.set_replicas(10)
+    first = c.plan()
+    assert [phase.step for phase in first.phases] == ["notices"]
+    assert len(first.phases[0].writes) == POD_WRITES_PER_TURN
+    assert first.requeue_after == 0
+    c.apply(first)
+    assert discovered(c.get("ConfigMap", "job-config")) == hosts
+    second = c.plan()
+    steps = [phase.step for phase in second.phases]
+    assert steps[:2] == ["notices", "ConfigMap"], steps
+    assert len(second.phases[0].writes) == 120 - POD_WRITES_PER_TURN
+    c.apply(second)
+    noticed = {
+        p["metadata"]["name"]
+        for p in c.pods
+        if names.ANN_NOTICE in (p["metadata"].get("annotations") or {})
+    }
+    dropped = set(hosts) - set(discovered(c.get("ConfigMap", "job-config")))
+    assert dropped
+    assert dropped <= noticed
+
+
+def test_rank_holder_labels_over_the_bound_go_over_two_turns() -> None:
+    """Nothing below relies on a label: the turn goes on past them, and comes back at once
+    for the rest."""
+    c = _large_job()
+    labelled = [
+        p
+        for p in c.world.workers()
+        if (p["metadata"].get("labels") or {}).get(names.LABEL_HOLDS_RANKS)
+    ]
+    assert len(labelled) > POD_WRITES_PER_TURN
+    for pod in labelled:
+        del pod["metadata"]["labels"][names.LABEL_HOLDS_RANKS]
+    c.world.fail("job-worker-3")
+    first = c.plan()
+    marks = next(phase for phase in first.phases if phase.step == "pod marks")
+    assert len(marks.writes) == POD_WRITES_PER_TURN
+    assert first.requeue_after == 0
+    # The steps after it still go out: the job's status (the failed worker).
+    steps = [phase.step for phase in first.phases]
+    assert "status" in steps[steps.index("pod marks") :], steps
+    c.apply(first)
+    second = c.plan()
+    rest = next(phase for phase in second.phases if phase.step == "pod marks")
+    assert len(rest.writes) == len(labelled) - 1 - POD_WRITES_PER_TURN

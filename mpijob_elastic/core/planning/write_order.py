@@ -55,12 +55,24 @@ refused, so every write may rely on the phases above it having landed:
 
 A turn that claims children (``handover.py``) writes only its ``claims``, then ``events``.
 Only drift is written: a settled job yields no writes.
+
+Each step also says which of the writer's lanes its writes take and how many of them one
+turn makes (``Step``). A step with more writes than its bound makes the first ones, and
+the job comes back at once for the rest. The order above holds across that cut because
+of ``relied_on``: a step that the steps below rely on (``notices``: a victim's host-list
+write relies on its notice, a stopped job's deletes on theirs) ends the turn with it, so
+nothing below it goes out before the last of its writes landed, in a later turn. Only
+``pod marks`` lets the turn go on: no step below relies on a drain mark or a rank-holder
+label, and ending there would lose the Events of what the ``ConfigMap`` above recorded
+(the next turn, seeing it recorded, has nothing to report). The bounds of ``deletes``,
+``creates`` and ``claims`` are where their pods are chosen (``POD_WRITES_PER_TURN``,
+``CLAIMS_PER_TURN``); a plan never has more (tests/unit/test_write_order.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -80,35 +92,61 @@ from mpijob_elastic.core.actions import (
 from mpijob_elastic.core.inputs.observe import Observed
 from mpijob_elastic.core.lifecycle.notices import notice_patches
 from mpijob_elastic.core.outputs.status import REFUSED, StatusBuilder
+from mpijob_elastic.core.outputs.turn import POD_WRITES_PER_TURN
 from mpijob_elastic.core.planning.desired import Desired
+from mpijob_elastic.core.planning.handover import CLAIMS_PER_TURN
 from mpijob_elastic.core.reports.conditions import REFUSAL_EVENTS
 from mpijob_elastic.core.times import format_precise_time
 
 Obj = dict[str, Any]
 
-# The phases of a plan, in the order they are written (above).
+# The writer's lanes (docs/design.md, "Write lanes"): each has slots of its own, so a job's
+# host-list writes never wait behind other jobs' bulk writes; Events go out in the
+# background, a turn does not wait for them.
+HOST_LIST = "host list"
+BULK = "bulk"
+BACKGROUND = "background"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the write order: its lane, and how many writes it makes in one turn."""
+
+    name: str
+    lane: str
+    # At most this many writes a turn; the rest come in the job's next turn, which follows
+    # at once. None: one object's writes, bounded already.
+    bound: int | None = None
+    # Whether the steps below rely on every write of this one, so that a turn whose step
+    # was cut at its bound ends with it.
+    relied_on: bool = True
+
+
+# The steps of a plan, in the order they are written (above).
 STEPS = (
-    "claims",
-    "ServiceAccount",
-    "PodDisruptionBudget",
-    "notices",
-    "PodGroup",
-    "ConfigMap",
-    "ranks ConfigMap",
-    "ConfigMap events",
-    "obsolete",
-    "config hash",
-    "pod marks",
-    "deletes",
-    "creates",
-    "Role",
-    "RoleBinding",
-    "ranks emptied",
-    "launcher",
-    "job delete",
-    "status",
-    "events",
+    Step("claims", BULK, CLAIMS_PER_TURN),
+    Step("ServiceAccount", BULK),
+    Step("PodDisruptionBudget", BULK),
+    Step("notices", HOST_LIST, POD_WRITES_PER_TURN),
+    Step("PodGroup", BULK),
+    Step("ConfigMap", HOST_LIST),
+    Step("ranks ConfigMap", HOST_LIST),
+    Step("ConfigMap events", BACKGROUND),
+    Step("obsolete", BULK),
+    Step("config hash", HOST_LIST),
+    Step("pod marks", HOST_LIST, POD_WRITES_PER_TURN, relied_on=False),
+    # Victims whose drain is over, workers to replace, and a launcher to restart.
+    Step("deletes", BULK, 2 * POD_WRITES_PER_TURN + 1),
+    Step("creates", BULK, POD_WRITES_PER_TURN),
+    Step("Role", BULK),
+    Step("RoleBinding", BULK),
+    Step("ranks emptied", HOST_LIST),
+    Step("launcher", BULK),
+    Step("job delete", BULK),
+    Step("status", BULK),
+    Step("events", BACKGROUND),
 )
+STEP = {step.name: step for step in STEPS}
 
 # Events of decisions the job's ConfigMap records (opportunistic.py, preemptors.py).
 CONFIG_MAP_EVENTS = frozenset({"Grew", "GrowthBackedOff", "Preempted"})
@@ -192,8 +230,22 @@ def _resource_version(obj: Mapping[str, Any]) -> str:
     return str(obj["metadata"].get("resourceVersion", ""))
 
 
-def _phases(steps: Sequence[tuple[str, Sequence[Action]]]) -> tuple[Phase, ...]:
-    return tuple(Phase(step, tuple(writes)) for step, writes in steps if writes)
+def _phases(steps: Sequence[tuple[str, Sequence[Action]]]) -> tuple[tuple[Phase, ...], bool, bool]:
+    """The steps' phases, each cut at its step's bound; whether a step was cut (the job
+    comes back at once for the rest of it), and whether the turn ends with that step (the
+    steps below rely on every write of it)."""
+    phases: list[Phase] = []
+    cut = False
+    for name, writes in steps:
+        if not writes:
+            continue
+        bound = STEP[name].bound
+        phases.append(Phase(name, tuple(writes[:bound])))
+        if bound is not None and len(writes) > bound:
+            if STEP[name].relied_on:
+                return tuple(phases), True, True
+            cut = True
+    return tuple(phases), cut, False
 
 
 def _holder_labels(want: Desired, observed: Observed) -> dict[str, dict[str, str | None]]:
@@ -345,7 +397,7 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
         else notice_patches(want.notices, observed.pods, observed.deleting)
     )
     noticed = {n.name for n in notices}
-    children = _phases(
+    children, cut, ended = _phases(
         [
             ("ServiceAccount", ensure("ServiceAccount")),
             ("PodDisruptionBudget", ensure("PodDisruptionBudget")),
@@ -365,28 +417,39 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
             ("launcher", [] if want.launcher is None else [Create(want.launcher)]),
         ]
     )
-    events = [e for e in want.events if e.reason not in CONFIG_MAP_EVENTS]
     rv = str(observed.job["metadata"].get("resourceVersion", ""))
     changed = want.status != (observed.job.get("status") or {})
     on_refusal: tuple[WriteStatus | Emit, ...] = (
         *([WriteStatus(want.status, rv)] if changed else []),
         *(e for e in want.events if e.reason in REFUSAL_EVENTS),
     )
+    requeue = 0.0 if cut else want.requeue_after
+    if ended:
+        # The steps below rely on the one cut: they come with the rest of it, next turn.
+        return Writes(children, requeue, want.probe, on_refusal)
+    last = _job_writes(want, observed, now, writing=bool(children))
+    return Writes((*children, *last), requeue, want.probe, on_refusal)
+
+
+def _job_writes(
+    want: Desired, observed: Observed, now: datetime, writing: bool
+) -> tuple[Phase, ...]:
+    """The job's own writes after its children's (``writing``: some of them this turn):
+    its delete or its status, then its Events."""
+    events = [e for e in want.events if e.reason not in CONFIG_MAP_EVENTS]
+    meta = observed.job["metadata"]
     if want.delete_job:
         # runPolicy.ttlSecondsAfterFinished: the garbage collector takes the children; a
         # status written after the delete would only fail (unless the delete is refused).
-        meta = observed.job["metadata"]
         delete = DeleteObject(names.KIND, str(meta["name"]), str(meta.get("uid", "")))
-        last = _phases([("job delete", [delete]), ("events", events)])
-        return Writes((*children, *last), want.requeue_after, want.probe, on_refusal)
+        return _phases([("job delete", [delete]), ("events", events)])[0]
     status = want.status
-    if not children and not observed.conflicts:
+    if not writing and not observed.conflicts:
         # Nothing left to write means every earlier refusal is behind us.
         builder = StatusBuilder({"status": status}, now)
         if builder.clear(REFUSED, "WritesAccepted", "every write of the last sync went through"):
             status = builder.build()
     writes: list[Action] = []
     if status != (observed.job.get("status") or {}):
-        writes.append(WriteStatus(status, rv))
-    last = _phases([("status", writes), ("events", events)])
-    return Writes((*children, *last), want.requeue_after, want.probe, on_refusal)
+        writes.append(WriteStatus(status, str(meta.get("resourceVersion", ""))))
+    return _phases([("status", writes), ("events", events)])[0]
