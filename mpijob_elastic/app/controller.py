@@ -316,23 +316,14 @@ class Controller:
         if job is None or not manages(job, self.settings):
             self.writer.forget(key)
             self.probes.forget(key)
-            if job is not None:
-                self.kueue.forget(job["metadata"]["uid"])
             return None
         await self.writer.recheck(key, job)
-        # A job labelled for a Kueue queue is seen through its admission (core/queueing/kueue.py).
-        queue = self.kueue.queue(job) if kueue.queue_name(job) else None
-        seen = kueue.gate(job, queue) if queue is not None else job
-        observed = self.observe(seen)
-        if queue is not None:
-            observed = dataclasses.replace(observed, queue=self.kueue.standing(job, queue))
+        observed = self.observe(job)
+        if kueue.queue_name(job):
+            # The core sees the job through its admission and plans its Workloads' writes.
+            observed = dataclasses.replace(observed, queue=self.kueue.queue(job))
         writes = plan_writes(observed, self.settings)
-        await self.writer.run(seen, writes)
-        if queue is not None:
-            # With the status this turn wrote (the cache holds the server's answer): a job
-            # that just finished gives its quota back now, not on its next event.
-            latest = jobs.get(namespace, name) if jobs is not None else None
-            await self.kueue.write(latest or job, queue, observed.pods)
+        await self.writer.run(job, writes)
         self.probes.acted_on(key, observed.ranks)
         if writes.probe is not None:
             self.probes.request(key, writes.probe)

@@ -1,21 +1,19 @@
 """The shell of Kueue admission (core/queueing/kueue.py decides; docs/scheduling.md,
-"Kueue"): whether Kueue's API is served, the caches of Workloads, ResourceFlavors and
-WorkloadPriorityClasses, and the writes of a job's Workload."""
+"Kueue"): whether Kueue's API is served and granted, and the caches of Workloads,
+ResourceFlavors and WorkloadPriorityClasses. The writes of a job's Workloads are steps of
+its plan (core/planning/write_order.py), made by the writer as every other write."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from mpijob_elastic.app.preflight import REVIEWS_PATH, Permission, review
 from mpijob_elastic.app.watches import CHILD_SELECTOR, Caches
 from mpijob_elastic.core.queueing import kueue
-from mpijob_elastic.core.queueing.kueue import Queue, Standing
-from mpijob_elastic.core.queueing.kueue_writes import workload_writes
-from mpijob_elastic.core.times import format_time
+from mpijob_elastic.core.queueing.kueue import WORKLOAD, Queue
 from mpijob_elastic.machinery.informer import Informer
 from mpijob_elastic.machinery.kube import ApiError, Kube
 from mpijob_elastic.machinery.kubeclient import ApiClient
@@ -25,7 +23,6 @@ log = logging.getLogger("mpijob_elastic.app.kueue")
 
 Obj = dict[str, Any]
 API_PATH = f"/apis/{kueue.API_VERSION}"
-WORKLOAD = "Workload"
 GROUP = "kueue.x-k8s.io"
 # What the Workload writes and the caches need (config/rbac/kueue.yaml; docs/rbac.md).
 PERMISSIONS = (
@@ -50,8 +47,6 @@ class KueueShell:
         self.denied = ""
         self._flavors: Informer | None = None
         self._priorities: Informer | None = None
-        # The last refusal of a job's Workload write, by job UID, until one goes through.
-        self._refused: dict[str, str] = {}
 
     async def discover(
         self,
@@ -113,7 +108,7 @@ class KueueShell:
     def queue(self, job: Mapping[str, Any]) -> Queue:
         meta = job["metadata"]
         if not self.installed:
-            return Queue(installed=False)
+            return Queue(installed=False, denied=self.denied)
         cache = self.caches.pick(WORKLOAD, meta["namespace"])
         workloads = [
             w
@@ -133,54 +128,6 @@ class KueueShell:
     @staticmethod
     def _list(informer: Informer | None) -> list[Obj]:
         return informer.list() if informer is not None else []
-
-    def standing(self, job: Mapping[str, Any], queue: Queue) -> Standing:
-        refused = self._refused.get(job["metadata"]["uid"])
-        if refused is not None:
-            return Standing(False, "WorkloadRefused", refused)
-        if self.denied:
-            return Standing(False, "KueueNotPermitted", f"Kueue's API is served, but {self.denied}")
-        return kueue.standing(job, queue)
-
-    async def write(
-        self, job: Mapping[str, Any], queue: Queue, pods: Sequence[Mapping[str, Any]]
-    ) -> None:
-        """The Workload writes the job needs now; a write the server refuses is reported on
-        the job (its condition) until one goes through, a conflict is planned again."""
-        uid = job["metadata"]["uid"]
-        writes = workload_writes(job, queue, pods, format_time(datetime.now(UTC)))
-        for write in writes:
-            meta = write.obj["metadata"]
-            try:
-                written = await self._write(write.verb, write.obj)
-            except ApiError as err:
-                if 400 <= err.status < 500 and not (err.conflict or err.not_found):
-                    self._refused[uid] = f"{write.verb} Workload {meta['name']}: {err.message}"
-                raise
-            self._refused.pop(uid, None)
-            cache = self.caches.pick(WORKLOAD, meta["namespace"])
-            if cache is not None and written is not None:
-                cache.upsert(written)
-
-    async def _write(self, verb: str, obj: Obj) -> Obj | None:
-        """One write; the object as the server holds it now, None once deleted."""
-        meta = obj["metadata"]
-        if verb == "create":
-            return await self.kube.create(obj)
-        if verb == "replace":
-            return await self.kube.replace(obj)
-        if verb == "delete":
-            try:
-                await self.kube.delete(WORKLOAD, meta["namespace"], meta["name"], meta["uid"])
-            except ApiError as err:
-                # Gone already: the cache has yet to hear of the delete it asked for.
-                if not err.not_found:
-                    raise
-            return None
-        return await self.kube.patch(WORKLOAD, meta["namespace"], meta["name"], obj, "status")
-
-    def forget(self, uid: str) -> None:
-        self._refused.pop(uid, None)
 
 
 def _ignore(type_: str, obj: Obj) -> None:

@@ -65,6 +65,15 @@ class DeleteObject:
 
 
 @dataclass(frozen=True)
+class PatchStatus:
+    """Merge-patch a child's status subresource (a Workload's conditions and admission),
+    carrying the observed resourceVersion in ``obj``'s metadata: a patch planned from a
+    stale view is refused with 409 and planned again."""
+
+    obj: Obj
+
+
+@dataclass(frozen=True)
 class Claim:
     """Merge our labels into a child and, to adopt it, write its ownerReferences with ours
     as controller. A merge patch carrying the observed UID and resourceVersion: a change
@@ -96,7 +105,17 @@ class WriteStatus:
     resource_version: str
 
 
-Action = Create | Replace | AnnotatePod | DeletePod | DeleteObject | Claim | Emit | WriteStatus
+Action = (
+    Create
+    | Replace
+    | AnnotatePod
+    | DeletePod
+    | DeleteObject
+    | PatchStatus
+    | Claim
+    | Emit
+    | WriteStatus
+)
 
 
 @dataclass(frozen=True)
@@ -113,6 +132,9 @@ class Refusal:
     message: str
     # A pod create rejected as invalid: the user's pod template needs fixing.
     pod_template: bool = False
+    # The kind of the object written (a refused Workload write is also the job's standing
+    # in its queue, kueue.py).
+    kind: str = ""
 
 
 @dataclass(frozen=True)

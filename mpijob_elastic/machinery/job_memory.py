@@ -21,6 +21,7 @@ from mpijob_elastic.core.actions import (
     Create,
     DeleteObject,
     DeletePod,
+    PatchStatus,
     Refusal,
     Replace,
 )
@@ -48,6 +49,8 @@ def describe(action: Action) -> tuple[str, str, str]:
         return "delete", "Pod", action.name
     if isinstance(action, DeleteObject):
         return "delete", action.kind, action.name
+    if isinstance(action, PatchStatus):
+        return "update the status of", action.obj["kind"], action.obj["metadata"]["name"]
     if isinstance(action, Claim):
         return (
             ("adopt" if action.owner_references is not None else "label"),

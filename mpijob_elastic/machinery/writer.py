@@ -39,6 +39,7 @@ from mpijob_elastic.core.actions import (
     DeleteObject,
     DeletePod,
     Emit,
+    PatchStatus,
     Refusal,
     Replace,
     Writes,
@@ -184,6 +185,8 @@ class Writer:
             self.of(key).conflicts.pop((action.kind, action.name), None)
         elif isinstance(action, DeleteObject):
             await self._delete_object(key, ns, action)
+        elif isinstance(action, PatchStatus):
+            await self._patch_status(key, ns, action)
 
     async def _create(self, key: Key, job: Obj, action: Create) -> None:
         kind, name = action.obj["kind"], action.obj["metadata"]["name"]
@@ -277,6 +280,12 @@ class Writer:
             extra={"job": "/".join(key), "kind": action.kind, "object": action.name},
         )
 
+    async def _patch_status(self, key: Key, ns: str, action: PatchStatus) -> None:
+        kind, name = action.obj["kind"], action.obj["metadata"]["name"]
+        patched = await self.kube.patch(kind, ns, name, action.obj, "status")
+        self._cache({**patched, "kind": kind})
+        log.info("status updated", extra={"job": "/".join(key), "kind": kind, "object": name})
+
     async def _claim(self, job: Obj, action: Claim) -> None:
         meta = job["metadata"]
         if action.owner_references is not None:
@@ -333,6 +342,7 @@ class Writer:
             refused.reason or str(refused.status),
             refused.message,
             pod_template=refused.invalid and kind == "Pod" and verb == "create",
+            kind=kind,
         )
         log.warning(
             "write refused",

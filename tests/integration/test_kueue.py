@@ -319,6 +319,35 @@ def test_kueue_not_granted_a_queue_labelled_job_is_held_and_told_why(
 
 
 @pytest.mark.usefixtures("kueue")
+def test_kueue_a_workload_the_server_refuses_is_reported_as_every_refused_write(
+    cluster: Cluster, namespace: str, queues: Queues, start_controller: StartController
+) -> None:
+    """The Workload is one of the job's writes (core/write_order.py): the API server's
+    refusal reaches the job as WriteRefused and its Warning Event, quoting the server; the
+    queue condition says why the job waits. Fixed, the Workload is made and both clear."""
+    start_controller(namespace)
+    job = Job(cluster, namespace, "refused")
+    manifest = gpu_job(job.name, 2)
+    # A valid label value, but no LocalQueue name: the Workload CRD's schema refuses it.
+    manifest["metadata"]["labels"][kueue.QUEUE_LABEL] = "Bad_Queue"
+    job.create(manifest)
+    wait_for(lambda: reason(job, "WriteRefused") == "Invalid", 30, "the refusal reported")
+    message = (job.condition("WriteRefused") or {})["message"]
+    assert message.startswith(f"create Workload {kueue.workload_name(job.get())}: "), message
+    assert "spec.queueName" in message, message
+    assert reason(job, "QueueAdmitted") == "WorkloadRefused"
+    wait_for(
+        lambda: ("Warning", "WriteRefused", message) in job.events(), 30, "the refusal's Event"
+    )
+    assert queues.workloads(job) == []
+    assert job.pods() == {}
+    job.patch({"metadata": {"labels": {kueue.QUEUE_LABEL: "gpus"}}})
+    wait_for(lambda: queues.workloads(job), 30, "the job's Workload")
+    wait_for(lambda: reason(job, "WriteRefused") == "WritesAccepted", 30, "the refusal cleared")
+    assert reason(job, "QueueAdmitted") != "WorkloadRefused"
+
+
+@pytest.mark.usefixtures("kueue")
 def test_kueue_admits_resumes_on_flavor_and_releases_quota_after_pods(
     cluster: Cluster, namespace: str, queues: Queues, start_controller: StartController
 ) -> None:

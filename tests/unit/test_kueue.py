@@ -5,17 +5,31 @@ Workloads."""
 from __future__ import annotations
 
 import copy
+import dataclasses
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
 from mpijob_elastic.core import names
+from mpijob_elastic.core.actions import (
+    Action,
+    Create,
+    DeleteObject,
+    PatchStatus,
+    Replace,
+    Writes,
+)
 from mpijob_elastic.core.inputs.observe import Observed
 from mpijob_elastic.core.planning.desired import desired
+from mpijob_elastic.core.planning.plan import plan_writes
 from mpijob_elastic.core.queueing import kueue
 from mpijob_elastic.core.queueing.kueue import Queue, Standing
 from mpijob_elastic.core.queueing.kueue_writes import workload_writes
 from mpijob_elastic.core.settings import Settings
-from tests.unit.simulation import make_job
+from mpijob_elastic.machinery.kube import ApiError
+from tests.unit.simulation import SETTINGS, Cluster, FakeKube, Obj, Request, make_job
 
 NOW = "2026-11-26T00:00:00Z"
 FLAVOR = {
@@ -63,6 +77,17 @@ def workload(
     return w
 
 
+def verb(write: Action) -> str:
+    return {Create: "create", Replace: "replace", DeleteObject: "delete", PatchStatus: "patch"}[
+        type(write)
+    ]
+
+
+def obj(write: Action) -> dict[str, Any]:
+    assert isinstance(write, Create | Replace | PatchStatus)
+    return write.obj
+
+
 def worker_pods(n: int, phase: str = "Pending") -> list[dict[str, Any]]:
     return [
         {
@@ -94,11 +119,11 @@ def test_without_slices_the_workload_admits_from_min_replicas_with_the_jobs_prio
 
 def test_with_slices_the_first_workload_asks_for_min_replicas_exactly() -> None:
     (write,) = workload_writes(job(), Queue(True, slices=True), (), NOW)
-    assert write.verb == "create"
-    worker = next(p for p in write.obj["spec"]["podSets"] if p["name"] == "worker")
+    assert verb(write) == "create"
+    worker = next(p for p in obj(write)["spec"]["podSets"] if p["name"] == "worker")
     assert worker["count"] == 2
     assert "minCount" not in worker
-    assert write.obj["metadata"]["annotations"][kueue.ELASTIC_ANNOTATION] == "true"
+    assert obj(write)["metadata"]["annotations"][kueue.ELASTIC_ANNOTATION] == "true"
 
 
 def test_a_job_is_held_until_admitted_then_runs_at_the_admitted_size_on_the_flavor() -> None:
@@ -132,14 +157,14 @@ def test_an_evicted_job_is_held_and_its_quota_released_only_once_its_pods_are_go
     assert standing.evicted_at == datetime(2026, 11, 26, 0, 0, 1, tzinfo=UTC)
     assert workload_writes(j, queue, worker_pods(1), NOW) == []
     (write,) = workload_writes(j, queue, (), NOW)
-    assert write.verb == "patch_status"
-    status = write.obj["status"]
+    assert verb(write) == "patch"
+    status = obj(write)["status"]
     assert status["admission"] is None
     conds = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
     assert conds["QuotaReserved"] == ("False", "Pending")
     assert conds["Requeued"] == ("True", "Preempted")
     assert conds["Evicted"] == ("True", "Preempted")  # Kueue's, kept
-    assert write.obj["metadata"]["resourceVersion"] == "7"
+    assert obj(write)["metadata"]["resourceVersion"] == "7"
     # Once the admission is cleared the job is held again, and no longer stopping.
     cleared = copy.deepcopy(evicted)
     cleared["status"].pop("admission")
@@ -154,25 +179,26 @@ def test_an_evicted_elastic_job_asks_for_its_minimum_again_and_withdraws_its_gro
     growing = workload(j, 5, 3, replaces="ns/x")
     queue = Queue(True, [evicted, growing], FLAVOR, slices=True)
     writes = workload_writes(j, queue, worker_pods(4), NOW)
-    assert [(w.verb, w.obj["metadata"]["name"]) for w in writes] == [
+    assert [(verb(w), w.name) for w in writes if isinstance(w, DeleteObject)] == [
         ("delete", kueue.workload_name(j, 3))
     ]
+    assert len(writes) == 1
     shrink = workload_writes(j, Queue(True, [evicted], FLAVOR, slices=True), (), NOW)
-    assert [w.verb for w in shrink] == ["replace"]
-    assert next(p["count"] for p in shrink[0].obj["spec"]["podSets"] if p["name"] == "worker") == 2
+    assert [verb(w) for w in shrink] == ["replace"]
+    assert next(p["count"] for p in obj(shrink[0])["spec"]["podSets"] if p["name"] == "worker") == 2
 
 
 def test_an_admitted_elastic_job_grows_one_worker_per_slice() -> None:
     j = job()
     now = workload(j, 2, 0, admitted=2)
     (write,) = workload_writes(j, Queue(True, [now], FLAVOR, slices=True), worker_pods(2), NOW)
-    assert write.verb == "create"
-    assert write.obj["metadata"]["name"] == kueue.workload_name(j, 1)
-    annotations = write.obj["metadata"]["annotations"]
+    assert verb(write) == "create"
+    assert obj(write)["metadata"]["name"] == kueue.workload_name(j, 1)
+    annotations = obj(write)["metadata"]["annotations"]
     assert annotations[kueue.REPLACEMENT_ANNOTATION] == f"{j['metadata']['namespace']}/" + (
         kueue.workload_name(j)
     )
-    assert next(p["count"] for p in write.obj["spec"]["podSets"] if p["name"] == "worker") == 3
+    assert next(p["count"] for p in obj(write)["spec"]["podSets"] if p["name"] == "worker") == 3
     # While that slice waits, no other is asked for.
     asked = workload(j, 3, 1, replaces="x")
     assert workload_writes(j, Queue(True, [now, asked], FLAVOR, slices=True), (), NOW) == []
@@ -199,12 +225,12 @@ def test_a_shrunk_elastic_job_gives_quota_back_once_the_workers_are_gone() -> No
     assert kueue.gate(j, queue)["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
     assert workload_writes(j, queue, worker_pods(3), NOW) == []
     (write,) = workload_writes(j, queue, worker_pods(2), NOW)
-    assert write.verb == "replace"
-    assert write.obj["metadata"]["resourceVersion"] == "7"
-    shrunk = next(p for p in write.obj["spec"]["podSets"] if p["name"] == "worker")
+    assert verb(write) == "replace"
+    assert obj(write)["metadata"]["resourceVersion"] == "7"
+    shrunk = next(p for p in obj(write)["spec"]["podSets"] if p["name"] == "worker")
     assert shrunk["count"] == 2
     # The admission still says 4; the Workload's own count is what Kueue now counts.
-    assert kueue.admitted_workers(write.obj) == 2
+    assert kueue.admitted_workers(obj(write)) == 2
 
 
 def test_a_finished_job_finishes_its_workloads() -> None:
@@ -212,7 +238,7 @@ def test_a_finished_job_finishes_its_workloads() -> None:
     j["status"] = {"conditions": [{"type": "Succeeded", "status": "True"}]}
     queue = Queue(True, [workload(j, 2, admitted=2)], FLAVOR)
     (write,) = workload_writes(j, queue, (), NOW)
-    finished = next(c for c in write.obj["status"]["conditions"] if c["type"] == "Finished")
+    finished = next(c for c in obj(write)["status"]["conditions"] if c["type"] == "Finished")
     assert (finished["status"], finished["reason"]) == ("True", "Succeeded")
     assert kueue.gate(j, queue) is j
 
@@ -223,10 +249,8 @@ def test_without_kueue_a_queue_labelled_job_is_held_with_a_condition_and_a_warni
     gated = kueue.gate(j, queue)
     assert gated["spec"]["runPolicy"]["suspend"] is True
     assert workload_writes(j, queue, (), NOW) == []
-    standing = kueue.standing(j, queue)
-    out = desired(
-        Observed(job=gated, queue=standing), Settings(), datetime(2026, 11, 26, tzinfo=UTC)
-    )
+    # desired() sees the job through its admission itself.
+    out = desired(Observed(job=j, queue=queue), Settings(), datetime(2026, 11, 26, tzinfo=UTC))
     cond = next(c for c in out.status["conditions"] if c["type"] == "QueueAdmitted")
     assert (cond["status"], cond["reason"]) == ("False", "KueueNotInstalled")
     assert ("Warning", "KueueNotInstalled") in [(e.type, e.reason) for e in out.events]
@@ -247,8 +271,8 @@ def test_a_waiting_workload_follows_the_jobs_edits_an_admitted_one_does_not() ->
     assert workload_writes(j, Queue(True, [waiting], FLAVOR), (), NOW) == []
     edited = job(replicas=5, low=None)
     (write,) = workload_writes(edited, Queue(True, [waiting], FLAVOR), (), NOW)
-    assert write.verb == "replace"
-    assert next(p["count"] for p in write.obj["spec"]["podSets"] if p["name"] == "worker") == 5
+    assert verb(write) == "replace"
+    assert next(p["count"] for p in obj(write)["spec"]["podSets"] if p["name"] == "worker") == 5
     admitted = workload(j, 3, admitted=3)
     assert workload_writes(edited, Queue(True, [admitted], FLAVOR), (), NOW) == []
 
@@ -293,7 +317,86 @@ def test_pods_ready_once_the_launcher_and_the_admitted_workers_run() -> None:
         workload_writes(j, queue, [launcher_pod("Pending"), *worker_pods(2, "Running")], NOW) == []
     )
     (write,) = workload_writes(j, queue, running, NOW)
-    ready = next(c for c in write.obj["status"]["conditions"] if c["type"] == "PodsReady")
+    ready = next(c for c in obj(write)["status"]["conditions"] if c["type"] == "PodsReady")
     assert (ready["status"], ready["reason"]) == ("True", "Started")
     done = workload(j, 2, admitted=2, conditions=(("PodsReady", "Started"),))
     assert workload_writes(j, Queue(True, [done], FLAVOR), running, NOW) == []
+
+
+class _Queued(Cluster):
+    """A queue-labelled job against the simulated API server, its Workloads observed as
+    the controller's Workload cache holds them."""
+
+    def __init__(self) -> None:
+        made = make_job(2)
+        made["metadata"]["labels"] = {kueue.QUEUE_LABEL: "q"}
+        super().__init__(made)
+
+    def plan(self, settings: Settings = SETTINGS) -> Writes:
+        workloads = [o for (kind, _), o in self.objects.items() if kind == kueue.WORKLOAD]
+        observed = dataclasses.replace(self.observed(), queue=Queue(True, workloads))
+        return plan_writes(observed, settings, self.now)
+
+
+def test_a_refused_workload_write_is_reported_as_every_refused_write() -> None:
+    """The Workload is written by the writer, in its step: the server's refusal reaches the
+    job as WriteRefused and its Event, quoting the server; the queue condition says why
+    the job waits. Once the write goes through, both clear."""
+    c = _Queued()
+    refusing = True
+    message = 'workloads.kueue.x-k8s.io "x" is forbidden: exceeded quota'
+
+    def gate(request: Request, apply: Callable[[], Obj]) -> Obj:
+        if refusing and (request.verb, request.kind) == ("create", kueue.WORKLOAD):
+            raise ApiError(403, "Forbidden", message)
+        return apply()
+
+    assert isinstance(c.writer.kube, FakeKube)
+    c.writer.kube.gate = gate
+    first = c.plan()
+    steps = [phase.step for phase in first.phases]
+    assert steps.index("Workload") < steps.index("status"), steps
+    with pytest.raises(ApiError):
+        c.apply(first)
+    # The next turn is refused again, and reports it anyway (Writes.on_refusal).
+    with pytest.raises(ApiError):
+        c.apply(c.plan())
+    refused = condition(c.job, "WriteRefused")
+    assert (refused["status"], refused["reason"]) == ("True", "Forbidden")
+    write = f"create Workload {kueue.workload_name(c.job)}"
+    assert refused["message"] == f"{write}: {message}"
+    assert condition(c.job, "QueueAdmitted")["reason"] == "WorkloadRefused"
+    (event,) = [e for e in c.events if e.reason == "WriteRefused"]
+    assert (event.type, event.message) == ("Warning", f"{write}: {message}")
+    refusing = False
+    c.apply(c.plan())
+    assert c.get(kueue.WORKLOAD, kueue.workload_name(c.job)) is not None
+    c.apply(c.plan())
+    assert condition(c.job, "WriteRefused")["reason"] == "WritesAccepted"
+    assert condition(c.job, "QueueAdmitted")["reason"] == "Pending"
+
+
+def test_a_job_that_finishes_finishes_its_workload_in_the_same_turn_before_its_status() -> None:
+    j = job(replicas=2, low=None)
+    admitted = workload(j, 2, admitted=2)
+    launcher = launcher_pod("Succeeded")
+    launcher["metadata"].update(uid="l", namespace="ns", resourceVersion="3")
+    launcher["spec"] = {"containers": [{"name": "main"}]}
+    launcher["status"]["containerStatuses"] = [
+        {"name": "main", "state": {"terminated": {"exitCode": 0}}}
+    ]
+    j["status"] = {"startTime": "2026-11-26T00:00:00Z"}
+    observed = Observed(job=j, pods=[launcher], queue=Queue(True, [admitted], FLAVOR))
+    p = plan_writes(observed, SETTINGS, datetime(2026, 11, 26, 0, 1, tzinfo=UTC))
+    steps = [phase.step for phase in p.phases]
+    assert steps.index("Workload") < steps.index("status"), steps
+    (finish,) = next(phase for phase in p.phases if phase.step == "Workload").writes
+    conditions = {c["type"]: c for c in obj(finish)["status"]["conditions"]}
+    assert (conditions["Finished"]["status"], conditions["Finished"]["reason"]) == (
+        "True",
+        "Succeeded",
+    )
+
+
+def condition(job: Mapping[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in job["status"]["conditions"] if c["type"] == type_)

@@ -132,12 +132,9 @@ def test_the_docs_table_lists_exactly_the_user_annotations() -> None:
 STANDINGS = {"Admitted", "Pending", "Evicted", "KueueNotInstalled", "KueueNotPermitted"}
 STANDINGS |= {"WorkloadRefused"}
 DYNAMIC = {
-    # desired.py's _queue: the three refusals as themselves, the rest with "Queue" before.
-    ("core/planning/desired.py", "standing.reason"): {
-        "KueueNotInstalled",
-        "KueueNotPermitted",
-        "WorkloadRefused",
-    },
+    # desired.py's _queue: Kueue missing or not granted as themselves, the rest with
+    # "Queue" before, but for a refused Workload write (conditions.py's WriteRefused says it).
+    ("core/planning/desired.py", "standing.reason"): {"KueueNotInstalled", "KueueNotPermitted"},
     ("core/planning/desired.py", "f'Queue{standing.reason}'"): {
         "QueueAdmitted",
         "QueuePending",

@@ -14,7 +14,8 @@ from mpijob_elastic.core.actions import AnnotatePod, DeletePod, Emit, Writes
 from mpijob_elastic.core.lifecycle.notices import format_notice, parse_notice
 from mpijob_elastic.core.objects import render_pods
 from mpijob_elastic.core.planning.plan import plan_writes
-from mpijob_elastic.core.queueing.kueue import Standing
+from mpijob_elastic.core.queueing import kueue
+from mpijob_elastic.core.queueing.kueue import Queue
 from mpijob_elastic.core.spec.model import DEFAULT_CHECKPOINT_SECONDS
 from mpijob_elastic.core.spec.parse import InvalidSpec, parse
 from mpijob_elastic.core.times import format_time
@@ -263,8 +264,33 @@ def test_a_user_s_suspend_is_not_delayed_and_noticed_before_the_deletes() -> Non
 def evicted_plan(c: Cluster, evicted_at: datetime) -> Writes:
     """A turn of the job while Kueue's eviction of its Workload (still holding its quota)
     is in force."""
-    standing = Standing(False, "Evicted", "Kueue evicted Workload w: Preempted", evicted_at)
-    return plan_writes(dataclasses.replace(c.observed(), queue=standing), SETTINGS, c.now)
+    workers = c.job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]
+    workload = kueue.render_workload(c.job, Queue(True), workers)
+    workload["metadata"].update(name="w", uid="wl", resourceVersion="1")
+    # Kueue's times are whole seconds; the window counts from a second after (kueue.py).
+    since = format_time(evicted_at - timedelta(seconds=1))
+    workload["status"] = {
+        "admission": {
+            "clusterQueue": "cq",
+            "podSetAssignments": [
+                {"name": kueue.LAUNCHER, "count": 1},
+                {"name": kueue.WORKER, "count": workers},
+            ],
+        },
+        "conditions": [
+            {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+            {"type": "Admitted", "status": "True", "reason": "Admitted"},
+            {
+                "type": "Evicted",
+                "status": "True",
+                "reason": "Preempted",
+                "message": "Preempted",
+                "lastTransitionTime": since,
+            },
+        ],
+    }
+    queue = Queue(True, [workload])
+    return plan_writes(dataclasses.replace(c.observed(), queue=queue), SETTINGS, c.now)
 
 
 def test_a_kueue_eviction_is_noticed_and_stops_the_job_after_its_window() -> None:

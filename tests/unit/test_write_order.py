@@ -14,6 +14,7 @@ from mpijob_elastic.core.actions import (
     DeleteObject,
     DeletePod,
     Emit,
+    PatchStatus,
     Replace,
     Writes,
     WriteStatus,
@@ -44,6 +45,7 @@ DOCUMENTED = (
     "RoleBinding",
     "ranks emptied",
     "launcher",
+    "Workload",
     "job delete",
     "status",
     "events",
@@ -101,6 +103,10 @@ BELONGS: dict[str, Callable[[Action], bool]] = {
     "RoleBinding": _object("RoleBinding"),
     "ranks emptied": lambda a: isinstance(a, Replace) and _ranks(a) and "data" not in a.obj,
     "launcher": lambda a: _object("Pod")(a) and not _worker_create(a),
+    "Workload": lambda a: (
+        (isinstance(a, Create | Replace | PatchStatus) and a.obj["kind"] == "Workload")
+        or (isinstance(a, DeleteObject) and a.kind == "Workload")
+    ),
     "job delete": lambda a: isinstance(a, DeleteObject) and a.kind == names.KIND,
     "status": lambda a: isinstance(a, WriteStatus),
     "events": lambda a: isinstance(a, Emit),

@@ -16,7 +16,7 @@ from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Refusal
 from mpijob_elastic.core.inputs.growth_state import Share
 from mpijob_elastic.core.inputs.ranks import RankSnapshot
-from mpijob_elastic.core.queueing.kueue import Standing
+from mpijob_elastic.core.queueing.kueue import Queue
 from mpijob_elastic.core.spec.parse import launcher_service_account
 
 Obj = dict[str, Any]
@@ -72,8 +72,9 @@ class Observed:
     # victim's UID, from the scheduler's Preempted Events (preemptors.py); None: this
     # controller may not read Events.
     preemptors: Mapping[str, str] | None = None
-    # Where a job labelled for a Kueue queue stands there (kueue.py); None: not labelled.
-    queue: Standing | None = None
+    # What the caches hold of Kueue for a job labelled for a Kueue queue (kueue.py): its
+    # Workloads, the flavors, the priorities; None: not labelled.
+    queue: Queue | None = None
 
 
 class View(Protocol):

@@ -100,7 +100,7 @@ def queue_evicted(turn: Turn, spec: JobSpec, launcher: Mapping[str, Any] | None)
     """Kueue evicted the job's Workload, which still holds its quota (kueue.py): the whole
     job stops one checkpoint window after the eviction (run_policy.py), or at once, at each
     pod's own deadline, when no launcher runs: then there is no training to save."""
-    standing = turn.observed.queue
+    standing = turn.queue
     if standing is None or standing.evicted_at is None:
         return None
     message = f"{standing.message}; the job stops until Kueue admits it again"

@@ -127,7 +127,7 @@ def launcher_restarts(turn: Turn, spec: JobSpec, launcher: Mapping[str, Any] | N
     fails instead."""
     s = turn.status
     done = count(turn.state.get(names.ANN_LAUNCHER_RESTARTS))
-    stopping = turn.observed.queue is not None and turn.observed.queue.evicted_at is not None
+    stopping = turn.queue is not None and turn.queue.evicted_at is not None
     if s.is_true(SUCCEEDED) or s.is_true(FAILED) or spec.suspend or stopping:
         return Restarts(done)
     why = _why_restart(turn, spec, launcher)

@@ -18,6 +18,8 @@ from typing import Any
 from mpijob_elastic.core.actions import Emit, Probe
 from mpijob_elastic.core.inputs.observe import Observed
 from mpijob_elastic.core.outputs.status import StatusBuilder
+from mpijob_elastic.core.queueing import kueue
+from mpijob_elastic.core.queueing.kueue import Standing
 from mpijob_elastic.core.settings import Settings
 
 # Pod creates and deletes one reconcile may make. A job of a thousand workers then takes
@@ -42,10 +44,14 @@ class Turn:
     requeue_after: float | None = None
     # Read the launcher's remote shells (ranks.py).
     probe: Probe | None = None
+    # Where a job labelled for a Kueue queue stands there (kueue.py); None: not labelled.
+    queue: Standing | None = None
 
     @classmethod
     def start(cls, observed: Observed, settings: Settings, now: datetime) -> Turn:
-        return cls(observed, settings, now, StatusBuilder(observed.job, now))
+        queue = observed.queue
+        standing = None if queue is None else kueue.standing(observed.job, queue, observed.refused)
+        return cls(observed, settings, now, StatusBuilder(observed.job, now), queue=standing)
 
     @property
     def job(self) -> Mapping[str, Any]:

@@ -52,6 +52,7 @@ from mpijob_elastic.core.lifecycle.run_policy import Restarts, Suspension
 from mpijob_elastic.core.objects import children, podgroups, render
 from mpijob_elastic.core.outputs.status import QUEUE_ADMITTED
 from mpijob_elastic.core.outputs.turn import BUDGET, GANG, POD_WRITES_PER_TURN, Turn
+from mpijob_elastic.core.queueing import kueue
 from mpijob_elastic.core.reports import conditions, spec_warnings
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.sizing import capacity, opportunistic
@@ -105,6 +106,9 @@ def desired(observed: Observed, settings: Settings, now: datetime) -> Desired:
         # The garbage collector removes the children.
         status = dict(observed.job.get("status") or {})
         return Desired({}, None, (), (), (), (), None, status, (), None)
+    if observed.queue is not None:
+        # A job labelled for a Kueue queue is seen through its admission.
+        observed = replace(observed, job=kueue.gate(dict(observed.job), observed.queue))
     turn = Turn.start(observed, settings, now)
     children = _decide(turn)
     _queue(turn)
@@ -122,14 +126,15 @@ def desired(observed: Observed, settings: Settings, now: datetime) -> Desired:
 
 
 def _queue(turn: Turn) -> None:
-    """Where a job labelled for a Kueue queue stands there (kueue.py gates the job)."""
-    standing = turn.observed.queue
+    """Where a job labelled for a Kueue queue stands there (kueue.py gates the job). A
+    refused Workload write has its Event from ``conditions.refused``, as every refusal."""
+    standing = turn.queue
     if standing is not None and turn.status.set(
         QUEUE_ADMITTED, standing.admitted, standing.reason, standing.message
     ):
-        if standing.reason in ("KueueNotInstalled", "KueueNotPermitted", "WorkloadRefused"):
+        if standing.reason in ("KueueNotInstalled", "KueueNotPermitted"):
             turn.event("Warning", standing.reason, standing.message)
-        else:
+        elif standing.reason != "WorkloadRefused":
             turn.event("Normal", f"Queue{standing.reason}", standing.message)
 
 

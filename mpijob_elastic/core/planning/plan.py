@@ -18,6 +18,7 @@ from mpijob_elastic.core.outputs.status import StatusBuilder
 from mpijob_elastic.core.planning import handover
 from mpijob_elastic.core.planning.desired import desired
 from mpijob_elastic.core.planning.write_order import diff
+from mpijob_elastic.core.queueing.kueue import WORKLOAD
 from mpijob_elastic.core.reports import conditions
 from mpijob_elastic.core.settings import Settings
 
@@ -67,5 +68,7 @@ def _without_our_own_names(observed: Observed) -> Observed:
     ):
         if obj is not None:
             ours.add((kind, obj["metadata"]["name"]))
+    for workload in observed.queue.workloads if observed.queue is not None else ():
+        ours.add((WORKLOAD, workload["metadata"]["name"]))
     conflicts = {k: v for k, v in observed.conflicts.items() if k not in ours}
     return dataclasses.replace(observed, conflicts=conflicts)

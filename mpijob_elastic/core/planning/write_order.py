@@ -50,7 +50,15 @@ refused, so every write may rely on the phases above it having landed:
 9. ``ranks emptied``: the ranks ConfigMap's reports removed, so no report of an earlier
    launcher is read as the new one's (ranks.py); then ``launcher``, after its workers
    exist and are granted.
-10. ``status`` (or, once runPolicy.ttlSecondsAfterFinished is over, ``job delete``), then
+10. ``Workload``: a job labelled for a Kueue queue keeps its Workloads in step
+    (kueue_writes.py): the first one created, one waiting in the queue following the job's
+    edits, ``PodsReady``, a slice that grows it, one shrunk in place, all of them finished
+    with the job, an eviction's admission cleared. After every child, and decided with the
+    status this turn writes, so that a job finishing now gives its quota back in this turn;
+    quota is only ever given back for pods the caches show gone, never for this turn's
+    deletes. Before the status, so that no status says every write went through while a
+    Workload write is still to land.
+11. ``status`` (or, once runPolicy.ttlSecondsAfterFinished is over, ``job delete``), then
     ``events``.
 
 A turn that claims children (``handover.py``) writes only its ``claims``, then ``events``.
@@ -95,8 +103,11 @@ from mpijob_elastic.core.outputs.status import REFUSED, StatusBuilder
 from mpijob_elastic.core.outputs.turn import POD_WRITES_PER_TURN
 from mpijob_elastic.core.planning.desired import Desired
 from mpijob_elastic.core.planning.handover import CLAIMS_PER_TURN
+from mpijob_elastic.core.planning.pod_marks import pod_marks, refresh_launcher
+from mpijob_elastic.core.queueing.kueue import WORKLOAD
+from mpijob_elastic.core.queueing.kueue_writes import workload_writes
 from mpijob_elastic.core.reports.conditions import REFUSAL_EVENTS
-from mpijob_elastic.core.times import format_precise_time
+from mpijob_elastic.core.times import format_time
 
 Obj = dict[str, Any]
 
@@ -142,6 +153,7 @@ STEPS = (
     Step("RoleBinding", BULK),
     Step("ranks emptied", HOST_LIST),
     Step("launcher", BULK),
+    Step("Workload", BULK),
     Step("job delete", BULK),
     Step("status", BULK),
     Step("events", BACKGROUND),
@@ -226,10 +238,6 @@ def _observed_object(observed: Observed, kind: str) -> Mapping[str, Any] | None:
     }[kind]
 
 
-def _resource_version(obj: Mapping[str, Any]) -> str:
-    return str(obj["metadata"].get("resourceVersion", ""))
-
-
 def _phases(steps: Sequence[tuple[str, Sequence[Action]]]) -> tuple[tuple[Phase, ...], bool, bool]:
     """The steps' phases, each cut at its step's bound; whether a step was cut (the job
     comes back at once for the rest of it), and whether the turn ends with that step (the
@@ -248,32 +256,6 @@ def _phases(steps: Sequence[tuple[str, Sequence[Action]]]) -> tuple[tuple[Phase,
     return tuple(phases), cut, False
 
 
-def _holder_labels(want: Desired, observed: Observed) -> dict[str, dict[str, str | None]]:
-    """The rank-holder label to set or remove, per worker whose label is not as wanted
-    (the PodDisruptionBudget counts only labelled workers). Terminating pods are left
-    alone: the budget does not count them anyway."""
-    if not want.objects:
-        return {}  # frozen or finished: nothing of the job's children changes
-    changes: dict[str, dict[str, str | None]] = {}
-    going = {w.uid for w in want.deletes} | {
-        v.worker.uid for v in want.victims if v.action == "delete"
-    }
-    for pod in observed.pods:
-        meta = pod["metadata"]
-        name = meta["name"]
-        if (
-            meta.get("deletionTimestamp")
-            or meta.get("uid") in observed.deleting
-            or meta.get("uid") in going
-            or (meta.get("labels") or {}).get(names.LABEL_ROLE) != names.ROLE_WORKER
-        ):
-            continue
-        has = (meta.get("labels") or {}).get(names.LABEL_HOLDS_RANKS) == "true"
-        if has != (name in want.rank_holders):
-            changes[name] = {names.LABEL_HOLDS_RANKS: "true" if not has else None}
-    return changes
-
-
 def _obsolete(want: Desired, observed: Observed) -> list[Action]:
     """Deletes of the children the job must no longer have."""
     writes: list[Action] = []
@@ -283,33 +265,6 @@ def _obsolete(want: Desired, observed: Observed) -> list[Action]:
             meta = gone["metadata"]
             writes.append(DeleteObject(kind, meta["name"], str(meta.get("uid", ""))))
     return writes
-
-
-def _refresh_launcher(want: Desired, observed: Observed) -> list[Action]:
-    """The launcher's config-hash annotation, when its host lists changed: the annotation
-    change makes its mounted files refresh in well under a second (ranks.py)."""
-    job_name = str(observed.job["metadata"]["name"])
-    launcher = next(
-        (
-            p
-            for p in observed.pods
-            if p["metadata"]["name"] == names.launcher_name(job_name)
-            and not p["metadata"].get("deletionTimestamp")
-        ),
-        None,
-    )
-    if launcher is None or want.config_hash is None:
-        return []
-    current = (launcher["metadata"].get("annotations") or {}).get(names.ANN_CONFIG_HASH)
-    if current == want.config_hash:
-        return []
-    return [
-        AnnotatePod(
-            launcher["metadata"]["name"],
-            {names.ANN_CONFIG_HASH: want.config_hash},
-            _resource_version(launcher),
-        )
-    ]
 
 
 def _ranks_create(want: Desired, observed: Observed) -> list[Action]:
@@ -336,36 +291,19 @@ def _after(writes: list[Action], noticed: set[str]) -> list[Action]:
     ]
 
 
-def _pod_marks(want: Desired, observed: Observed, now: datetime) -> list[Action]:
-    """The workers' drain marks to set or clear, and their rank-holder labels (in the
-    same patch where a worker gets both)."""
-    labels = _holder_labels(want, observed)
-    writes: list[Action] = []
-    for w in want.workers:
-        if w.marked and not w.terminating:
-            writes.append(
-                AnnotatePod(
-                    w.name,
-                    {names.ANN_DRAINING_SINCE: None},
-                    _resource_version(w.pod),
-                    labels.pop(w.name, {}),
-                )
-            )
-    mark = format_precise_time(now)
-    for v in want.victims:
-        if v.action == "mark":
-            writes.append(
-                AnnotatePod(
-                    v.worker.name,
-                    {names.ANN_DRAINING_SINCE: mark},
-                    _resource_version(v.worker.pod),
-                    labels.pop(v.worker.name, {}),
-                )
-            )
-    pods = {p["metadata"]["name"]: p for p in observed.pods}
-    return writes + [
-        AnnotatePod(name, {}, _resource_version(pods[name]), change)
-        for name, change in sorted(labels.items())
+def _workloads(want: Desired, observed: Observed, now: datetime) -> list[Action]:
+    """The writes of a queue-labelled job's Workloads, for the job with the status this
+    turn writes. A name someone else's object holds is not created again: the job reports
+    it and waits (reports.conflicts)."""
+    if observed.queue is None:
+        return []
+    job = {**observed.job, "status": want.status}
+    return [
+        w
+        for w in workload_writes(job, observed.queue, observed.pods, format_time(now))
+        if not (
+            isinstance(w, Create) and (WORKLOAD, w.obj["metadata"]["name"]) in observed.conflicts
+        )
     ]
 
 
@@ -407,14 +345,15 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
             ("ranks ConfigMap", _ranks_create(want, observed)),
             ("ConfigMap events", [e for e in want.events if e.reason in CONFIG_MAP_EVENTS]),
             ("obsolete", _obsolete(want, observed)),
-            ("config hash", _after(_refresh_launcher(want, observed), noticed)),
-            ("pod marks", _after(_pod_marks(want, observed, now), noticed)),
+            ("config hash", _after(refresh_launcher(want, observed), noticed)),
+            ("pod marks", _after(pod_marks(want, observed, now), noticed)),
             ("deletes", deletes),
             ("creates", [Create(pod) for pod in want.new_pods]),
             ("Role", ensure("Role")),
             ("RoleBinding", ensure("RoleBinding")),
             ("ranks emptied", _ranks_emptied(want, observed)),
             ("launcher", [] if want.launcher is None else [Create(want.launcher)]),
+            ("Workload", _workloads(want, observed, now)),
         ]
     )
     rv = str(observed.job["metadata"].get("resourceVersion", ""))

@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from mpijob_elastic.core import names
+from mpijob_elastic.core.actions import Refusal
 from mpijob_elastic.core.times import parse_time
 
 Obj = dict[str, Any]
@@ -31,6 +32,7 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # Kueue's WorkloadPriorityClass for the job, as Kueue's own integrations read it.
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 API_VERSION = "kueue.x-k8s.io/v1beta2"
+WORKLOAD = "Workload"
 # What Kueue's own integrations label their Workloads with.
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 # Kueue's pod-set names for an MPIJob (as its v2beta1 integration names them).
@@ -59,6 +61,8 @@ class Queue:
     # slices and shrinks its Workload in place (kueue_writes.py); without it, it is
     # admitted once, from min-replicas up, by partial admission.
     slices: bool = False
+    # Kueue's API is served but this controller may not use it: why (the grants missing).
+    denied: str = ""
 
 
 @dataclass(frozen=True)
@@ -71,16 +75,6 @@ class Standing:
     # When Kueue evicted the job's Workload, while that still holds its quota: the job
     # stops one checkpoint window after it (run_policy.py).
     evicted_at: datetime | None = None
-
-
-@dataclass(frozen=True)
-class WorkloadWrite:
-    """A write of one of the job's Workloads: ``create``; ``replace`` (a PUT) or a merge
-    ``patch_status``, both carrying the observed resourceVersion (a stale view is refused
-    with 409 and planned again); ``delete`` with a UID precondition."""
-
-    verb: str
-    obj: Obj
 
 
 def _map(value: Any) -> Mapping[str, Any]:
@@ -270,7 +264,7 @@ def render_workload(
         spec["priority"] = queue.priorities[priority]
     return {
         "apiVersion": API_VERSION,
-        "kind": "Workload",
+        "kind": WORKLOAD,
         "metadata": {
             "name": workload_name(job, index),
             "namespace": meta["namespace"],
@@ -311,7 +305,13 @@ def _placement(assignment: Mapping[str, Any], queue: Queue) -> tuple[Obj, list[O
     return selector, tolerations
 
 
-def standing(job: Mapping[str, Any], queue: Queue) -> Standing:
+def standing(job: Mapping[str, Any], queue: Queue, refused: Refusal | None = None) -> Standing:
+    """``refused``: the last write of the job the server refused (the writer's memory)."""
+    if refused is not None and refused.kind == WORKLOAD:
+        # Reported as every refusal is (WriteRefused, reports.py); here, why the job waits.
+        return Standing(False, "WorkloadRefused", f"{refused.write}: {refused.message}")
+    if queue.denied:
+        return Standing(False, "KueueNotPermitted", f"Kueue's API is served, but {queue.denied}")
     if not queue.installed:
         return Standing(
             False,

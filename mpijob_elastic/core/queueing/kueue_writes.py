@@ -15,11 +15,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mpijob_elastic.core import names
+from mpijob_elastic.core.actions import Action, Create, DeleteObject, PatchStatus, Replace
 from mpijob_elastic.core.queueing.kueue import (
     API_VERSION,
     WORKER,
+    WORKLOAD,
     Queue,
-    WorkloadWrite,
     admitted_workers,
     condition,
     current,
@@ -39,9 +40,12 @@ Obj = dict[str, Any]
 
 def workload_writes(
     job: Mapping[str, Any], queue: Queue, pods: Sequence[Mapping[str, Any]], now: str
-) -> list[WorkloadWrite]:
-    """What the job's Workloads need now. ``pods``: every pod of the job the cache holds,
-    terminating ones included; ``now``: RFC 3339, for the conditions written."""
+) -> list[Action]:
+    """What the job's Workloads need now (write_order.py's ``Workload`` step, after the
+    job's children and before its status). ``job``: with the status this turn writes, so
+    that a job that finishes now gives its quota back now; ``pods``: every pod of the job
+    the cache holds, terminating ones included; ``now``: RFC 3339, for the conditions
+    written. The writes are of distinct Workloads: none relies on another."""
     if not queue.installed:
         return []
     workload = current(queue)
@@ -51,7 +55,7 @@ def workload_writes(
         if done or queue.workloads:
             return []
         first = min_replicas(job) if elastic(job, queue) else None
-        return [WorkloadWrite("create", render_workload(job, queue, first or replicas(job)))]
+        return [Create(render_workload(job, queue, first or replicas(job)))]
     if done:
         message = f"the MPIJob {done.lower()}"
         return [
@@ -74,7 +78,7 @@ def _admitted(
     workload: Mapping[str, Any],
     pods: Sequence[Mapping[str, Any]],
     now: str,
-) -> list[WorkloadWrite]:
+) -> list[Action]:
     """``PodsReady`` once the launcher and the admitted workers first run (what Kueue's
     waitForPodsReady waits for; the job's own scale-out timeout and below-min suspension
     handle later losses, so it is not turned back); then, for an elastic job, its size."""
@@ -103,9 +107,7 @@ def _started(
     return running(names.ROLE_LAUNCHER) >= 1 and running(names.ROLE_WORKER) >= want
 
 
-def _follow(
-    job: Mapping[str, Any], queue: Queue, workload: Mapping[str, Any]
-) -> list[WorkloadWrite]:
+def _follow(job: Mapping[str, Any], queue: Queue, workload: Mapping[str, Any]) -> list[Action]:
     """A Workload waiting in the queue follows the job's edits, as Kueue's own integrations
     do; an admitted one changes only as ``_resize`` says. The counts are compared, not the
     templates, which the server may default."""
@@ -122,7 +124,7 @@ def _evicted(
     workload: Mapping[str, Any],
     pods: Sequence[Mapping[str, Any]],
     now: str,
-) -> list[WorkloadWrite]:
+) -> list[Action]:
     """The job stops (run_policy.py, after its notice and checkpoint window); slices asking
     to grow it are withdrawn; once its last pod is gone an elastic Workload asks for
     min-replicas again, then the admission is cleared, which gives the quota back and
@@ -155,7 +157,7 @@ def _resize(
     queue: Queue,
     workload: Mapping[str, Any],
     pods: Sequence[Mapping[str, Any]],
-) -> list[WorkloadWrite]:
+) -> list[Action]:
     """Grow by a slice of one more worker while the job wants more; shrink in place once
     the workers beyond what the job wants are gone."""
     count, want = admitted_workers(workload) or 0, replicas(job)
@@ -167,7 +169,7 @@ def _resize(
         meta = workload["metadata"]
         index = max(slice_index(w) for w in queue.workloads) + 1
         replaces = f"{meta['namespace']}/{meta['name']}"
-        return [WorkloadWrite("create", render_workload(job, queue, count + 1, index, replaces))]
+        return [Create(render_workload(job, queue, count + 1, index, replaces))]
     writes = [_delete(w) for w in waiting]
     workers = sum(
         1
@@ -190,41 +192,37 @@ def _count(workload: Mapping[str, Any]) -> int:
     return 0
 
 
-def _replace(workload: Mapping[str, Any], workers: int) -> WorkloadWrite:
+def _replace(workload: Mapping[str, Any], workers: int) -> Replace:
     pod_sets = (workload.get("spec") or {}).get("podSets") or []
     return _replace_pod_sets(
         workload, [{**p, "count": workers} if p.get("name") == WORKER else p for p in pod_sets]
     )
 
 
-def _replace_pod_sets(workload: Mapping[str, Any], pod_sets: Sequence[Any]) -> WorkloadWrite:
-    obj: Obj = {**workload, "apiVersion": API_VERSION, "kind": "Workload"}
+def _replace_pod_sets(workload: Mapping[str, Any], pod_sets: Sequence[Any]) -> Replace:
+    obj: Obj = {**workload, "apiVersion": API_VERSION, "kind": WORKLOAD}
     obj["spec"] = {**(obj.get("spec") or {}), "podSets": list(pod_sets)}
-    return WorkloadWrite("replace", obj)
+    return Replace(obj)
 
 
-def _delete(workload: Mapping[str, Any]) -> WorkloadWrite:
+def _delete(workload: Mapping[str, Any]) -> Action:
     meta = workload["metadata"]
-    return WorkloadWrite(
-        "delete",
-        {"metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]}},
-    )
+    return DeleteObject(WORKLOAD, meta["name"], meta["uid"])
 
 
 def _status_patch(
     workload: Mapping[str, Any], conditions: Sequence[Mapping[str, Any]], **fields: Any
-) -> WorkloadWrite:
+) -> PatchStatus:
     meta = workload["metadata"]
     kept = [
         c
         for c in (workload.get("status") or {}).get("conditions") or []
         if c.get("type") not in {c2["type"] for c2 in conditions}
     ]
-    return WorkloadWrite(
-        "patch_status",
+    return PatchStatus(
         {
             "apiVersion": API_VERSION,
-            "kind": "Workload",
+            "kind": WORKLOAD,
             "metadata": {
                 "name": meta["name"],
                 "namespace": meta["namespace"],
