@@ -333,7 +333,13 @@ class _Queued(Cluster):
         super().__init__(made)
 
     def plan(self, settings: Settings = SETTINGS) -> Writes:
-        workloads = [o for (kind, _), o in self.objects.items() if kind == kueue.WORKLOAD]
+        uid = self.job["metadata"]["uid"]
+        workloads = [
+            o
+            for (kind, _), o in self.objects.items()
+            if kind == kueue.WORKLOAD
+            and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])
+        ]
         observed = dataclasses.replace(self.observed(), queue=Queue(True, workloads))
         return plan_writes(observed, settings, self.now)
 
@@ -400,3 +406,19 @@ def test_a_job_that_finishes_finishes_its_workload_in_the_same_turn_before_its_s
 
 def condition(job: Mapping[str, Any], type_: str) -> dict[str, Any]:
     return next(c for c in job["status"]["conditions"] if c["type"] == type_)
+
+
+def test_a_workload_name_someone_else_holds_is_reported_and_not_written_again() -> None:
+    c = _Queued()
+    name = kueue.workload_name(c.job)
+    c.world.create(
+        {"apiVersion": kueue.API_VERSION, "kind": kueue.WORKLOAD, "metadata": {"name": name}}
+    )
+    with pytest.raises(ApiError):
+        c.apply(c.plan())
+    p = c.plan()
+    assert "Workload" not in [phase.step for phase in p.phases]
+    c.apply(p)
+    refused = condition(c.job, "WriteRefused")
+    assert (refused["status"], refused["reason"]) == ("True", "AlreadyExists")
+    assert refused["message"].startswith(f"Workload {name} already exists and is not this job's")

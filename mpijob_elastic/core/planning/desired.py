@@ -156,6 +156,8 @@ def _decide(turn: Turn) -> Desired:
         return Desired(
             {}, None, (), (), (), deletes, None, obsolete=(BUDGET, GANG), delete_job=expired
         )
+    # Reported suspended too: a held Workload name keeps a queued job suspended.
+    conditions.conflicts(turn, spec)
     if run_policy.suspended_by_user(turn, spec):
         # Kueue's eviction waited out its checkpoint window; runPolicy.suspend is not delayed.
         stop = notices.suspended(turn, spec, launcher)
@@ -368,7 +370,6 @@ def _children(
         **({"workerFailures": size.failures.count} if size.failures.count else {}),
         **({"launcherRestarts": restarts.done} if restarts.done else {}),
     }
-    conditions.conflicts(turn, spec)
     # A launcher restarted because of its node or a signal: its name is freed first.
     restarted = [Worker(-1, launcher)] if restarts.now and launcher is not None else []
     return Desired(
