@@ -890,6 +890,7 @@ class Sim:
         self._sent: Counter[Request] = Counter()
         self._accepted: Counter[Request] = Counter()
         self._failed: int | None = None
+        self._sending: int | None = None
         self._failed_request: tuple[Request, Fault] | None = None
         self._unsure = False
         self.restart(delay=0.0)
@@ -1015,6 +1016,8 @@ class Sim:
             raise Killed(request)
         phase = self._phase(request)
         self._check_phase(request, phase)
+        if phase is not None:
+            self._sending = phase
         self._progress(self.world.clock + self.faults.latency)
         if fault is not None and fault != TIMEOUT_AFTER:
             self._fail(request, phase, fault)
@@ -1039,7 +1042,12 @@ class Sim:
         return result
 
     def _fail(self, request: Request, phase: int | None, fault: Fault) -> None:
-        self._failed = -1 if phase is None else phase
+        # A request outside the plan made once the plan's writes go out (the read of who
+        # holds a taken name) is part of the write that made it: of the latest phase sent
+        # (found by a fresh seed). One before them stops the turn: no write may follow.
+        if phase is None:
+            phase = -1 if self._sending is None else self._sending
+        self._failed = phase
         self._failed_request = (request, fault)
 
     def _phase(self, request: Request) -> int | None:
@@ -1117,6 +1125,7 @@ class Sim:
         self._sent = Counter()
         self._accepted = Counter()
         self._failed = None
+        self._sending = None
         self._unsure = False
         try:
             with world_time(self.world):
