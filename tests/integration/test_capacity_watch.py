@@ -1,7 +1,7 @@
 """The cluster-wide signal of room freed by other workloads (machinery/capacity_watch.py) against
 the real API server: a hungry job's ConfigMap turns the watch on, a bound pod of another
 workload that is deleted or ends wakes the hungry job, our own pods and unbound pods do
-not, and the watch stops once no job is hungry."""
+not, and the watch stops once no job is hungry (and starts again when one is)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from kubernetes_asyncio.config import new_client_from_config
 
 from mpijob_elastic.app.fleet import Fleet, Key
 from mpijob_elastic.core import names
-from mpijob_elastic.machinery.capacity_watch import QUIET_SECONDS, CapacityWatch
+from mpijob_elastic.machinery import capacity_watch
+from mpijob_elastic.machinery.capacity_watch import QUIET_SECONDS, SETTLE_SECONDS, CapacityWatch
 from tests.cluster import Cluster
 
 HUNGRY = "0 1 2026-11-26T03:00:00.000000Z 2099-01-01T00:00:00.000000Z refused"
@@ -54,27 +55,84 @@ class Woken(list[list[Key]]):
         self.changed.set()
 
     async def until(self, predicate: Callable[[], bool], within: float) -> bool:
-        async with asyncio.timeout(within):
-            while not predicate():
-                self.changed.clear()
-                await self.changed.wait()
-        return True
+        return await until(self.changed, predicate, within)
+
+
+async def until(changed: asyncio.Event, predicate: Callable[[], bool], within: float) -> bool:
+    async with asyncio.timeout(within):
+        while not predicate():
+            changed.clear()
+            await changed.wait()
+    return True
+
+
+class Lists:
+    """How many lists the watch's API client has had answered: a watch resumes from its
+    list's resourceVersion, so a pod deleted once a list is answered reaches the watch
+    that follows it, however late that opens (the API server replays from the version).
+    The client's calls are the real ones, only counted."""
+
+    def __init__(self, api: Any) -> None:
+        self.answered = 0
+        self.changed = asyncio.Event()
+        call = api.call_api
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            response = await call(*args, **kwargs)
+            if ("watch", "true") not in (kwargs.get("query_params") or []):
+                self.answered += 1
+                self.changed.set()
+            return response
+
+        api.call_api = counted
+
+    async def reach(self, n: int, within: float = 30) -> None:
+        try:
+            await until(self.changed, lambda: self.answered >= n, within)
+        except TimeoutError:
+            raise AssertionError(
+                f"the capacity watch listed {self.answered} times, not {n}"
+            ) from None
+
+
+Made = tuple[Fleet, Woken, Lists]
+
+
+async def made_fleet(cluster: Cluster, namespace: str) -> AsyncIterator[Made]:
+    """A fleet whose capacity watch covers the test's namespace alone: pods that other
+    tests' namespaces lose meanwhile wake nothing here."""
+    api = await new_client_from_config(config_file=cluster.kubeconfig)
+    woken, lists = Woken(), Lists(api)
+    made = Fleet(CapacityWatch(api, (namespace,)), woken)
+    try:
+        yield made, woken, lists
+    finally:
+        await made.watch.stop()
+        await api.close()
 
 
 @pytest.fixture
-async def fleet(cluster: Cluster) -> AsyncIterator[tuple[Fleet, Woken]]:
-    api = await new_client_from_config(config_file=cluster.kubeconfig)
-    woken = Woken()
-    made = Fleet(CapacityWatch(api, ()), woken)
-    yield made, woken
-    await made.watch.stop()
-    await api.close()
+async def fleet(cluster: Cluster, namespace: str) -> AsyncIterator[Made]:
+    async for made in made_fleet(cluster, namespace):
+        yield made
+
+
+@pytest.fixture
+async def unspaced_fleet(
+    cluster: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Made]:
+    """The fleet with wakes one settle period after each pod, not spaced by the quiet
+    period (the spacing is tests/unit/test_capacity_watch.py's and the test above's): a
+    second wake need not wait out 10 s."""
+    monkeypatch.setattr(capacity_watch, "QUIET_SECONDS", 0.0)
+    async for made in made_fleet(cluster, namespace):
+        yield made
 
 
 async def test_bound_pods_of_others_going_away_wake_the_hungry_jobs(
-    cluster: Cluster, namespace: str, fleet: tuple[Fleet, Woken]
+    cluster: Cluster, namespace: str, fleet: Made
 ) -> None:
-    made, woken = fleet
+    made, woken, lists = fleet
     kubectl = cluster.kubectl
     for name, node, labels in [
         ("ours", "kwok-nowhere", {names.LABEL_JOB: "job"}),
@@ -84,7 +142,7 @@ async def test_bound_pods_of_others_going_away_wake_the_hungry_jobs(
     ]:
         kubectl("apply", "-n", namespace, "-f", "-", input=pod(name, node, labels))
     made.config_map("ADDED", config_map(namespace, HUNGRY))
-    await asyncio.sleep(2)  # the watch lists, then watches
+    await lists.reach(1)  # the watch has listed: it sees every change from now on
 
     # Ours (the pod cache judges those) and one that never held a node: no wake.
     kubectl("delete", "pod", "ours", "unbound", "-n", namespace, "--grace-period=0", "--force")
@@ -104,18 +162,35 @@ async def test_bound_pods_of_others_going_away_wake_the_hungry_jobs(
     assert await woken.until(lambda: len(woken) == 2, QUIET_SECONDS + 5)
 
 
+async def woken_by_a_pod_going(cluster: Cluster, namespace: str, woken: Woken) -> None:
+    """A bound pod of another workload comes and goes: the hungry fleet is woken."""
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=pod("probe", "kwok-nowhere"))
+    cluster.kubectl("delete", "pod", "probe", "-n", namespace, "--grace-period=0", "--force")
+    assert await woken.until(lambda: woken == [[(namespace, "job")]], SETTLE_SECONDS + 10)
+
+
 async def test_the_watch_stops_when_no_job_is_hungry(
-    cluster: Cluster, namespace: str, fleet: tuple[Fleet, Woken]
+    cluster: Cluster, namespace: str, unspaced_fleet: Made
 ) -> None:
-    made, woken = fleet
+    made, woken, lists = unspaced_fleet
     made.config_map("ADDED", config_map(namespace, HUNGRY))
-    await asyncio.sleep(2)  # the watch lists, then watches
+    # It watches: a pod going wakes the hungry job. (A watch that never started fails here.)
+    await lists.reach(1)
+    await woken_by_a_pod_going(cluster, namespace, woken)
+    woken.clear()
+
     made.config_map("MODIFIED", config_map(namespace, "2 0 - - grown"))
-    # The open watch ends at its next event: this pod's creation.
+    # The open watch ends at its next event: this pod's creation. Its deletion, which the
+    # watch would report as it did the probe's, wakes nothing: within the settle period and
+    # a margin, nothing else can show that nothing came.
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=pod("first", "kwok-nowhere"))
-    await asyncio.sleep(2)
     cluster.kubectl(
         "delete", "pod", "first", "-n", namespace, "--grace-period=0", "--force", "--wait"
     )
-    await asyncio.sleep(3)
+    await asyncio.sleep(SETTLE_SECONDS + 2)
     assert woken == []
+
+    # Hungry again: the watch lists afresh and watches again.
+    made.config_map("MODIFIED", config_map(namespace, HUNGRY))
+    await lists.reach(2)
+    await woken_by_a_pod_going(cluster, namespace, woken)
