@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from mpijob_elastic.core import names
 from mpijob_elastic.core.formats import COMMITTED_MARKER
 from tests.cluster import ROOT, Cluster
 
@@ -150,6 +152,152 @@ def start_controller(
         proc.stop()
         # Shown by pytest only for a failing test.
         print(f"--- controller log ({proc.namespaces}) ---\n{proc.logs()[-20000:]}")
+
+
+def create_namespaces(cluster: Cluster, count: int) -> list[str]:
+    """``count`` fresh namespaces in one request (their default ServiceAccounts follow a
+    moment later: ``wait_for_service_accounts``)."""
+    made = [f"t-{uuid.uuid4().hex[:10]}" for _ in range(count)]
+    items = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in made]
+    listed = {"apiVersion": "v1", "kind": "List", "items": items}
+    cluster.kubectl("create", "-f", "-", input=json.dumps(listed))
+    return made
+
+
+def wait_for_service_accounts(cluster: Cluster, namespaces: list[str]) -> None:
+    """Pods need their namespace's default ServiceAccount, which the controller-manager
+    adds shortly after the namespace: one list for all of them."""
+
+    def missing() -> set[str]:
+        found = cluster.raw("GET", "/api/v1/serviceaccounts?fieldSelector=metadata.name%3Ddefault")
+        have = {sa["metadata"]["namespace"] for sa in (found or {}).get("items", [])}
+        return set(namespaces) - have
+
+    wait_for(lambda: not missing(), 30, f"default ServiceAccounts in {namespaces}")
+
+
+class SharedController:
+    """One controller process for the tests of a module, each test in a namespace of its
+    own (``shared_namespace``): the process start and stop, a few seconds each on a loaded
+    machine, are paid once per module instead of once per test.
+
+    A controller's namespaces are fixed at its start, so the module's are made up front,
+    one for every test of the module that asks for ``shared_namespace``. Should they run
+    out (a test asking twice), or the process have died, a new process takes over, watching
+    the namespaces still in use and a new batch. Tests that restart, kill or flag their
+    controller, read its metrics or its whole log, or change what it reads at its start
+    (CRDs, cluster-wide settings) start their own with ``start_controller``."""
+
+    def __init__(
+        self, cluster: Cluster, log_dir: Path, wanted: int, args: tuple[str, ...] = ()
+    ) -> None:
+        self.cluster, self.log_dir, self.args = cluster, log_dir, args
+        self.wanted = wanted
+        self.free: list[str] = []
+        self.in_use: set[str] = set()
+        self.proc: ControllerProcess | None = None
+        self.starts = 0
+
+    def take(self) -> str:
+        """A namespace the running controller watches that no test has used."""
+        if not self.free or not self.alive():
+            self._restart()
+        name = self.free.pop(0)
+        self.in_use.add(name)
+        self.wanted = max(self.wanted - 1, 0)
+        return name
+
+    def release(self, namespace: str) -> None:
+        """The test is over: its jobs go first (so the controller does not recreate pods in
+        a terminating namespace), then the namespace."""
+        self.in_use.discard(namespace)
+        self.cluster.kubectl(
+            "delete", names.PLURAL, "--all", "-n", namespace, "--timeout=60s", check=False
+        )
+        self.cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+    def alive(self) -> bool:
+        return (
+            self.proc is not None and self.proc.proc is not None and self.proc.proc.poll() is None
+        )
+
+    def _restart(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+        batch = create_namespaces(self.cluster, max(self.wanted, 1))
+        self.free = batch
+        self.proc = ControllerProcess(
+            self.cluster,
+            (*sorted(self.in_use), *batch),
+            self.log_dir / f"controller-{self.starts}.log",
+            self.args,
+        )
+        self.starts += 1
+        self.proc.start()
+        wait_for_service_accounts(self.cluster, batch)
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+        for namespace in self.free:
+            self.cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def shared_controller_args() -> tuple[str, ...]:
+    """The flags of the module's shared controller; a module overrides this fixture to
+    give its own."""
+    return ()
+
+
+@pytest.fixture(scope="module")
+def shared_controller(
+    cluster: Cluster,
+    crd: str,
+    shared_controller_args: tuple[str, ...],
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[SharedController]:
+    """The module's shared controller (``SharedController``), started at the first test
+    that asks for a ``shared_namespace``."""
+    wanted = sum(
+        name in getattr(item, "fixturenames", ())
+        for item in request.session.items
+        if getattr(item, "module", None) is request.module
+        for name in ("shared_namespace", "other_shared_namespace")
+    )
+    shared = SharedController(
+        cluster, tmp_path_factory.mktemp("shared-controller"), wanted, shared_controller_args
+    )
+    yield shared
+    shared.close()
+
+
+@pytest.fixture
+def shared_namespace(shared_controller: SharedController) -> Iterator[str]:
+    """A fresh namespace that the module's shared controller watches. The controller's log
+    of the test's time is printed after it (pytest shows it for a failing test); a
+    controller that died during the test fails it."""
+    name = shared_controller.take()
+    proc = shared_controller.proc
+    offset = len(proc.logs()) if proc is not None else 0
+    yield name
+    if shared_controller.proc is not proc:  # another took over during the test
+        offset = 0
+    logs = shared_controller.proc.logs() if shared_controller.proc is not None else ""
+    print(f"--- shared controller log from this test on ({name}) ---\n{logs[offset:][-20000:]}")
+    shared_controller.release(name)
+    assert shared_controller.alive(), f"the shared controller exited:\n{logs[-5000:]}"
+
+
+@pytest.fixture
+def other_shared_namespace(
+    shared_namespace: str, shared_controller: SharedController
+) -> Iterator[str]:
+    """A second namespace of the shared controller, for a test that wants two."""
+    name = shared_controller.take()
+    yield name
+    shared_controller.release(name)
 
 
 def metrics_reader(cluster: Cluster, namespace: str, account: str) -> str:

@@ -3,6 +3,7 @@ server holds (and what the launcher's own credentials are allowed to do)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from pathlib import Path
@@ -97,8 +98,9 @@ class Job:
 
 
 @pytest.fixture
-def job(cluster: Cluster, namespace: str) -> Job:
-    return Job(cluster, namespace, "elastic")
+def job(cluster: Cluster, shared_namespace: str) -> Job:
+    """A job in a namespace of the module's shared controller (tests/controller.py)."""
+    return Job(cluster, shared_namespace, "elastic")
 
 
 def launcher_kubectl(cluster: Cluster, job: Job, tmp_path: Path) -> Cluster:
@@ -137,10 +139,25 @@ def elastic_job(name: str, workers: int, drain: str = "2", **kw: Any) -> dict[st
     return manifest
 
 
-def test_scale_2_4_1_3_host_lists_role_and_exec(
-    cluster: Cluster, job: Job, start_controller: StartController, tmp_path: Path
-) -> None:
-    start_controller(job.ns)
+# Horovod's Gloo timeout of ``short_resets``: the reset bound becomes 10 s, not 35 s.
+SHORT_GLOO_TIMEOUT = 5
+
+
+def short_resets(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The launcher sets Horovod's Gloo timeout to ``SHORT_GLOO_TIMEOUT``, as a user may
+    (docs/membership.md): where no rank signal says that a reset ended (no remote shell
+    runs in these tests), the next host-list change waits out the reset bound, the Gloo
+    timeout + 5 s (host_rules.reset_bound), and the test need not wait the default's 35 s."""
+    launcher = manifest["spec"]["mpiReplicaSpecs"]["Launcher"]
+    # ``mpijob`` shares one template between the roles: the launcher gets its own.
+    launcher["template"] = copy.deepcopy(launcher["template"])
+    for container in launcher["template"]["spec"]["containers"]:
+        env = container.setdefault("env", [])
+        env.append({"name": "HOROVOD_GLOO_TIMEOUT_SECONDS", "value": str(SHORT_GLOO_TIMEOUT)})
+    return manifest
+
+
+def test_scale_2_4_1_3_host_lists_role_and_exec(cluster: Cluster, job: Job, tmp_path: Path) -> None:
     job.create(elastic_job(job.name, 2))
     job.wait_hosts(2)
     config = job.config()
@@ -176,8 +193,7 @@ def test_scale_2_4_1_3_host_lists_role_and_exec(
         assert reason in reasons
 
 
-def test_drain_then_delete_order(job: Job, start_controller: StartController) -> None:
-    start_controller(job.ns)
+def test_drain_then_delete_order(job: Job) -> None:
     job.create(elastic_job(job.name, 3, drain="3"))
     job.wait_hosts(3)
     job.set_workers(1)
@@ -205,10 +221,7 @@ def test_drain_then_delete_order(job: Job, start_controller: StartController) ->
     assert time.monotonic() - left_at >= 2.5
 
 
-def test_scale_up_during_drain_keeps_the_victims(
-    job: Job, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
+def test_scale_up_during_drain_keeps_the_victims(job: Job) -> None:
     job.create(elastic_job(job.name, 3, drain="30"))
     job.wait_hosts(3)
     uids = job.uids()
@@ -227,8 +240,7 @@ def test_scale_up_during_drain_keeps_the_victims(
     assert job.uids() == uids
 
 
-def test_config_change_touches_the_launcher(job: Job, start_controller: StartController) -> None:
-    start_controller(job.ns)
+def test_config_change_touches_the_launcher(job: Job) -> None:
     job.create(elastic_job(job.name, 1))
     job.wait_hosts(1)
     job.set_workers(2)
@@ -243,8 +255,7 @@ def test_config_change_touches_the_launcher(job: Job, start_controller: StartCon
     wait_for(lambda: launcher_hash() == render.config_hash(job.config()), 10, "launcher hash")
 
 
-def test_kubectl_scale(cluster: Cluster, job: Job, start_controller: StartController) -> None:
-    start_controller(job.ns)
+def test_kubectl_scale(cluster: Cluster, job: Job) -> None:
     job.create(elastic_job(job.name, 2))
     job.wait_hosts(2)
     cluster.kubectl("scale", f"mpijob/{job.name}", "-n", job.ns, "--replicas=4")
@@ -272,9 +283,8 @@ def test_kubectl_scale(cluster: Cluster, job: Job, start_controller: StartContro
 
 
 def test_worker_deleted_by_hand_leaves_discovery_and_is_replaced(
-    cluster: Cluster, job: Job, start_controller: StartController
+    cluster: Cluster, job: Job
 ) -> None:
-    start_controller(job.ns)
     job.create(elastic_job(job.name, 3))
     job.wait_hosts(3)
     cluster.kubectl("delete", "pod", "elastic-worker-1", "-n", job.ns, "--wait=false")
@@ -285,10 +295,7 @@ def test_worker_deleted_by_hand_leaves_discovery_and_is_replaced(
     assert "elastic-worker-1" not in job.workers()
 
 
-def test_failed_worker_is_replaced_per_restart_policy(
-    cluster: Cluster, job: Job, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
+def test_failed_worker_is_replaced_per_restart_policy(cluster: Cluster, job: Job) -> None:
     manifest = elastic_job(job.name, 2)
     manifest["spec"]["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = "ExitCode"
     job.create(manifest)
@@ -314,28 +321,25 @@ def test_failed_worker_is_replaced_per_restart_policy(
 
 
 def test_same_named_jobs_in_two_namespaces(
-    cluster: Cluster, start_controller: StartController, namespace: str
+    cluster: Cluster, shared_namespace: str, other_shared_namespace: str
 ) -> None:
-    other_ns = f"{namespace}-b"
-    cluster.kubectl("create", "namespace", other_ns)
-    try:
-        a, b = Job(cluster, namespace, "twin"), Job(cluster, other_ns, "twin")
-        start_controller(namespace, other_ns)
-        a.create(elastic_job("twin", 3, drain="0"))
-        b.create(elastic_job("twin", 2, drain="0"))
-        a.wait_hosts(3)
-        b.wait_hosts(2)
-        b_uids = b.uids()
-        a.set_workers(1)
-        wait_for(lambda: a.workers() == ["twin-worker-0"], 20, "a scaled in")
-        assert b.uids() == b_uids
-        assert b.hosts() == ["twin-worker-0:1", "twin-worker-1:1"]
-        assert a.hosts() == ["twin-worker-0:1"]
-    finally:
-        cluster.kubectl("delete", "namespace", other_ns, "--wait=false", check=False)
+    a, b = Job(cluster, shared_namespace, "twin"), Job(cluster, other_shared_namespace, "twin")
+    a.create(elastic_job("twin", 3, drain="0"))
+    b.create(elastic_job("twin", 2, drain="0"))
+    a.wait_hosts(3)
+    b.wait_hosts(2)
+    b_uids = b.uids()
+    a.set_workers(1)
+    wait_for(lambda: a.workers() == ["twin-worker-0"], 20, "a scaled in")
+    assert b.uids() == b_uids
+    assert b.hosts() == ["twin-worker-0:1", "twin-worker-1:1"]
+    assert a.hosts() == ["twin-worker-0:1"]
 
 
-def test_restart_in_the_middle_of_a_drain(job: Job, start_controller: StartController) -> None:
+def test_restart_in_the_middle_of_a_drain(
+    cluster: Cluster, namespace: str, start_controller: StartController
+) -> None:
+    job = Job(cluster, namespace, "elastic")  # the test starts and kills its own controller
     controller = start_controller(job.ns)
     job.create(elastic_job(job.name, 3, drain="4"))
     job.wait_hosts(3)
@@ -362,10 +366,7 @@ def test_restart_in_the_middle_of_a_drain(job: Job, start_controller: StartContr
     assert sorted(e["pod"] for e in deletes) == ["elastic-worker-1", "elastic-worker-2"]
 
 
-def test_out_of_range_replicas_are_refused_without_deleting(
-    job: Job, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
+def test_out_of_range_replicas_are_refused_without_deleting(job: Job) -> None:
     job.create(elastic_job(job.name, 3))
     job.wait_hosts(3)
     uids = job.uids()
@@ -389,10 +390,7 @@ def test_out_of_range_replicas_are_refused_without_deleting(
     job.wait_hosts(2)
 
 
-def test_out_of_range_replicas_keep_the_size_when_workers_fail(
-    cluster: Cluster, job: Job, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
+def test_out_of_range_replicas_keep_the_size_when_workers_fail(cluster: Cluster, job: Job) -> None:
     manifest = elastic_job(job.name, 3)
     manifest["spec"]["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = "ExitCode"
     job.create(manifest)
@@ -423,9 +421,8 @@ def test_out_of_range_replicas_keep_the_size_when_workers_fail(
     ],
 )
 def test_invalid_spec_names_the_field_and_keeps_workers(
-    job: Job, start_controller: StartController, patch: dict[str, Any], field: str
+    job: Job, patch: dict[str, Any], field: str
 ) -> None:
-    start_controller(job.ns)
     job.create(elastic_job(job.name, 2))
     job.wait_hosts(2)
     uids = job.uids()
@@ -446,10 +443,7 @@ def test_invalid_spec_names_the_field_and_keeps_workers(
     assert "rm -rf" not in job.config()[names.KUBEXEC]
 
 
-def test_bad_job_does_not_stop_others(
-    job: Job, cluster: Cluster, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
+def test_bad_job_does_not_stop_others(job: Job, cluster: Cluster) -> None:
     bad = elastic_job("bad", 2)
     bad["metadata"]["name"] = "a" * 60  # worker pod names would exceed 63 characters
     long = Job(cluster, job.ns, bad["metadata"]["name"])
@@ -462,10 +456,7 @@ def test_bad_job_does_not_stop_others(
     assert long.pods() == {}
 
 
-def test_pod_template_rejected_by_the_api_server(
-    job: Job, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
+def test_pod_template_rejected_by_the_api_server(job: Job) -> None:
     manifest = elastic_job(job.name, 1)
     manifest["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"] = ""
     job.create(manifest)
@@ -478,10 +469,7 @@ def test_pod_template_rejected_by_the_api_server(
     assert "spec.containers[0].image" in cond["message"]
 
 
-def test_launcher_end_decides_the_job_then_clean_pod_policy(
-    cluster: Cluster, job: Job, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
+def test_launcher_end_decides_the_job_then_clean_pod_policy(cluster: Cluster, job: Job) -> None:
     manifest = elastic_job(job.name, 2)
     manifest["spec"]["runPolicy"] = {"cleanPodPolicy": "Running"}
     job.create(manifest)
@@ -503,10 +491,7 @@ def test_launcher_end_decides_the_job_then_clean_pod_policy(
     assert status["conditions"][-1]["type"] == "Succeeded"
 
 
-def test_deleting_the_job_leaves_nothing(
-    cluster: Cluster, job: Job, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
+def test_deleting_the_job_leaves_nothing(cluster: Cluster, job: Job) -> None:
     job.create(elastic_job(job.name, 2))
     job.wait_hosts(2)
     cluster.kubectl("delete", "mpijob", job.name, "-n", job.ns)
@@ -528,8 +513,9 @@ def test_deleting_the_job_leaves_nothing(
 
 
 def test_managed_by_selects_the_jobs(
-    cluster: Cluster, job: Job, start_controller: StartController
+    cluster: Cluster, namespace: str, start_controller: StartController
 ) -> None:
+    job = Job(cluster, namespace, "elastic")  # a controller of its own, with the flag
     start_controller(job.ns, args=("--only-managed-by",))
     ours = elastic_job("ours", 1)
     ours["spec"]["runPolicy"] = {"managedBy": names.MANAGED_BY}
@@ -542,10 +528,7 @@ def test_managed_by_selects_the_jobs(
     assert Job(cluster, job.ns, "theirs").config() == {}
 
 
-def test_worker_without_index_label_is_still_known(
-    cluster: Cluster, job: Job, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
+def test_worker_without_index_label_is_still_known(cluster: Cluster, job: Job) -> None:
     job.create(elastic_job(job.name, 2))
     job.wait_hosts(2)
     uids = job.uids()
@@ -555,10 +538,7 @@ def test_worker_without_index_label_is_still_known(
     assert len(job.hosts()) == 2
 
 
-def test_horizontal_pod_autoscaler_scales_the_job(
-    cluster: Cluster, job: Job, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
+def test_horizontal_pod_autoscaler_scales_the_job(cluster: Cluster, job: Job) -> None:
     job.create(elastic_job(job.name, 2))
     job.wait_hosts(2)
     # No metrics server here, but an HPA raises a target below its minReplicas without
@@ -591,8 +571,7 @@ def test_horizontal_pod_autoscaler_scales_the_job(
     assert job.get()["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 3
 
 
-def test_a_settled_job_is_not_rewritten(job: Job, start_controller: StartController) -> None:
-    start_controller(job.ns)
+def test_a_settled_job_is_not_rewritten(job: Job) -> None:
     job.create(elastic_job(job.name, 2))
     job.wait_hosts(2)
 
@@ -619,12 +598,9 @@ def test_a_settled_job_is_not_rewritten(job: Job, start_controller: StartControl
     assert versions() == before
 
 
-def test_every_write_names_the_controller_as_its_field_manager(
-    job: Job, start_controller: StartController
-) -> None:
+def test_every_write_names_the_controller_as_its_field_manager(job: Job) -> None:
     """managedFields (and so `kubectl apply`'s conflicts) say which fields the controller
     set: every object it wrote lists it as the manager of its writes."""
-    start_controller(job.ns)
     job.create(elastic_job(job.name, 2))
     job.wait_hosts(2)
     wait_for(lambda: job.pods(names.ROLE_LAUNCHER), 10, "the launcher")
@@ -658,13 +634,10 @@ def test_every_write_names_the_controller_as_its_field_manager(
     assert managers == {clients.FIELD_MANAGER}
 
 
-def test_a_worker_template_edit_reaches_new_workers_only(
-    job: Job, start_controller: StartController
-) -> None:
+def test_a_worker_template_edit_reaches_new_workers_only(job: Job) -> None:
     """docs/configuration.md: running workers and the launcher are left as they are;
     workers created after the edit get the new template. status.observedGeneration says
     when the controller has seen the edit."""
-    start_controller(job.ns)
     job.create(elastic_job(job.name, 1))
     job.wait_hosts(1)
     wait_for(lambda: job.pods(names.ROLE_LAUNCHER), 10, "the launcher")

@@ -14,7 +14,7 @@ import pytest
 
 from mpijob_elastic.core import names
 from tests.cluster import Cluster
-from tests.controller import StartController, wait_for
+from tests.controller import wait_for
 from tests.integration.test_controller import Job, can_exec, elastic_job
 
 pytestmark = pytest.mark.usefixtures("crd")
@@ -48,12 +48,12 @@ def launcher_of(job: Job) -> dict[str, Any]:
 
 
 def test_a_service_account_named_in_the_template_is_created_bound_and_used(
-    cluster: Cluster, namespace: str, start_controller: StartController, tmp_path: Path
+    cluster: Cluster, shared_namespace: str, tmp_path: Path
 ) -> None:
+    namespace = shared_namespace  # watched by the module's shared controller
     job = Job(cluster, namespace, "named")
     manifest = elastic_job(job.name, 1)
     launcher_spec(manifest)["serviceAccountName"] = "trainer"
-    start_controller(namespace)
     job.create(manifest)
     assert launcher_of(job)["spec"]["serviceAccountName"] == "trainer"
     account = get(cluster, f"/api/v1/namespaces/{namespace}/serviceaccounts/trainer")
@@ -78,8 +78,9 @@ def test_a_service_account_named_in_the_template_is_created_bound_and_used(
 
 
 def test_someone_elses_service_account_is_used_and_left_alone(
-    cluster: Cluster, namespace: str, start_controller: StartController, tmp_path: Path
+    cluster: Cluster, shared_namespace: str, tmp_path: Path
 ) -> None:
+    namespace = shared_namespace  # watched by the module's shared controller
     theirs = {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
@@ -92,7 +93,6 @@ def test_someone_elses_service_account_is_used_and_left_alone(
     job = Job(cluster, namespace, "borrow")
     manifest = elastic_job(job.name, 1)
     launcher_spec(manifest)["serviceAccountName"] = "shared"
-    start_controller(namespace)
     job.create(manifest)
     assert launcher_of(job)["spec"]["serviceAccountName"] == "shared"
     after = get(cluster, path)
@@ -105,12 +105,12 @@ def test_someone_elses_service_account_is_used_and_left_alone(
 
 
 def test_a_gpu_launcher_is_listed_first_and_may_exec_into_itself(
-    cluster: Cluster, namespace: str, start_controller: StartController, tmp_path: Path
+    cluster: Cluster, shared_namespace: str, tmp_path: Path
 ) -> None:
+    namespace = shared_namespace  # watched by the module's shared controller
     job = Job(cluster, namespace, "gpu")
     manifest = elastic_job(job.name, 2)
     launcher_spec(manifest)["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
-    start_controller(namespace)
     job.create(manifest)
     listed = "#!/bin/sh\necho gpu-launcher:1\n\necho gpu-worker-0:1\necho gpu-worker-1:1"
     wait_for(lambda: job.config().get(names.DISCOVER_HOSTS) == listed, 30, "the launcher listed")
@@ -133,9 +133,8 @@ def test_a_gpu_launcher_is_listed_first_and_may_exec_into_itself(
     assert job.get()["status"]["elastic"]["listed"] == 1
 
 
-def test_the_users_env_is_kept_on_the_created_pods(
-    cluster: Cluster, namespace: str, start_controller: StartController
-) -> None:
+def test_the_users_env_is_kept_on_the_created_pods(cluster: Cluster, shared_namespace: str) -> None:
+    namespace = shared_namespace  # watched by the module's shared controller
     job = Job(cluster, namespace, "env")
     manifest = elastic_job(job.name, 1)
     mine = [
@@ -149,7 +148,6 @@ def test_the_users_env_is_kept_on_the_created_pods(
     manifest["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["env"] = (
         worker_env
     )
-    start_controller(namespace)
     job.create(manifest)
     # The API server leaves an empty value out.
     env = [

@@ -9,7 +9,7 @@ import pytest
 
 from mpijob_elastic.core import names
 from tests.cluster import Cluster
-from tests.controller import StartController, wait_for
+from tests.controller import wait_for
 from tests.integration.test_controller import Job, elastic_job
 from tests.integration.test_membership import running_launcher
 
@@ -20,8 +20,9 @@ EXIT_CODE = "kwok.mpijob-elastic.io/exit-code"
 
 
 @pytest.fixture
-def job(cluster: Cluster, namespace: str) -> Job:
-    return Job(cluster, namespace, "policy")
+def job(cluster: Cluster, shared_namespace: str) -> Job:
+    """A job in a namespace of the module's shared controller (tests/controller.py)."""
+    return Job(cluster, shared_namespace, "policy")
 
 
 def is_true(job: Job, type_: str) -> bool:
@@ -36,10 +37,7 @@ def end_launcher(cluster: Cluster, job: Job, code: int) -> str:
     return uid
 
 
-def test_the_active_deadline_fails_the_job(
-    cluster: Cluster, job: Job, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
+def test_the_active_deadline_fails_the_job(cluster: Cluster, job: Job) -> None:
     manifest = elastic_job(job.name, 2)
     manifest["spec"]["runPolicy"] = {"activeDeadlineSeconds": 4, "cleanPodPolicy": "Running"}
     job.create(manifest)
@@ -51,10 +49,7 @@ def test_the_active_deadline_fails_the_job(
     wait_for(lambda: not job.pods() and not job.pods(names.ROLE_LAUNCHER), 15, "pods cleaned up")
 
 
-def test_a_finished_job_is_deleted_after_its_ttl(
-    cluster: Cluster, job: Job, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
+def test_a_finished_job_is_deleted_after_its_ttl(cluster: Cluster, job: Job) -> None:
     manifest = elastic_job(job.name, 1)
     manifest["spec"]["runPolicy"] = {"ttlSecondsAfterFinished": 2}
     job.create(manifest)
@@ -67,9 +62,8 @@ def test_a_finished_job_is_deleted_after_its_ttl(
 
 
 def test_a_launcher_killed_by_a_signal_restarts_until_the_backoff_limit(
-    cluster: Cluster, job: Job, start_controller: StartController
+    cluster: Cluster, job: Job
 ) -> None:
-    start_controller(job.ns)
     manifest = elastic_job(job.name, 2)
     manifest["spec"]["runPolicy"] = {"backoffLimit": 1}
     manifest["spec"]["mpiReplicaSpecs"]["Launcher"]["restartPolicy"] = "ExitCode"
@@ -97,10 +91,7 @@ def test_a_launcher_killed_by_a_signal_restarts_until_the_backoff_limit(
     assert "reached the specified backoff limit" in (job.condition("Failed") or {})["message"]
 
 
-def test_gang_scheduling_is_reported_as_unsupported(
-    cluster: Cluster, job: Job, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
+def test_gang_scheduling_is_reported_as_unsupported(cluster: Cluster, job: Job) -> None:
     manifest = elastic_job(job.name, 1)
     manifest["spec"]["runPolicy"] = {"schedulingPolicy": {"minAvailable": 2}}
     job.create(manifest)
