@@ -15,7 +15,12 @@ from mpijob_elastic.core import names
 from mpijob_elastic.core.hosts import host_rules
 from tests.cluster import Cluster
 from tests.controller import RemoteShells, StartController, free_port, wait_for
-from tests.integration.test_controller import Job, elastic_job
+from tests.integration.test_controller import (
+    SHORT_GLOO_TIMEOUT,
+    Job,
+    elastic_job,
+    short_resets,
+)
 from tests.integration.test_observability import Scrape
 
 pytestmark = pytest.mark.usefixtures("crd")
@@ -37,9 +42,10 @@ def unfill(cluster: Cluster) -> None:
 
 
 @pytest.fixture
-def job(cluster: Cluster, namespace: str) -> Job:
-    # A name no other test uses: the remote shells are this machine's processes.
-    return Job(cluster, namespace, "member")
+def job(cluster: Cluster, shared_namespace: str) -> Job:
+    # A name no other test uses: the remote shells are this machine's processes. In a
+    # namespace of the module's shared controller (tests/controller.py).
+    return Job(cluster, shared_namespace, "member")
 
 
 def running_launcher(job: Job) -> None:
@@ -53,12 +59,9 @@ def running_launcher(job: Job) -> None:
     )
 
 
-def running_with_shells(
-    job: Job, start_controller: StartController, shells: RemoteShells, workers: int
-) -> None:
+def running_with_shells(job: Job, shells: RemoteShells, workers: int) -> None:
     """An elastic job with a 30 s drain, its launcher running, a remote shell into each
-    worker."""
-    start_controller(job.ns)
+    worker (a controller watches ``job.ns``)."""
     job.create(elastic_job(job.name, workers, drain="30"))
     job.wait_hosts(workers)
     running_launcher(job)
@@ -71,11 +74,8 @@ def hosts(job: Job, *indexes: int) -> list[str]:
     return [f"{job.name}-worker-{i}:1" for i in indexes]
 
 
-def test_a_crashed_worker_is_replaced_under_a_fresh_name(
-    cluster: Cluster, job: Job, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
-    manifest = elastic_job(job.name, 3)
+def test_a_crashed_worker_is_replaced_under_a_fresh_name(cluster: Cluster, job: Job) -> None:
+    manifest = short_resets(elastic_job(job.name, 3))
     manifest["spec"]["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = "OnFailure"
     job.create(manifest)
     job.wait_hosts(3)
@@ -102,15 +102,12 @@ def test_a_crashed_worker_is_replaced_under_a_fresh_name(
     # the next host-list change waits out the reset bound (host_rules.reset_bound) from its start.
     wait_for(
         lambda: job.hosts() == hosts(job, 0, 2, 3, 4),
-        host_rules.reset_bound(30).total_seconds() + 20,
+        host_rules.reset_bound(SHORT_GLOO_TIMEOUT).total_seconds() + 20,
         "scaled up to 4",
     )
 
 
-def test_a_pending_victim_goes_first_and_at_once(
-    cluster: Cluster, job: Job, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
+def test_a_pending_victim_goes_first_and_at_once(cluster: Cluster, job: Job) -> None:
     job.create(elastic_job(job.name, 2, drain="60"))
     job.wait_hosts(2)
     try:
@@ -131,11 +128,9 @@ def test_a_pending_victim_goes_first_and_at_once(
     assert job.workers() == [f"{job.name}-worker-0", f"{job.name}-worker-1"]
 
 
-def test_a_named_scale_in_removes_exactly_the_named_workers(
-    job: Job, start_controller: StartController, shells: RemoteShells
-) -> None:
-    start_controller(job.ns)
-    job.create(elastic_job(job.name, 4, drain="30"))
+def test_a_named_scale_in_removes_exactly_the_named_workers(job: Job, shells: RemoteShells) -> None:
+    # A drain of 10 s: long enough to see the Scaling condition name the workers.
+    job.create(short_resets(elastic_job(job.name, 4, drain="10")))
     job.wait_hosts(4)
     uids = job.uids()
     named = [f"{job.name}-worker-0", f"{job.name}-worker-2"]
@@ -150,7 +145,7 @@ def test_a_named_scale_in_removes_exactly_the_named_workers(
     # then the list does not change again (one change at a time).
     wait_for(
         lambda: job.hosts() == hosts(job, 1, 3),
-        host_rules.reset_bound(30).total_seconds() + 20,
+        host_rules.reset_bound(SHORT_GLOO_TIMEOUT).total_seconds() + 20,
         "named workers out of discovery",
     )
     # The status is written after the host list, in the same turn.
@@ -169,9 +164,9 @@ def test_a_named_scale_in_removes_exactly_the_named_workers(
 
 
 def test_a_drain_ends_once_the_launcher_no_longer_reaches_the_victim(
-    job: Job, start_controller: StartController, shells: RemoteShells
+    job: Job, shells: RemoteShells
 ) -> None:
-    running_with_shells(job, start_controller, shells, 3)
+    running_with_shells(job, shells, 3)
     job.set_workers(1)
     edited = time.monotonic()
     wait_for(lambda: job.hosts() == hosts(job, 0), 10, "victims out of discovery")
@@ -197,11 +192,10 @@ def test_a_drain_ends_once_the_launcher_no_longer_reaches_the_victim(
 
 
 def test_without_reports_a_drain_ends_on_an_exec_read_of_the_launcher(
-    job: Job, start_controller: StartController, shells: RemoteShells
+    job: Job, shells: RemoteShells
 ) -> None:
     """The reports say nothing of the victims (their remote shells report nothing): the
     controller reads the launcher's process list instead, as before the reports."""
-    start_controller(job.ns)
     job.create(elastic_job(job.name, 3, drain="30"))
     job.wait_hosts(3)
     running_launcher(job)
@@ -218,12 +212,12 @@ def test_without_reports_a_drain_ends_on_an_exec_read_of_the_launcher(
 
 
 def test_a_rank_that_dies_under_a_live_pod_retires_its_worker(
-    cluster: Cluster, job: Job, start_controller: StartController, shells: RemoteShells
+    cluster: Cluster, job: Job, shells: RemoteShells
 ) -> None:
     """A rank process crashes (an OOM kill of the rank, not of the container): the pod runs
     on and stays listed, but Horovod has blacklisted its name. The launcher's kubexec.sh
     reports the remote shell into it ending while the others go on."""
-    running_with_shells(job, start_controller, shells, 3)
+    running_with_shells(job, shells, 3)
     ranks = names.ranks_name(job.name)
     path = f"/api/v1/namespaces/{job.ns}/configmaps/{ranks}"
 
@@ -246,10 +240,16 @@ def test_a_rank_that_dies_under_a_live_pod_retires_its_worker(
 
 
 def test_an_idle_running_job_makes_no_request(
-    job: Job, start_controller: StartController, shells: RemoteShells, metrics_token: str
+    cluster: Cluster,
+    namespace: str,
+    start_controller: StartController,
+    shells: RemoteShells,
+    metrics_token: str,
 ) -> None:
     """Ranks run, nothing changes: no reconcile (so no exec into the launcher, no write),
     where the launcher used to be read every 15 s."""
+    # Its own controller: the count of reconciles is the whole process's.
+    job = Job(cluster, namespace, "member")
     port = free_port()
     start_controller(job.ns, args=("--metrics-port", str(port)))
     job.create(elastic_job(job.name, 2, drain="30"))

@@ -11,7 +11,7 @@ import pytest
 
 from mpijob_elastic.core import names
 from tests.cluster import Cluster
-from tests.controller import RemoteShells, StartController, wait_for
+from tests.controller import RemoteShells, wait_for
 from tests.integration.test_controller import Job, elastic_job
 from tests.integration.test_membership import fill, hosts, running_with_shells, unfill
 from tests.manifests import mpijob
@@ -20,14 +20,12 @@ pytestmark = pytest.mark.usefixtures("crd")
 
 
 @pytest.fixture
-def job(cluster: Cluster, namespace: str) -> Job:
-    return Job(cluster, namespace, "spot")
+def job(cluster: Cluster, shared_namespace: str) -> Job:
+    """A job in a namespace of the module's shared controller (tests/controller.py)."""
+    return Job(cluster, shared_namespace, "spot")
 
 
-def test_an_unschedulable_worker_is_given_up_then_tried_again(
-    cluster: Cluster, job: Job, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
+def test_an_unschedulable_worker_is_given_up_then_tried_again(cluster: Cluster, job: Job) -> None:
     manifest = elastic_job(job.name, 2)
     manifest["metadata"]["annotations"][names.ANN_SCALE_OUT_TIMEOUT] = "3"
     job.create(manifest)
@@ -67,12 +65,12 @@ def test_an_unschedulable_worker_is_given_up_then_tried_again(
 
 @pytest.mark.parametrize("notice", ["cordon", "taint"])
 def test_workers_move_off_a_node_that_is_going_away(
-    cluster: Cluster, job: Job, start_controller: StartController, shells: RemoteShells, notice: str
+    cluster: Cluster, job: Job, shells: RemoteShells, notice: str
 ) -> None:
     """A node is cordoned (``kubectl drain`` does that first) or tainted as going away:
     the worker there leaves discovery, its replacement starts on another node at once, and
     the old worker goes once its rank left. The job keeps its size throughout."""
-    running_with_shells(job, start_controller, shells, 3)
+    running_with_shells(job, shells, 3)
     victim = names.worker_name(job.name, 1)
     pods = job.pods()
     node = pods[victim]["spec"]["nodeName"]
@@ -132,10 +130,7 @@ def test_workers_move_off_a_node_that_is_going_away(
     )
 
 
-def test_a_job_without_elastic_bounds_stays_on_a_cordoned_node(
-    cluster: Cluster, job: Job, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
+def test_a_job_without_elastic_bounds_stays_on_a_cordoned_node(cluster: Cluster, job: Job) -> None:
     job.create(mpijob(job.name, 2))
     job.wait_hosts(2)
     node = job.pods()[names.worker_name(job.name, 1)]["spec"]["nodeName"]

@@ -14,16 +14,22 @@ import pytest
 from mpijob_elastic.core import names
 from mpijob_elastic.core.hosts import host_rules
 from tests.cluster import Cluster
-from tests.controller import RemoteShells, StartController, wait_for
-from tests.integration.test_controller import Job, elastic_job
+from tests.controller import RemoteShells, wait_for
+from tests.integration.test_controller import (
+    SHORT_GLOO_TIMEOUT,
+    Job,
+    elastic_job,
+    short_resets,
+)
 from tests.integration.test_membership import fill, running_launcher, unfill
 
 pytestmark = pytest.mark.usefixtures("crd")
 
 
 @pytest.fixture
-def job(cluster: Cluster, namespace: str) -> Job:
-    return Job(cluster, namespace, "capacity")
+def job(cluster: Cluster, shared_namespace: str) -> Job:
+    """A job in a namespace of the module's shared controller (tests/controller.py)."""
+    return Job(cluster, shared_namespace, "capacity")
 
 
 def budget(job: Job) -> dict[str, Any] | None:
@@ -68,10 +74,7 @@ def holding(job: Job) -> list[str]:
     )
 
 
-def test_evictions_stop_at_min_replicas(
-    cluster: Cluster, job: Job, start_controller: StartController, shells: RemoteShells
-) -> None:
-    start_controller(job.ns)
+def test_evictions_stop_at_min_replicas(cluster: Cluster, job: Job, shells: RemoteShells) -> None:
     job.create(elastic_job(job.name, 2, min_replicas="2"))
     job.wait_hosts(2)
     running_launcher(job)
@@ -101,10 +104,7 @@ def test_evictions_stop_at_min_replicas(
     wait_for(lambda: len(job.hosts()) == 3 and f"{victim}:1" not in job.hosts(), 20, "back at 3")
 
 
-def test_below_the_minimum_the_job_is_suspended_and_resumes(
-    cluster: Cluster, job: Job, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
+def test_below_the_minimum_the_job_is_suspended_and_resumes(cluster: Cluster, job: Job) -> None:
     manifest = elastic_job(job.name, 2, min_replicas="2")
     annotations = manifest["metadata"]["annotations"]
     annotations[names.ANN_BELOW_MIN_TIMEOUT] = "3"
@@ -162,10 +162,7 @@ def test_below_the_minimum_the_job_is_suspended_and_resumes(
     )
 
 
-def test_run_policy_suspend_stops_and_resumes_the_job(
-    cluster: Cluster, job: Job, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
+def test_run_policy_suspend_stops_and_resumes_the_job(cluster: Cluster, job: Job) -> None:
     job.create(elastic_job(job.name, 2))
     job.wait_hosts(2)
     running_launcher(job)
@@ -192,13 +189,12 @@ def test_run_policy_suspend_stops_and_resumes_the_job(
 
 
 def test_a_drain_cannot_evict_the_last_rank_holder(
-    cluster: Cluster, job: Job, start_controller: StartController, shells: RemoteShells
+    cluster: Cluster, job: Job, shells: RemoteShells
 ) -> None:
     """Issue 20 §1: the budget counts only workers that hold ranks, so once the others are
     evicted, the last rank-holder cannot be until a replacement holds ranks: Horovod can
     only reset onto a host set that keeps a host of its current assignment."""
-    start_controller(job.ns)
-    job.create(elastic_job(job.name, 3, min_replicas="1"))
+    job.create(short_resets(elastic_job(job.name, 3, min_replicas="1")))
     job.wait_hosts(3)
     running_launcher(job)
     shells.attach(job.ns, job.name)
@@ -218,7 +214,7 @@ def test_a_drain_cannot_evict_the_last_rank_holder(
     # the first here, so the second waits the reset bound of the first's listing.
     wait_for(
         lambda: {f"{n}:1" for n in new} <= set(job.hosts()),
-        host_rules.reset_bound(30).total_seconds() + 20,
+        host_rules.reset_bound(SHORT_GLOO_TIMEOUT).total_seconds() + 20,
         "replacements listed",
     )
     assert f"{last}:1" in job.hosts(), "the last rank-holder stays listed"
