@@ -19,6 +19,7 @@ launcher resumes from it, at most one commit behind (e2e/README.md).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import threading
@@ -47,6 +48,8 @@ SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
 def job_manifest(name: str) -> dict[str, Any]:
     job = mpijob(name, 2)
     specs = job["spec"]["mpiReplicaSpecs"]
+    # ``mpijob`` shares one template between the roles: on kind each gets its own image.
+    specs["Worker"]["template"] = copy.deepcopy(specs["Launcher"]["template"])
     if IN_CLUSTER:
         launcher = specs["Launcher"]["template"]["spec"]["containers"][0]
         launcher["image"] = os.environ["E2E_LAUNCHER_IMAGE"]
@@ -151,6 +154,7 @@ def test_a_spot_taint_on_the_launcher_s_node_reaches_every_container(
         found = parse_notice(texts[launcher])
         assert found is not None
         assert (found[0], found[2]) == ("job-stopping", "launcher-node-leaving")
+        assert f"node {node} is tainted {TAINT}" in str(texts[launcher]), texts[launcher]
         assert len(set(texts.values())) == 1, texts
         lines = [f"taint -> annotation: {max(annotated.values()) - tainted:.2f}s (last pod)"]
         if IN_CLUSTER:

@@ -10,7 +10,9 @@
 # control plane, which takes pods too, is where the launcher and the replacements go) and
 # e2e/test_capacity.py (CPU requests the scarce resource, a higher-priority pod preempts) and
 # e2e/test_gang_kind.py (the scheduler-plugins coscheduling scheduler as a host process
-# against this cluster, the Deployment patched with --gang-scheduler-name for it) run
+# against this cluster, the Deployment patched with --gang-scheduler-name for it) and
+# e2e/test_notices.py (the notice read from the kubelet's downwardAPI file in the real
+# containers; the mock training's checkpoint on a hostPath across a stop) run
 # with the launcher as a real pod: kubectl from the kubectl-delivery init container,
 # /etc/mpi mounted by the kubelet, ranks started in real worker containers through
 # kubexec.sh. Afterwards the
@@ -77,7 +79,7 @@ log "controller available after $((SECONDS - start))s"
 log "running the suite"
 MPIJOB_ELASTIC_KUBECONFIG=$kubeconfig E2E_IN_CLUSTER=1 \
   "$repo_root/.venv/bin/python" -m pytest e2e/test_elastic.py e2e/test_relocation.py e2e/test_driver_rules.py \
-  e2e/test_capacity.py e2e/test_gang_kind.py "$@"
+  e2e/test_capacity.py e2e/test_gang_kind.py e2e/test_notices.py "$@"
 
 # After the suite, the install as an admin sees it (docs/operations.md): both replicas
 # ready, one of them the Lease's holder, and the holder's /metrics declaring every series

@@ -2,7 +2,8 @@
 window before a suspension below the minimum, and a scale-in victim noticed before it is
 unlisted. KWOK has no kubelet, so the downwardAPI file itself is read on kind
 (e2e/test_notices.py); here the API server holds the annotation it is made from, and the
-pod specs carry the volume."""
+pod specs carry the volume. A spot taint on the launcher's node is e2e/test_notices.py's
+alone: it runs there on KWOK and on kind."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 from mpijob_elastic.core import names
 from mpijob_elastic.core.lifecycle.notices import parse_notice
 from tests.cluster import Cluster
-from tests.controller import StartController, wait_for
+from tests.controller import wait_for
 from tests.integration.test_controller import Job, elastic_job
 from tests.integration.test_membership import fill, running_launcher, unfill
 
@@ -25,8 +26,9 @@ pytestmark = pytest.mark.usefixtures("crd")
 
 
 @pytest.fixture
-def job(cluster: Cluster, namespace: str) -> Job:
-    return Job(cluster, namespace, "noticed")
+def job(cluster: Cluster, shared_namespace: str) -> Job:
+    """A job in a namespace of the module's shared controller (tests/controller.py)."""
+    return Job(cluster, shared_namespace, "noticed")
 
 
 def notices(job: Job) -> dict[str, str | None]:
@@ -71,10 +73,7 @@ def revision(obj: dict[str, Any]) -> int:
     return int(obj["metadata"]["resourceVersion"])
 
 
-def test_a_scale_in_victim_is_noticed_before_it_is_unlisted(
-    cluster: Cluster, job: Job, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
+def test_a_scale_in_victim_is_noticed_before_it_is_unlisted(cluster: Cluster, job: Job) -> None:
     job.create(elastic_job(job.name, 3, drain="10"))
     job.wait_hosts(3)
     running_launcher(job)
@@ -85,30 +84,35 @@ def test_a_scale_in_victim_is_noticed_before_it_is_unlisted(
     )
     victim = names.worker_name(job.name, 2)
     pods, maps = Watch(cluster, job.ns, "pods"), Watch(cluster, job.ns, "configmaps")
+
+    def noticed() -> list[int]:
+        return [
+            revision(p)
+            for p in list(pods.versions)
+            if p["metadata"]["name"] == victim
+            and (p["metadata"].get("annotations") or {}).get(names.ANN_NOTICE)
+        ]
+
+    def unlisted() -> list[int]:
+        return [
+            revision(c)
+            for c in list(maps.versions)
+            if c["metadata"]["name"] == names.config_map_name(job.name)
+            and victim not in (c.get("data") or {}).get(names.DISCOVER_HOSTS, victim)
+        ]
+
     try:
-        time.sleep(1)  # both watches have listed
+        # Each watch prints what it listed first (the job's pods, its ConfigMap), then
+        # every change from there on.
+        wait_for(lambda: pods.versions and maps.versions, 30, "both watches listed")
         job.set_workers(2)
         job.wait_hosts(2)
-        wait_for(lambda: notices(job).get(victim) is not None, 10, "the victim's notice")
-        time.sleep(1)
+        wait_for(noticed, 10, "the watch to see the notice")
+        wait_for(unlisted, 10, "the watch to see the host list drop the victim")
     finally:
         pods.stop()
         maps.stop()
-    noticed = [
-        revision(p)
-        for p in pods.versions
-        if p["metadata"]["name"] == victim
-        and (p["metadata"].get("annotations") or {}).get(names.ANN_NOTICE)
-    ]
-    unlisted = [
-        revision(c)
-        for c in maps.versions
-        if c["metadata"]["name"] == names.config_map_name(job.name)
-        and victim not in (c.get("data") or {}).get(names.DISCOVER_HOSTS, victim)
-    ]
-    assert noticed, "the watch saw the notice"
-    assert unlisted, "the watch saw the host list drop the victim"
-    assert min(noticed) < min(unlisted)
+    assert min(noticed()) < min(unlisted())
     found = parse_notice(notices(job)[victim])
     assert found is not None
     assert found[0] == "worker-leaving"
@@ -117,9 +121,8 @@ def test_a_scale_in_victim_is_noticed_before_it_is_unlisted(
 
 
 def test_below_the_minimum_the_notice_comes_a_checkpoint_window_before_the_stop(
-    cluster: Cluster, job: Job, start_controller: StartController
+    cluster: Cluster, job: Job
 ) -> None:
-    start_controller(job.ns)
     manifest = elastic_job(job.name, 2, min_replicas="2")
     annotations = manifest["metadata"]["annotations"]
     annotations[names.ANN_BELOW_MIN_TIMEOUT] = "2"
@@ -149,10 +152,6 @@ def test_below_the_minimum_the_notice_comes_a_checkpoint_window_before_the_stop(
         assert text is not None
         assert text.startswith("job-stopping ")
         assert notices(job)[names.worker_name(job.name, 0)] == text, "every pod, the same"
-        # The window: the launcher stays for the checkpoint.
-        time.sleep(3)
-        assert launcher in notices(job), "the launcher runs on in the window"
-        assert (job.condition("Suspended") or {}).get("status") != "True"
 
         def suspended() -> bool:
             cond = job.condition("Suspended") or {}
@@ -160,6 +159,7 @@ def test_below_the_minimum_the_notice_comes_a_checkpoint_window_before_the_stop(
 
         wait_for(suspended, 20, "suspended after the window")
         stopped_at = time.monotonic()
+        # The window: the launcher stayed for the checkpoint (seen running until then).
         assert stopped_at - noticed_at >= 4.5, "not before the window is over"
         # The probe's workers are new pods: no notice on them.
         wait_for(lambda: len(job.workers()) == 2, 15, "the probe's workers")
@@ -175,10 +175,7 @@ def test_below_the_minimum_the_notice_comes_a_checkpoint_window_before_the_stop(
     )
 
 
-def test_back_at_the_minimum_in_the_window_the_job_runs_on(
-    cluster: Cluster, job: Job, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
+def test_back_at_the_minimum_in_the_window_the_job_runs_on(cluster: Cluster, job: Job) -> None:
     manifest = elastic_job(job.name, 2, min_replicas="2")
     annotations = manifest["metadata"]["annotations"]
     annotations[names.ANN_BELOW_MIN_TIMEOUT] = "1"
@@ -199,32 +196,3 @@ def test_back_at_the_minimum_in_the_window_the_job_runs_on(
     wait_for(lambda: notices(job).get(launcher) is None, 10, "the notice removed")
     assert job.pods(names.ROLE_LAUNCHER)[launcher]["metadata"]["uid"] == uid
     assert (job.condition("Suspended") or {}).get("status") != "True"
-
-
-def test_a_spot_taint_on_the_launcher_s_node_notices_every_pod(
-    cluster: Cluster, job: Job, start_controller: StartController
-) -> None:
-    start_controller(job.ns)
-    job.create(elastic_job(job.name, 2))
-    job.wait_hosts(2)
-    running_launcher(job)
-    launcher = names.launcher_name(job.name)
-    node = job.pods(names.ROLE_LAUNCHER)[launcher]["spec"]["nodeName"]
-    taint = "aws-node-termination-handler/spot-itn"
-    try:
-        cluster.kubectl("taint", "node", node, f"{taint}=:NoSchedule")
-
-        def everyone() -> bool:
-            found = [parse_notice(v) for v in notices(job).values()]
-            return len(found) == 3 and all(
-                f is not None and f[:1] == ("job-stopping",) and f[2] == "launcher-node-leaving"
-                for f in found
-            )
-
-        wait_for(everyone, 15, "a job-stopping notice on every pod")
-        assert f"node {node} is tainted {taint}" in str(notices(job)[launcher])
-    finally:
-        cluster.kubectl("taint", "node", node, f"{taint}-", check=False)
-    # The node stays after all: the notices go (workers moved off it keep theirs only
-    # while they leave).
-    wait_for(lambda: notices(job).get(launcher) is None, 15, "the launcher's notice removed")
