@@ -113,23 +113,26 @@ def changes(made: dict[str, Any], now: dict[str, Any]) -> list[Any]:
 
 
 # Longer than the 30 s after which the job used to forget a taken name (and clear its report)
-# while the holder was still there.
+# while the holder was still there: counted from the report's first sight, which comes
+# after the job met the name.
 HELD_SECONDS = 40
 
 
 def reported_while_held(
-    cluster: Cluster, job: Job, path: str, *needles: str, held: float = HELD_SECONDS
+    cluster: Cluster, job: Job, path: str, *needles: str, held_until: float
 ) -> None:
     """Issue 20 §2: ``WriteRefused`` stays True, naming the holder and what the job does
-    about it, for as long as the holder is there (watched for ``held`` seconds); once it is
-    deleted (a delete that reaches none of the controller's caches when the holder lacks
-    our labels), the report clears."""
-    held_until = time.monotonic() + held
-    while time.monotonic() < held_until:
+    about it, for as long as the holder is there (watched until ``held_until``, a
+    ``time.monotonic()``); once it is deleted (a delete that reaches none of the
+    controller's caches when the holder lacks our labels), the report clears."""
+    while True:  # the last look comes at ``held_until`` or after
         cond = true_condition(job, WRITE_REFUSED)
         assert cond is not None, f"cleared while held: {job.get().get('status')}"
         assert all(n in cond["message"] for n in needles), cond
-        time.sleep(2)
+        left = held_until - time.monotonic()
+        if left <= 0:
+            break
+        time.sleep(min(2.0, left))
     warned = warnings(job, WRITE_REFUSED)
     assert len(warned) == 1, warned
     assert all(n in warned[0] for n in needles), warned
@@ -335,6 +338,7 @@ def test_taken_worker_name_gets_no_exec_and_no_launcher(
             "worker name skipped",
         )
         wait_refused(job, "AlreadyExists", *needles)
+        reported_at = time.monotonic()
         other.wait_hosts(1)
         other.set_workers(2)
         other.wait_hosts(2)
@@ -347,8 +351,8 @@ def test_taken_worker_name_gets_no_exec_and_no_launcher(
         assert not [r for t, r, _ in job.events() if r == "WorkerReplaced"], job.events()
         # A pod of no owner holding a worker's name for 40 s is e2e/test_elastic.py's
         # (on KWOK and on kind): here the report is only seen to clear once it goes.
-        held = HELD_SECONDS if owner == "someone-else" else 0
-        reported_while_held(cluster, job, pod_path(job.ns, taken), *needles, held=held)
+        held_until = reported_at + (HELD_SECONDS if owner == "someone-else" else 0)
+        reported_while_held(cluster, job, pod_path(job.ns, taken), *needles, held_until=held_until)
         granted = [
             rule.get("resourceNames") or []
             for _, _, obj in roles.snapshot()
@@ -386,6 +390,7 @@ def test_taken_config_map_name_is_reported_and_no_launcher_starts(
     job.create(elastic_job(job.name, 2))
     needles = (f"ConfigMap {taken}", "(owner ConfigMap/someone-else)", "the job waits")
     wait_refused(job, "AlreadyExists", *needles)
+    reported_at = time.monotonic()
     other.wait_hosts(1)
     other.set_workers(2)
     other.wait_hosts(2)
@@ -395,7 +400,7 @@ def test_taken_config_map_name_is_reported_and_no_launcher_starts(
     assert changes(foreign, held) == []
     assert held["metadata"]["resourceVersion"] == foreign["metadata"]["resourceVersion"]
     assert job.pods(names.ROLE_LAUNCHER) == {}, "the launcher started without its ConfigMap"
-    reported_while_held(cluster, job, path, *needles)
+    reported_while_held(cluster, job, path, *needles, held_until=reported_at + HELD_SECONDS)
     wait_for(lambda: job.pods(names.ROLE_LAUNCHER) != {}, 30, "the launcher, once the name is free")
     assert job.wait_hosts(2)
 
