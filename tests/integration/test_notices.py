@@ -11,12 +11,14 @@ import json
 import subprocess
 import threading
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.lifecycle.notices import parse_notice
+from mpijob_elastic.core.times import format_time, parse_time
 from tests.cluster import Cluster
 from tests.controller import wait_for
 from tests.integration.test_controller import Job, elastic_job
@@ -152,6 +154,22 @@ def test_below_the_minimum_the_notice_comes_a_checkpoint_window_before_the_stop(
         assert text is not None
         assert text.startswith("job-stopping ")
         assert notices(job)[names.worker_name(job.name, 0)] == text, "every pod, the same"
+        found = parse_notice(text)
+        assert found is not None
+        deadline = found[1]
+        # The deadline is the checkpoint window after the decision, as the Event says.
+        due = f"stopping at {format_time(deadline)}, 5s to checkpoint"
+        wait_for(
+            lambda: any(r == "StopNoticed" and due in m for _, r, m in job.events()),
+            10,
+            f"a StopNoticed Event saying {due!r}",
+        )
+        # The window: until the notice's deadline (the test waits for it anyway), the
+        # launcher runs on and the job is not suspended.
+        while datetime.now(UTC) < deadline:
+            assert launcher in notices(job), "the launcher runs on in the window"
+            assert (job.condition("Suspended") or {}).get("status") != "True"
+            time.sleep(0.2)
 
         def suspended() -> bool:
             cond = job.condition("Suspended") or {}
@@ -159,8 +177,9 @@ def test_below_the_minimum_the_notice_comes_a_checkpoint_window_before_the_stop(
 
         wait_for(suspended, 20, "suspended after the window")
         stopped_at = time.monotonic()
-        # The window: the launcher stayed for the checkpoint (seen running until then).
-        assert stopped_at - noticed_at >= 4.5, "not before the window is over"
+        since = parse_time((job.condition("Suspended") or {}).get("lastTransitionTime"))
+        assert since is not None
+        assert since >= deadline, f"suspended at {since}, before the deadline {deadline}"
         # The probe's workers are new pods: no notice on them.
         wait_for(lambda: len(job.workers()) == 2, 15, "the probe's workers")
         assert all(v is None for v in notices(job).values())
