@@ -313,14 +313,14 @@ class ElasticRun:
         return list(found[-1]["hosts"]) if found else []
 
     def ranks_running_on(self) -> set[str]:
-        """Hosts with a running rank, per the driver's own start/stop events."""
-        hosts: dict[str, int] = {}
-        for record in self.driver_events(
-            ev.RANK_RUNNING, ev.RANK_STOPPED, ev.RANK_EXITED, ev.RANK_FAILED
-        ):
-            delta = 1 if record["event"] == ev.RANK_RUNNING else -1
-            hosts[record["host"]] = hosts.get(record["host"], 0) + delta
-        return {h for h, n in hosts.items() if n > 0}
+        """Hosts with a running rank, per the driver's own start/stop events, rank by rank:
+        a rank stopped before it ever ran (a shutdown during its start) takes nothing from
+        a later rank on the same host."""
+        ended = {
+            r["rank_id"]
+            for r in self.driver_events(ev.RANK_STOPPED, ev.RANK_EXITED, ev.RANK_FAILED)
+        }
+        return {r["host"] for r in self.driver_events(ev.RANK_RUNNING) if r["rank_id"] not in ended}
 
     def rank_ids_on(self, host: str) -> set[str]:
         """The driver's ids of the ranks still running on a host."""
