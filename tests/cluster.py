@@ -8,9 +8,11 @@ stopped. Unit tests never ask for these fixtures, so they run without a cluster.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -103,7 +105,8 @@ class Cluster:
         if self._api is None:
             object.__setattr__(self, "_api", self.api_client())
         api: Any = self._api
-        headers = {"Accept": "application/json", "Content-Type": "application/merge-patch+json"}
+        content = "application/merge-patch+json" if method == "PATCH" else "application/json"
+        headers = {"Accept": "application/json", "Content-Type": content}
         request = api.param_serialize(
             method, path, header_params=headers, body=body, auth_settings=["BearerToken"]
         )
@@ -167,15 +170,29 @@ def cluster() -> Iterator[Cluster]:
         subprocess.run([str(HACK / "cluster-down.sh")], env=env, check=False)
 
 
+def delete_namespace(cluster: Cluster, name: str) -> None:
+    """Delete without waiting for it to go; gone already is fine."""
+    with contextlib.suppress(AssertionError):
+        cluster.raw("DELETE", f"/api/v1/namespaces/{name}")
+
+
 @pytest.fixture
 def namespace(cluster: Cluster) -> Iterator[str]:
-    """A fresh namespace per test, so tests cannot see each other's objects."""
+    """A fresh namespace per test, so tests cannot see each other's objects. Made and
+    deleted by requests of this process (a kubectl each was most of this fixture's time)."""
     name = f"t-{uuid.uuid4().hex[:10]}"
-    cluster.kubectl("create", "namespace", name)
+    cluster.raw(
+        "POST",
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+    )
     # Pods need the default ServiceAccount, which the controller-manager adds shortly after.
-    cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", name, "--timeout=30s")
+    deadline = time.monotonic() + 30
+    while cluster.raw("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default") is None:
+        assert time.monotonic() < deadline, f"no default ServiceAccount in {name} after 30 s"
+        time.sleep(0.1)
     yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    delete_namespace(cluster, name)
 
 
 @pytest.fixture

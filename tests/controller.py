@@ -24,7 +24,7 @@ import pytest
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.formats import COMMITTED_MARKER
-from tests.cluster import ROOT, Cluster
+from tests.cluster import ROOT, Cluster, delete_namespace
 
 # The shipped ClusterRole that may get /metrics (config/rbac/metrics_reader.yaml).
 METRICS_READER = ROOT / "config" / "rbac" / "metrics_reader.yaml"
@@ -211,10 +211,11 @@ class SharedController:
         """The test is over: its jobs go first (so the controller does not recreate pods in
         a terminating namespace), then the namespace."""
         self.in_use.discard(namespace)
-        self.cluster.kubectl(
-            "delete", names.PLURAL, "--all", "-n", namespace, "--timeout=60s", check=False
-        )
-        self.cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        with contextlib.suppress(AssertionError):
+            self.cluster.raw(
+                "DELETE", f"/apis/{names.API_VERSION}/namespaces/{namespace}/{names.PLURAL}"
+            )
+        delete_namespace(self.cluster, namespace)
 
     def alive(self) -> bool:
         return (
@@ -240,7 +241,7 @@ class SharedController:
         if self.proc is not None:
             self.proc.stop()
         for namespace in self.free:
-            self.cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+            delete_namespace(self.cluster, namespace)
 
 
 @pytest.fixture(scope="module")
