@@ -396,11 +396,14 @@ def test_kueue_admits_resumes_on_flavor_and_releases_quota_after_pods(
     eviction.check()
     print(f"FIGURE deactivated: {eviction.figures()}, pods gone after {stopped:.1f}s")
     wait_for(lambda: queues.gpus_used() == 0, 30, "quota released")
-    (workload,) = queues.workloads(job)
-    assert (workload.get("status") or {}).get("admission") is None
-    cond = job.condition("QueueAdmitted")
-    assert cond is not None
-    assert cond["reason"] == "Evicted", cond
+    # Kueue writes the ClusterQueue's usage and the Workload's status apart, in no fixed
+    # order (seen: the usage at 0 a moment before the Workload's admission was cleared).
+    wait_for(
+        lambda: (queues.workloads(job)[0].get("status") or {}).get("admission") is None,
+        30,
+        "the Workload's admission cleared",
+    )
+    wait_for(lambda: reason(job, "QueueAdmitted") == "Evicted", 30, "QueueAdmitted=Evicted")
 
 
 def workers_of(workload: dict[str, Any]) -> int:
