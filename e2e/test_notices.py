@@ -25,6 +25,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -228,6 +229,22 @@ def checkpointed_job(name: str, checkpoint: str, launcher_node: str) -> dict[str
     return job
 
 
+def checkpointed_run(
+    cluster: Cluster, namespace: str, name: str, workdir: Path, launcher_node: str
+) -> ElasticRun:
+    """The run of ``checkpointed_job``: its checkpoint in the launcher (kind) or in
+    ``workdir`` (KWOK, where the driver runs here)."""
+    checkpoint = CHECKPOINT_IN_POD if IN_CLUSTER else str(workdir / "checkpoint")
+    return ElasticRun(
+        cluster,
+        namespace,
+        checkpointed_job(name, checkpoint, launcher_node),
+        workdir,
+        driver_args=("-np", "2", "--min-np", "2", "--max-np", "3", "--checkpoint-file", checkpoint),
+        in_cluster=IN_CLUSTER,
+    )
+
+
 def resume(run: ElasticRun, pods: Pods, old_uid: str) -> list[dict[str, Any]]:
     """The new launcher's run, once it has loaded the checkpoint: its event, in a list."""
     launcher = names.launcher_name(run.job)
@@ -256,6 +273,7 @@ def test_a_stop_keeps_the_training_s_progress(
     e2e_namespace: str,
     controller: ControllerProcess | None,
     tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
     cause: str,
 ) -> None:
     """The mock training honours the notice: the driver (rank 0's notice thread, the
@@ -266,18 +284,13 @@ def test_a_stop_keeps_the_training_s_progress(
     launcher's node, then the reclaim (the launcher force-deleted), then the node back.
     Either way the new launcher resumes from the saved step, at most one commit behind
     where the training stopped."""
-    workdir = tmp_path_factory.mktemp("checkpoint")
     name = f"resumed-{cause.split('-')[0]}"
     every = nodes(cluster)
-    checkpoint = CHECKPOINT_IN_POD if IN_CLUSTER else str(workdir / "checkpoint")
-    run = ElasticRun(
-        cluster,
-        e2e_namespace,
-        checkpointed_job(name, checkpoint, every[0]),
-        workdir,
-        driver_args=("-np", "2", "--min-np", "2", "--max-np", "3", "--checkpoint-file", checkpoint),
-        in_cluster=IN_CLUSTER,
+    run = checkpointed_run(
+        cluster, e2e_namespace, name, tmp_path_factory.mktemp("checkpoint"), every[0]
     )
+    # Its local processes (the driver, the kubelet stand-in) end with the test, failed too.
+    request.addfinalizer(run.close)
     launcher = names.launcher_name(name)
     pods = Pods(cluster, e2e_namespace, name)
     first: list[dict[str, Any]] = []
