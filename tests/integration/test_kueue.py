@@ -283,7 +283,12 @@ def test_kueue_absent_a_queue_labelled_job_is_held_and_told_why(
     job = Job(cluster, namespace, "queued")
     job.create(gpu_job(job.name, 2))
     wait_for(lambda: reason(job, "QueueAdmitted") == "KueueNotInstalled", 30, "the condition")
-    assert ("Warning", "KueueNotInstalled") in [(t, r) for t, r, _ in job.events()]
+    # Events are recorded in the background, after the status (machinery/events.py).
+    wait_for(
+        lambda: ("Warning", "KueueNotInstalled") in [(t, r) for t, r, _ in job.events()],
+        30,
+        "the Warning Event",
+    )
     suspended = job.condition("Suspended")
     assert suspended is not None
     assert suspended["status"] == "True"
