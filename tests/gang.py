@@ -28,6 +28,9 @@ from tests.controller import free_port, stop_process, wait_for
 SCHEDULER_NAME = "scheduler-plugins-scheduler"
 VOLCANO_CRD = ROOT / "config" / "gang" / "volcano-podgroup-crd.yaml"
 GANG_TAINT = "mpijob-elastic.io/gang-test"
+# The scheduler's flush of pods it holds as unschedulable: upstream's 5 minutes is longer
+# than a test waits for a gang to start once room appears.
+UNSCHEDULABLE_FLUSH_SECONDS = 20
 
 
 def install_crd(cluster: Cluster, path: Path, name: str, plural: str) -> None:
@@ -108,6 +111,12 @@ def scheduler_plugins(
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
                 "--v=2",
+                # A gang that Coscheduling rejected (a Permit timeout, PostFilter's
+                # rejection of its waiting pods, a PreFilter gap) is retried only on a
+                # pod's creation, a PodGroup change or this periodic flush (5 min by
+                # default): a job's deletion alone does not retry it
+                # (docs/scheduling.md, "A gang that waits for the scheduler's retry").
+                f"--pod-max-in-unschedulable-pods-duration={UNSCHEDULABLE_FLUSH_SECONDS}s",
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
