@@ -91,6 +91,24 @@ class Job:
             and e["involvedObject"].get("name") == self.name
         ]
 
+    def wait_event(self, reason: str, type_: str = "", text: str = "", timeout: float = 30) -> str:
+        """The message of this job's first Event with ``reason`` (and ``type_``, and
+        ``text`` in its message), waited for: Events are recorded in the background, after
+        the status that a test has just seen (machinery/events.py)."""
+
+        def found() -> str:
+            return next(
+                (
+                    m
+                    for t, r, m in self.events()
+                    if r == reason and type_ in ("", t) and text in m
+                ),
+                "",
+            )
+
+        wait_for(found, timeout, f"a {type_ or 'any'} Event {reason} ({text!r})")
+        return found()
+
     def wait_hosts(self, n: int, timeout: float = 30) -> list[str]:
         want = [f"{self.name}-worker-{i}:1" for i in range(n)]
         wait_for(lambda: self.hosts() == want, timeout, f"discover_hosts.sh == {want}")
@@ -306,7 +324,7 @@ def test_failed_worker_is_replaced_per_restart_policy(cluster: Cluster, job: Job
     )
     want = ["elastic-worker-0:1", "elastic-worker-2:1"]
     wait_for(lambda: job.hosts() == want, 20, "worker-1 replaced by worker-2")
-    assert "WorkerFailed" in [r for _, r, _ in job.events()]
+    job.wait_event("WorkerFailed")
     # A program error (1) is final under ExitCode: the host leaves and is not replaced.
     uids = job.uids()
     cluster.kubectl(
@@ -384,7 +402,7 @@ def test_out_of_range_replicas_are_refused_without_deleting(job: Job) -> None:
         wait_for(lambda: refused(bad), 10, f"condition for replicas={bad}")  # noqa: B023
         assert job.uids() == uids
         assert len(job.hosts()) == 3
-    assert ("Warning", "ReplicasOutOfRange") in [(t, r) for t, r, _ in job.events()]
+    job.wait_event("ReplicasOutOfRange", "Warning")
     job.set_workers(2)
     wait_for(lambda: job.condition("InvalidSpec")["status"] == "False", 10, "condition cleared")  # type: ignore[index]
     job.wait_hosts(2)

@@ -83,7 +83,7 @@ def test_gang_volcano_without_its_crd_the_job_says_so_and_makes_no_pod(
         cond = job.condition("WriteRefused") or {}
         assert cond["message"].startswith("create PodGroup no-crd: "), cond
         assert "PodGroup CRD is not installed" in cond["message"], cond
-        assert any("PodGroup CRD is not installed" in m for _, _, m in job.events())
+        job.wait_event("WriteRefused", text="PodGroup CRD is not installed")
         # The gang is written before its pods: without it, none is made.
         time.sleep(3)
         assert job.pods() == {}

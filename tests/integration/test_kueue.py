@@ -316,7 +316,7 @@ def test_kueue_not_granted_a_queue_labelled_job_is_held_and_told_why(
     job.create(gpu_job(job.name, 2))
     wait_for(lambda: reason(job, "QueueAdmitted") == "KueueNotPermitted", 30, "the condition")
     assert "config/rbac/kueue.yaml" in (job.condition("QueueAdmitted") or {})["message"]
-    assert ("Warning", "KueueNotPermitted") in [(t, r) for t, r, _ in job.events()]
+    job.wait_event("KueueNotPermitted", "Warning")
     assert job.pods() == {}
     other = Job(cluster, namespace, "plain")
     other.create(mpijob(other.name, 2))

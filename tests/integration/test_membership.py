@@ -233,7 +233,7 @@ def test_a_rank_that_dies_under_a_live_pod_retires_its_worker(
     wait_for(lambda: job.hosts() == hosts(job, 0, 2, 3), 20, "replaced")
     print(f"FIGURE dead rank's worker replaced {time.monotonic() - crashed:.2f}s after")
     assert f"{job.name}-worker-1" not in job.workers()
-    assert "WorkerRetired" in [r for _, r, _ in job.events()]
+    job.wait_event("WorkerRetired")
     exits = [key for key in reported() if key.endswith("_exit")]
     assert len(exits) == 1
     assert exits[0].startswith(f"{job.name}-worker-1_")

@@ -85,7 +85,7 @@ def test_a_launcher_killed_by_a_signal_restarts_until_the_backoff_limit(
     assert (job.condition("Restarting") or {}).get("status") == "False"
     assert job.get()["status"]["elastic"]["launcherRestarts"] == 1
     assert job.uids() == workers, "the workers stayed"
-    assert [r for _, r, _ in job.events() if r == "MPIJobRestarting"]
+    job.wait_event("MPIJobRestarting")
     end_launcher(cluster, job, 137)
     wait_for(lambda: is_true(job, "Failed"), 20, "Failed past the backoff limit")
     assert "reached the specified backoff limit" in (job.condition("Failed") or {})["message"]

@@ -102,6 +102,7 @@ def test_the_controller_warns_about_what_it_can_see_and_clears_it(
         "SpecWarnings cleared",
     )
     assert cond["reason"] == "NoWarnings"
+    job.wait_event("SpecWarnings")
     assert [e for e in job.events() if e[1] == "SpecWarnings"] == [
         ("Warning", "SpecWarnings", message)
     ]

@@ -134,7 +134,7 @@ def test_below_the_minimum_the_job_is_suspended_and_resumes(cluster: Cluster, jo
         assert job.get()["status"]["conditions"][-1]["type"] == "Suspended"
         assert budget(job) is None, "a suspended job holds no budget"
         assert job.config()[names.HOSTFILE] is not None, "the ConfigMap stays"
-        assert [r for _, r, _ in job.events() if r == "Suspended"]
+        job.wait_event("Suspended")
         # The probe: the job's workers exist (Pending) so an autoscaler can make room.
         wait_for(lambda: len(job.workers()) == 2, 15, "the probe's workers created")
     finally:
