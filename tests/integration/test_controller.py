@@ -98,11 +98,7 @@ class Job:
 
         def found() -> str:
             return next(
-                (
-                    m
-                    for t, r, m in self.events()
-                    if r == reason and type_ in ("", t) and text in m
-                ),
+                (m for t, r, m in self.events() if r == reason and type_ in ("", t) and text in m),
                 "",
             )
 
