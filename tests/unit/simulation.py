@@ -669,13 +669,17 @@ class FakeKube(Kube):
 
 
 class _Clock:
-    """Stands in for the ``time`` module in writer.py, so its memory runs on world time."""
+    """Stands in for the ``time`` module in writer.py, so its memory and the marks it
+    stamps run on world time."""
 
     def __init__(self, world: World) -> None:
         self.world = world
 
     def monotonic(self) -> float:
         return self.world.clock
+
+    def time(self) -> float:
+        return self.world.now.timestamp()
 
 
 @contextmanager
