@@ -39,6 +39,10 @@ class AnnotatePod:
     resource_version: str
     # Labels merged the same way (the rank-holder label).
     labels: Mapping[str, str | None] = field(default_factory=dict)
+    # An annotation the Writer sets to the moment it sends the patch (the drain mark):
+    # after every write of the phases above, which the plan's own time predates by as
+    # long as they took.
+    stamp: str | None = None
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from mpijob_elastic.core import names
@@ -46,6 +47,7 @@ from mpijob_elastic.core.actions import (
     WriteStatus,
 )
 from mpijob_elastic.core.planning.write_order import BULK, HOST_LIST, STEP
+from mpijob_elastic.core.times import format_precise_time
 from mpijob_elastic.core.workers import discovered_hosts
 from mpijob_elastic.machinery import held_names, metrics
 from mpijob_elastic.machinery.events import EventRecorder
@@ -83,22 +85,20 @@ def _job(job: Mapping[str, Any]) -> str:
     return f"{job['metadata']['namespace']}/{job['metadata']['name']}"
 
 
-def _log_annotations(key: Key, action: AnnotatePod) -> None:
+def _log_annotations(key: Key, pod: str, annotations: Mapping[str, str | None]) -> None:
     job = "/".join(key)
-    for annotation, value in action.annotations.items():
+    for annotation, value in annotations.items():
         if annotation == names.ANN_DRAINING_SINCE:
             if value is None:
-                log.info("drain mark removed", extra={"job": job, "pod": action.name})
+                log.info("drain mark removed", extra={"job": job, "pod": pod})
             else:
-                log.info("marked draining", extra={"job": job, "pod": action.name, "since": value})
+                log.info("marked draining", extra={"job": job, "pod": pod, "since": value})
         elif annotation == names.ANN_CONFIG_HASH:
-            log.info(
-                "launcher refreshed", extra={"job": job, "pod": action.name, "config_hash": value}
-            )
+            log.info("launcher refreshed", extra={"job": job, "pod": pod, "config_hash": value})
         else:
             log.info(
                 "annotated",
-                extra={"job": job, "pod": action.name, "annotation": annotation, "value": value},
+                extra={"job": job, "pod": pod, "annotation": annotation, "value": value},
             )
 
 
@@ -238,7 +238,11 @@ class Writer:
                 )
 
     async def _annotate(self, key: Key, ns: str, action: AnnotatePod) -> None:
-        patch: Obj = {"metadata": {"annotations": dict(action.annotations)}}
+        annotations = dict(action.annotations)
+        if action.stamp is not None:
+            sent = datetime.fromtimestamp(time.time(), UTC)
+            annotations[action.stamp] = format_precise_time(sent)
+        patch: Obj = {"metadata": {"annotations": annotations}}
         if action.labels:
             patch["metadata"]["labels"] = dict(action.labels)
         if action.resource_version:
@@ -249,7 +253,7 @@ class Writer:
             if not err.not_found:
                 raise
             return
-        _log_annotations(key, action)
+        _log_annotations(key, action.name, annotations)
 
     async def _delete_pod(self, key: Key, ns: str, action: DeletePod) -> None:
         try:

@@ -227,9 +227,9 @@ class Acting:
 class World:
     """The API server of one namespace, and the record the invariants are checked against.
 
-    Names are unique per kind, deletes honour the UID precondition, replaces and status
-    writes the resourceVersion. Every change is appended to ``changes``, the watch stream
-    that views consume at their own pace.
+    Names are unique per kind, deletes honour the UID precondition, replaces and patches
+    the resourceVersion they carry, and patches the UID. Every change is appended to
+    ``changes``, the watch stream that views consume at their own pace.
 
     The invariants, each checked at the write that could break it (into ``violations``):
 
@@ -251,8 +251,9 @@ class World:
         (checked by ``Sim``, which sees the requests go out).
     (i) No host-list write drops every rank-holder while one exists (Horovod's driver
         cannot reset onto a set with no host of its current assignment). A rank-holder is
-        a listed worker whose pod lives and has been listed for ``RANK_JOIN_SECONDS``; a
-        terminating one may stay listed when it is the last (c's one exception).
+        a listed worker whose pod lives and has been listed for ``RANK_JOIN_SECONDS``,
+        while the launcher runs (no driver, no ranks; a terminating launcher's run is
+        ending); a terminating one may stay listed when it is the last (c's one exception).
     (j) Once the job listed min-replicas workers, no host-list write lists fewer while a
         worker it drops could have stayed (exists, runs, is not terminating).
 
@@ -350,12 +351,15 @@ class World:
     def patch(self, kind: str, name: str, body: Mapping[str, Any], subresource: str = "") -> Obj:
         current = self._existing(kind, name)
         new = copy.deepcopy(current)
+        owner = current["metadata"]["uid"] if subresource == "status" else _controller_uid(current)
+        self._check_for(owner, kind, name)
+        uid = body["metadata"].get("uid")
+        if uid and uid != current["metadata"]["uid"]:
+            raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {uid}")
+        self._check_version(current, body["metadata"].get("resourceVersion"))
         if subresource == "status":
-            self._check_for(current["metadata"]["uid"], kind, name)
-            self._check_version(current, body["metadata"].get("resourceVersion"))
             new["status"] = copy.deepcopy(body["status"])
         else:
-            self._check_for(_controller_uid(current), kind, name)
             for part in ("annotations", "labels"):
                 values = new["metadata"].setdefault(part, {})
                 for k, v in (body["metadata"].get(part) or {}).items():
@@ -517,7 +521,16 @@ class World:
 
     def rank_holders(self, job: str) -> set[str]:
         """The listed hosts that hold ranks now: their pod lives (not failed) and has been
-        listed for RANK_JOIN_SECONDS."""
+        listed for RANK_JOIN_SECONDS. No host holds ranks before the launcher runs: they
+        are its driver's (a fresh seed found a scale-in while the launcher was Pending
+        taken for one that dropped every rank-holder)."""
+        launcher = self.objects.get(("Pod", names.launcher_name(job)))
+        if (
+            launcher is None
+            or launcher["metadata"].get("deletionTimestamp")
+            or launcher["status"]["phase"] != "Running"
+        ):
+            return set()
         return {
             n
             for n in self._listed.get(job, set())
@@ -669,13 +682,17 @@ class FakeKube(Kube):
 
 
 class _Clock:
-    """Stands in for the ``time`` module in writer.py, so its memory runs on world time."""
+    """Stands in for the ``time`` module in writer.py, so its memory and the marks it
+    stamps run on world time."""
 
     def __init__(self, world: World) -> None:
         self.world = world
 
     def monotonic(self) -> float:
         return self.world.clock
+
+    def time(self) -> float:
+        return self.world.now.timestamp()
 
 
 @contextmanager

@@ -316,7 +316,7 @@ def test_a_pending_victim_goes_at_once_and_a_running_one_stays() -> None:
     c.set_replicas(2)
     p = c.plan()
     assert [(d.name, d.grace_seconds) for d in p.of_type(DeletePod)] == [("job-worker-2", None)]
-    assert not [a for a in p.of_type(AnnotatePod) if names.ANN_DRAINING_SINCE in a.annotations]
+    assert not [a for a in p.of_type(AnnotatePod) if a.stamp == names.ANN_DRAINING_SINCE]
     c.apply(p)
     assert discovered(c.get("ConfigMap", "job-config")) == ["job-worker-0", "job-worker-1"]
     deleted = [e.message for e in c.events if e.reason == "WorkerDeleted"]

@@ -46,7 +46,7 @@ def test_workers_on_a_going_node_leave_gracefully_and_are_replaced() -> None:
     p = plan_writes(observed, SETTINGS, c.now)
     # Make before break: the replacement starts first, the worker on n1 stays listed.
     assert [a.obj["metadata"]["name"] for a in p.of_type(Create)] == ["job-worker-3"]
-    assert not [a for a in p.of_type(AnnotatePod) if names.ANN_DRAINING_SINCE in a.annotations]
+    assert not [a for a in p.of_type(AnnotatePod) if a.stamp == names.ANN_DRAINING_SINCE]
     c.apply(p)
     assert discovered(c.get("ConfigMap", "job-config")) == [f"job-worker-{i}" for i in range(3)]
     scaling = next(x for x in c.job["status"]["conditions"] if x["type"] == "Scaling")
@@ -57,7 +57,7 @@ def test_workers_on_a_going_node_leave_gracefully_and_are_replaced() -> None:
     p = plan_writes(
         dataclasses.replace(c.observed(), leaving_nodes={"n1": "cordoned"}), SETTINGS, c.now
     )
-    marks = [a.name for a in p.of_type(AnnotatePod) if names.ANN_DRAINING_SINCE in a.annotations]
+    marks = [a.name for a in p.of_type(AnnotatePod) if a.stamp == names.ANN_DRAINING_SINCE]
     assert marks == ["job-worker-1"]
     (draining,) = [e for e in p.of_type(Emit) if e.reason == "Draining"]
     assert draining.counts == (("relocated", 1),)
@@ -94,9 +94,7 @@ def test_a_job_whose_workers_all_sit_on_a_going_node_keeps_a_rank_holder_listed(
             dataclasses.replace(c.observed(), leaving_nodes={"n1": "cordoned"}), SETTINGS, c.now
         )
         c.apply(p)
-        return sorted(
-            a.name for a in p.of_type(AnnotatePod) if a.annotations.get(names.ANN_DRAINING_SINCE)
-        )
+        return sorted(a.name for a in p.of_type(AnnotatePod) if a.stamp == names.ANN_DRAINING_SINCE)
 
     def holding() -> list[str]:
         return sorted(

@@ -153,7 +153,7 @@ def test_scale_in_drains_then_deletes_once_then_revokes() -> None:
     marks = [
         i
         for i, a in enumerate(p.actions)
-        if isinstance(a, AnnotatePod) and names.ANN_DRAINING_SINCE in a.annotations
+        if isinstance(a, AnnotatePod) and a.stamp == names.ANN_DRAINING_SINCE
     ]
     assert marks
     assert min(marks) > cm_at

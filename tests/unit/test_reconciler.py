@@ -2,11 +2,14 @@
 
 import asyncio
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
+from unittest import mock
 
 import pytest
 
 from mpijob_elastic.app.predicates import job_signature, may_move_hosts
+from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import (
     DELETE_MEMORY_SECONDS,
     AnnotatePod,
@@ -16,6 +19,8 @@ from mpijob_elastic.core.actions import (
     Writes,
     WriteStatus,
 )
+from mpijob_elastic.core.times import parse_time
+from mpijob_elastic.machinery import writer as writer_module
 from mpijob_elastic.machinery.job_memory import CONFLICT_RECHECK_SECONDS, JobMemory, refusal
 from mpijob_elastic.machinery.kube import ApiError, Kube
 from mpijob_elastic.machinery.writer import BULK_WRITES, Writer
@@ -79,6 +84,41 @@ def test_each_phase_starts_once_the_one_before_was_accepted() -> None:
         ("end", "w2"),
         ("end", "w3"),
     ]
+
+
+class _SlowPatches(_Recording):
+    """Each patch takes a second of ``clock``, the writer's time; records what it sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+        self.sent: dict[str, tuple[float, Mapping[str, Any]]] = {}
+
+    async def patch(
+        self, kind: str, namespace: str, name: str, patch: Mapping[str, Any], subresource: str = ""
+    ) -> dict[str, Any]:
+        self.clock += 1
+        self.sent[name] = (self.clock, patch)
+        return await super().patch(kind, namespace, name, patch, subresource)
+
+
+def test_a_drain_mark_is_stamped_as_it_is_sent() -> None:
+    """A victim's drain counts from the host-list write that dropped it: the mark is
+    stamped after the writes above it landed, however long they took."""
+    kube = _SlowPatches()
+    phases = (
+        Phase("notices", (AnnotatePod("w1", {names.ANN_NOTICE: "leaving"}, "1"),)),
+        Phase("config hash", (AnnotatePod("launcher", {names.ANN_CONFIG_HASH: "h"}, "1"),)),
+        Phase("pod marks", (AnnotatePod("w1", {}, "", stamp=names.ANN_DRAINING_SINCE),)),
+    )
+    clock = mock.Mock(time=lambda: kube.clock, monotonic=lambda: 0.0)
+    with mock.patch.object(writer_module, "time", clock):
+        asyncio.run(Writer(kube, lambda _: None).run(JOB, Writes(phases)))
+    sent_at, patch = kube.sent["w1"]
+    mark = parse_time(patch["metadata"]["annotations"][names.ANN_DRAINING_SINCE])
+    launcher_at, _ = kube.sent["launcher"]
+    assert mark is not None
+    assert mark.timestamp() == sent_at - 1 >= launcher_at
 
 
 def test_the_writer_stops_at_the_first_phase_with_a_refused_write() -> None:

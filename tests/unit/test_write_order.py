@@ -73,8 +73,9 @@ def _pod_mark(a: Action) -> bool:
     return (
         isinstance(a, AnnotatePod)
         and set(a.annotations) <= {names.ANN_DRAINING_SINCE}
+        and a.stamp in (None, names.ANN_DRAINING_SINCE)
         and set(a.labels) <= {names.LABEL_HOLDS_RANKS}
-        and bool(a.annotations or a.labels)
+        and bool(a.annotations or a.labels or a.stamp)
     )
 
 

@@ -6,14 +6,12 @@ lists, the workers' drain marks, and the rank-holder label the PodDisruptionBudg
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Action, AnnotatePod
 from mpijob_elastic.core.inputs.observe import Observed
 from mpijob_elastic.core.planning.desired import Desired
-from mpijob_elastic.core.times import format_precise_time
 
 
 def _resource_version(obj: Mapping[str, Any]) -> str:
@@ -73,7 +71,7 @@ def refresh_launcher(want: Desired, observed: Observed) -> list[Action]:
     ]
 
 
-def pod_marks(want: Desired, observed: Observed, now: datetime) -> list[Action]:
+def pod_marks(want: Desired, observed: Observed) -> list[Action]:
     """The workers' drain marks to set or clear, and their rank-holder labels (in the
     same patch where a worker gets both)."""
     labels = _holder_labels(want, observed)
@@ -88,15 +86,17 @@ def pod_marks(want: Desired, observed: Observed, now: datetime) -> list[Action]:
                     labels.pop(w.name, {}),
                 )
             )
-    mark = format_precise_time(now)
     for v in want.victims:
         if v.action == "mark":
+            # Stamped when sent, after the host-list write that dropped the victim landed:
+            # the drain counts from the drop, not from the plan made before it.
             writes.append(
                 AnnotatePod(
                     v.worker.name,
-                    {names.ANN_DRAINING_SINCE: mark},
+                    {},
                     _resource_version(v.worker.pod),
                     labels.pop(v.worker.name, {}),
+                    stamp=names.ANN_DRAINING_SINCE,
                 )
             )
     pods = {p["metadata"]["name"]: p for p in observed.pods}

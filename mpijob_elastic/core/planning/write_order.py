@@ -35,8 +35,8 @@ refused, so every write may rely on the phases above it having landed:
 5. ``pod marks``: the rank-holder label set on workers that hold ranks and removed from
    the others (the PodDisruptionBudget counts only labelled workers, host_rules.py); drain
    marks cleared on workers the job keeps, and marks on victims whose
-   drain starts (after the host-list write, so a mark never predates the list that
-   dropped them).
+   drain starts (after the host-list write, and stamped by the writer as they are sent,
+   so a mark never predates the list that dropped them).
 6. ``deletes``: victims whose drain is over, retired and failed workers to replace, a
    finished job's pods. The ConfigMap above carries the retired indexes, so a restart
    between these writes and the creates cannot hand a retired name out again.
@@ -346,7 +346,7 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
             ("ConfigMap events", [e for e in want.events if e.reason in CONFIG_MAP_EVENTS]),
             ("obsolete", _obsolete(want, observed)),
             ("config hash", _after(refresh_launcher(want, observed), noticed)),
-            ("pod marks", _after(pod_marks(want, observed, now), noticed)),
+            ("pod marks", _after(pod_marks(want, observed), noticed)),
             ("deletes", deletes),
             ("creates", [Create(pod) for pod in want.new_pods]),
             ("Role", ensure("Role")),
