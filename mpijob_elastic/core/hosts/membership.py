@@ -28,6 +28,7 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from mpijob_elastic.core import numbers
 from mpijob_elastic.core.workers import Worker, worker_index
 
 _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
@@ -66,9 +67,9 @@ def parse_indexes(value: object) -> frozenset[int]:
         m = _RANGE.fullmatch(part.strip())
         if m is None:
             continue
-        low = int(m.group(1))
-        high = int(m.group(2)) if m.group(2) else low
-        if high < low or high - low > 100_000:
+        low = numbers.whole(m.group(1))
+        high = numbers.whole(m.group(2)) if m.group(2) else low
+        if low is None or high is None or high < low or high - low > 100_000:
             continue
         out.update(range(low, high + 1))
     return frozenset(out)

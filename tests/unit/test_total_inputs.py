@@ -1,0 +1,116 @@
+"""Values read from objects others can write parse to a value or to a refusal, never to an
+exception (issue 31): each input here raised before. test_inputs_fuzz.py holds the whole
+plan to it for any value on the same surfaces."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from mpijob_elastic.core import names, numbers, quantity
+from mpijob_elastic.core.hosts.membership import parse_indexes
+from mpijob_elastic.core.inputs.growth_state import parse_growth
+from mpijob_elastic.core.inputs.ranks import pushed
+from mpijob_elastic.core.outputs.turn import count
+from mpijob_elastic.core.queueing.kueue import Queue
+from mpijob_elastic.core.queueing.kueue_writes import workload_writes
+from mpijob_elastic.core.sizing.capacity import parse_backoff
+from mpijob_elastic.core.spec.parse import InvalidSpec
+from mpijob_elastic.core.times import parse_time
+from tests.unit.simulation import Cluster, make_job
+from tests.unit.test_kueue import FLAVOR, NOW, workload
+from tests.unit.test_kueue import job as queued_job
+from tests.unit.test_plan_fuzz import refusal, sample
+
+HUGE = "9" * 5000  # int() refuses more than 4300 digits
+LAST_SECOND = "9999-12-31T23:59:59Z"  # a deadline after it is past datetime's end
+
+
+def test_a_whole_number_is_ascii_digits_within_its_bound() -> None:
+    assert numbers.whole("0042") == 42
+    assert numbers.whole(7) == 7
+    assert numbers.whole("5", 4) is None
+    assert numbers.whole(5, 4) is None
+    for junk in (HUGE, "0" * 5000 + "1" + "0" * 10, "-1", -1, "1_0", " 4", "\u0661", "", True, 2.0):
+        assert numbers.whole(junk) is None, junk
+    assert numbers.whole("0" * 5000 + "1") == 1
+
+
+@pytest.mark.parametrize("second", ["253402300800", "9" * 20, HUGE])
+def test_a_rank_report_past_datetimes_range_is_taken_as_started_at_the_read(second: str) -> None:
+    # A read within a day of datetime's end lets the clock-skew bound past it.
+    at = datetime(9999, 12, 31, 12, tzinfo=UTC)
+    snapshot = pushed({f"job-worker-0_1_{second}": "start"}, at)
+    assert snapshot.hosts == frozenset({"job-worker-0"})
+    assert snapshot.since["job-worker-0"] == at
+
+
+@pytest.mark.parametrize(
+    "text", ["1e99999999999999", "1e" + HUGE, HUGE, "1" * 65, "1e1000", "1e-1000", "9" * 65 + "Ei"]
+)
+def test_a_quantity_beyond_its_bounds_is_none(text: str) -> None:
+    assert quantity.parse(text) is None
+
+
+def test_quantities_within_the_bounds_still_read() -> None:
+    assert str(quantity.parse("1e999")) == "1e999"
+    assert quantity.parse("9" * 64) is not None
+    assert str(quantity.parse("1.5Gi")) == "1536Mi"
+
+
+@pytest.mark.parametrize("text", ["1e99999999999999", "1e" + HUGE])
+def test_a_min_resource_beyond_the_bounds_refuses_the_spec_naming_it(text: str) -> None:
+    job = sample()
+    job["spec"].setdefault("runPolicy", {})["schedulingPolicy"] = {"minResources": {"cpu": text}}
+    refused = refusal(job)
+    assert isinstance(refused, InvalidSpec)
+    assert [e.field for e in refused.errors] == ["spec.runPolicy.schedulingPolicy.minResources.cpu"]
+
+
+def test_the_state_annotations_read_a_huge_number_as_unset() -> None:
+    assert parse_indexes(f"1,{HUGE},3-{HUGE},{HUGE}-{HUGE}") == {1}
+    assert parse_backoff(f"{HUGE} 2026-11-25T12:00:00Z why") is None
+    assert count(HUGE) == 0
+    growth = parse_growth(f"{HUGE} {HUGE} 2026-11-25T12:00:00.000000Z - why")
+    assert (growth.workers, growth.attempts) == (0, 0)
+
+
+def test_a_time_past_the_bounds_reads_as_none() -> None:
+    assert parse_time(LAST_SECOND) is None
+    assert parse_time("0001-01-01T00:00:00Z") is None
+    assert parse_time("2026-11-25T12:00:00Z") == datetime(2026, 11, 25, 12, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("annotation", "value"),
+    [
+        (names.ANN_RETIRED_WORKERS, HUGE),
+        (names.ANN_SCALE_OUT_BACKOFF, f"{HUGE} {LAST_SECOND} why"),
+        (names.ANN_WORKERS, HUGE),
+        (names.ANN_LAUNCHER_RESTARTS, HUGE),
+        (names.ANN_WORKER_FAILURES, f"{HUGE} {LAST_SECOND}"),
+        (names.ANN_WORKER_FAILURES, f"3 {LAST_SECOND}"),
+    ],
+)
+def test_a_running_job_plans_on_through_an_edited_state_annotation(
+    annotation: str, value: str
+) -> None:
+    # Replicas out of the bounds: the kept worker count is read.
+    c = Cluster(make_job(2, annotations={names.ANN_MAX_REPLICAS: "3"}))
+    c.converge()
+    c.world.patch("ConfigMap", "job-config", {"metadata": {"annotations": {annotation: value}}})
+    c.set_replicas(5)
+    c.converge()
+    assert len(c.world.workers()) == 2
+
+
+@pytest.mark.parametrize("value", [None, "x", HUGE, [], -3])
+def test_a_workload_count_others_wrote_is_read_as_none(value: object) -> None:
+    j = queued_job(replicas=4, low="2", high="6")
+    # Evicted, its pods gone: an elastic Workload above the minimum asks for it again.
+    wl = workload(j, 4, admitted=4, conditions=(("Evicted", "Preempted"),))
+    for pod_set in wl["spec"]["podSets"]:
+        if pod_set["name"] == "worker":
+            pod_set["count"] = value
+    workload_writes(j, Queue(True, [wl], FLAVOR, slices=True), [], NOW)
