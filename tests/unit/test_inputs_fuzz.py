@@ -262,6 +262,15 @@ def state_case(rng: random.Random, base: tuple[Obj, Children], done: Done) -> st
                 pods[i]["metadata"]["creationTimestamp"] = time(rng)
                 for status in pods[i]["status"].get("containerStatuses") or []:
                     status["state"]["running"] = {"startedAt": time(rng)}
+            if rng.random() < 0.1:
+                # A pod being taken: its notice's deadline adds the grace period the
+                # template sets, any int64 to the API.
+                pods[i] = copy.deepcopy(pods[i])
+                grace = rng.choice([h for h in SCALARS if isinstance(h, int)])
+                pods[i]["spec"]["terminationGracePeriodSeconds"] = grace
+                taken = {"type": "DisruptionTarget", "status": "True", "reason": word(rng)}
+                pods[i]["status"].setdefault("conditions", []).append(taken)
+                done.append(("terminationGracePeriodSeconds", repr(grace)))
         done.append((key, text))
         if key in PARSERS:
             within(PARSERS[key](text))

@@ -4,7 +4,7 @@ plan to it for any value on the same surfaces."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -12,6 +12,7 @@ from mpijob_elastic.core import names, numbers, quantity
 from mpijob_elastic.core.hosts.membership import parse_indexes
 from mpijob_elastic.core.inputs.growth_state import parse_growth
 from mpijob_elastic.core.inputs.ranks import pushed
+from mpijob_elastic.core.lifecycle.notices import parse_notice
 from mpijob_elastic.core.outputs.turn import count
 from mpijob_elastic.core.queueing.kueue import Queue
 from mpijob_elastic.core.queueing.kueue_writes import workload_writes
@@ -21,6 +22,7 @@ from mpijob_elastic.core.times import parse_time
 from tests.unit.simulation import Cluster, make_job
 from tests.unit.test_kueue import FLAVOR, NOW, workload
 from tests.unit.test_kueue import job as queued_job
+from tests.unit.test_notices import notice_writes
 from tests.unit.test_plan_fuzz import refusal, sample
 
 HUGE = "9" * 5000  # int() refuses more than 4300 digits
@@ -114,3 +116,20 @@ def test_a_workload_count_others_wrote_is_read_as_none(value: object) -> None:
         if pod_set["name"] == "worker":
             pod_set["count"] = value
     workload_writes(j, Queue(True, [wl], FLAVOR, slices=True), [], NOW)
+
+
+@pytest.mark.parametrize("pod", ["job-worker-1", "job-launcher"])
+def test_a_pod_taken_with_a_grace_period_past_int32_gets_a_notice_in_range(pod: str) -> None:
+    job = make_job(3, annotations={names.ANN_MIN_REPLICAS: "1", names.ANN_MAX_REPLICAS: "5"})
+    for role in ("Launcher", "Worker"):
+        template = job["spec"]["mpiReplicaSpecs"][role]["template"]
+        template["spec"]["terminationGracePeriodSeconds"] = 2**63 - 1
+    c = Cluster(job)
+    c.converge()
+    taken = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+    found = c.get("Pod", pod)
+    assert found is not None
+    found["status"].setdefault("conditions", []).append(taken)
+    notice = parse_notice(notice_writes(c.plan())[pod])
+    assert notice is not None
+    assert notice[1] == c.now + timedelta(seconds=numbers.INT32_MAX)
