@@ -238,7 +238,18 @@ def state_case(rng: random.Random, base: tuple[Obj, Children], done: Done) -> st
     maps = list(children.get("ConfigMap", ()))
     pods = list(children.get("Pod", ()))
     for _ in range(rng.choice((1, 1, 2, 3))):
-        if rng.random() < 0.6:
+        if rng.random() < 0.1:
+            # The host lists, read back to know who was listed: any line a tenant adds.
+            key = rng.choice((names.HOSTFILE, names.DISCOVER_HOSTS))
+            host = f"job-worker-{number(rng)}"
+            text = f"{host} slots=1\n" if key == names.HOSTFILE else f"\necho {host}:1"
+            maps = [
+                {**m, "data": {**m["data"], key: m["data"].get(key, "") + text}}
+                if m["metadata"]["name"] == config_name
+                else m
+                for m in maps
+            ]
+        elif rng.random() < 0.6:
             key = rng.choice(sorted(STATE))
             text = value(rng, STATE[key])
             maps = [

@@ -19,6 +19,7 @@ from mpijob_elastic.core.queueing.kueue_writes import workload_writes
 from mpijob_elastic.core.sizing.capacity import parse_backoff
 from mpijob_elastic.core.spec.parse import InvalidSpec
 from mpijob_elastic.core.times import parse_time
+from mpijob_elastic.core.workers import worker_index
 from tests.unit.simulation import Cluster, make_job
 from tests.unit.test_kueue import FLAVOR, NOW, workload
 from tests.unit.test_kueue import job as queued_job
@@ -133,3 +134,46 @@ def test_a_pod_taken_with_a_grace_period_past_int32_gets_a_notice_in_range(pod: 
     notice = parse_notice(notice_writes(c.plan())[pod])
     assert notice is not None
     assert notice[1] == c.now + timedelta(seconds=numbers.INT32_MAX)
+
+
+def test_a_worker_name_past_int32_is_no_worker_of_the_job() -> None:
+    assert worker_index("job", f"job-worker-{numbers.INT32_MAX}") == numbers.INT32_MAX
+    assert worker_index("job", f"job-worker-{numbers.INT32_MAX + 1}") is None
+    assert worker_index("job", f"job-worker-{HUGE}") is None
+
+
+def test_remove_workers_naming_a_worker_of_5000_digits_refuses_the_spec_naming_it() -> None:
+    job = sample()
+    name = job["metadata"]["name"]
+    job["metadata"]["annotations"][names.ANN_REMOVE_WORKERS] = f"{name}-worker-{HUGE}"
+    refused = refusal(job)
+    assert isinstance(refused, InvalidSpec)
+    assert [e.field for e in refused.errors] == [
+        f"metadata.annotations[{names.ANN_REMOVE_WORKERS}]"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("key", "line"),
+    [
+        (names.HOSTFILE, f"job-worker-{HUGE} slots=1\n"),
+        (names.DISCOVER_HOSTS, f"\necho job-worker-{HUGE}:1"),
+    ],
+)
+def test_a_host_list_edited_to_name_a_worker_of_5000_digits_is_planned_through(
+    key: str, line: str
+) -> None:
+    c = Cluster(make_job(2))
+    c.converge()
+    config_map = c.get("ConfigMap", "job-config")
+    assert config_map is not None
+    config_map["data"][key] += line
+    c.set_replicas(3)
+    c.converge()
+    assert len(c.world.workers()) == 3
+
+
+def test_the_retired_indexes_are_capped_in_all() -> None:
+    many = ",".join(f"{i * 200_000}-{i * 200_000 + 99_999}" for i in range(20))
+    assert len(parse_indexes(many)) == 100_000
+    assert len(parse_indexes("0-100000")) == 100_001
