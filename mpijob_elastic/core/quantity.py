@@ -32,7 +32,7 @@ _FORM = re.compile(
 # A quantity is read only this long and this far from 1: the spec and the objects others
 # write hold any text, and Decimal raises on an exponent past its context's (1e999999), a
 # sum of huge values overflows, and int() and str() of one beyond 4300 digits raise. No
-# resource is counted in more than 64 digits or scaled by more than 1e999.
+# resource is counted in a number of more than 64 characters, or scaled past 1e999.
 _MAX_NUMBER = 64
 _MAX_EXPONENT = 999
 
