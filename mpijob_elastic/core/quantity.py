@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
+from mpijob_elastic.core import numbers
+
 DECIMAL_SI = "DecimalSI"
 BINARY_SI = "BinarySI"
 DECIMAL_EXPONENT = "DecimalExponent"
@@ -27,6 +29,12 @@ _BINARY_SUFFIX = {exp: suffix for suffix, exp in _BINARY.items()}
 _FORM = re.compile(
     r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE]?)"
 )
+# A quantity is read only this long and this far from 1: the spec and the objects others
+# write hold any text, and Decimal raises on an exponent past its context's (1e999999), a
+# sum of huge values overflows, and int() and str() of one beyond 4300 digits raise. No
+# resource is counted in a number of more than 64 characters, or scaled past 1e999.
+_MAX_NUMBER = 64
+_MAX_EXPONENT = 999
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,8 @@ def parse(text: object) -> Quantity | None:
     if found is None:
         return None
     number, suffix = found.groups()
+    if len(number) > _MAX_NUMBER:
+        return None
     try:
         value = Decimal(number)
     except InvalidOperation:
@@ -58,7 +68,10 @@ def parse(text: object) -> Quantity | None:
     if suffix in _BINARY:
         return Quantity(value * (2 ** _BINARY[suffix]), BINARY_SI)
     if suffix[:1] in ("e", "E"):
-        return Quantity(value.scaleb(int(suffix[1:])), DECIMAL_EXPONENT)
+        exponent = numbers.whole(suffix[1:].lstrip("+-"), _MAX_EXPONENT)
+        if exponent is None:
+            return None
+        return Quantity(value.scaleb(-exponent if suffix[1] == "-" else exponent), DECIMAL_EXPONENT)
     # Values below a nano are rounded up to one (ParseQuantity).
     scaled = value.scaleb(_DECIMAL[suffix])
     nanos = scaled.scaleb(9)

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, Final
+
+# The times read from objects others write (annotations on the job's ConfigMap and pods,
+# Workloads' conditions) are believed within these bounds only: a deadline is such a time
+# plus at most an int32 of seconds (68 years), or less an hour or a day, and datetime
+# ends at year 9999 and begins at year 1: a worker-failures annotation edited to
+# "3 9999-12-31T23:59:59Z" raised OverflowError in every reconcile. No object of a
+# running cluster dates from outside.
+EARLIEST: Final = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST: Final = datetime(9000, 1, 1, tzinfo=UTC)
 
 
 def format_time(t: datetime) -> str:
@@ -17,6 +26,7 @@ def format_precise_time(t: datetime) -> str:
 
 
 def parse_time(value: Any) -> datetime | None:
+    """The time, or None when it is none or lies outside ``EARLIEST`` to ``LATEST``."""
     if not isinstance(value, str):
         return None
     return _parse(value)
@@ -29,7 +39,8 @@ def parse_time(value: Any) -> datetime | None:
 def _parse(value: str) -> datetime | None:
     for fmt in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):
         try:
-            return datetime.strptime(value, fmt).replace(tzinfo=UTC)
+            found = datetime.strptime(value, fmt).replace(tzinfo=UTC)
         except ValueError:
             continue
+        return found if EARLIEST <= found <= LATEST else None
     return None

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from mpijob_elastic.core import formats, names
+from mpijob_elastic.core import formats, names, numbers
 from mpijob_elastic.core.times import parse_time
 
 
@@ -136,10 +136,11 @@ def worker_index(job_name: str, pod_name: str) -> int | None:
     if not pod_name.startswith(prefix):
         return None
     digits = pod_name[len(prefix) :]
-    # ASCII digits without a leading zero: "01" or "\u0661" name no worker of ours.
-    if not digits.isascii() or not digits.isdigit() or (digits[0] == "0" and digits != "0"):
+    # ASCII digits without a leading zero, at most int32: "01" or "\u0661" name no worker of
+    # ours, nor does a name of 5000 digits in a hostfile or remove-workers edited by hand.
+    if digits.startswith("0") and digits != "0":
         return None
-    return int(digits)
+    return numbers.whole(digits)
 
 
 def split_pods(

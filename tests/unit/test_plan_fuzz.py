@@ -49,7 +49,8 @@ HOSTILE: list[Any] = [
     2**63, 2**64, -(2**63), 10**30, 10**400, 0.5, -0.0, 1e308, float("inf"), float("nan"),
     "", "0", "1", "5", "-1", "2.5", "1e3", "nan", "inf", "9223372036854775808",
     "31536000", "31536001", "0" * 50 + "1", "9" * 5000, " 4 ", "4\n", "1_0", "\u0661",
-    "\U0001f4a5", "x" * 10_000, "a,b", "elastic-horovod-worker-0", "$(NP)", "Never",
+    "\U0001f4a5", "x" * 10_000, "a,b", "elastic-horovod-worker-0",
+    "elastic-horovod-worker-" + "9" * 5000, "$(NP)", "Never",
     "All", "OnFailure", [], [1], ["x"], [{}], [None], {}, {"a": 1}, {"name": 5},
 ]  # fmt: skip
 # The annotations a job may carry, and garbled ones (typos, wrong prefix, wrong case).

@@ -28,9 +28,12 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from mpijob_elastic.core import numbers
 from mpijob_elastic.core.workers import Worker, worker_index
 
 _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+# A worker retires when its ranks may have died: far fewer than this in any job's life.
+_MOST_RETIRED = 100_000
 
 # Why a worker leaves, as the Scaling condition and the Draining Event say it.
 NAMED = "named for removal"
@@ -56,8 +59,8 @@ def format_indexes(indexes: Iterable[int]) -> str:
 def parse_indexes(value: object) -> frozenset[int]:
     """The indexes an annotation written by ``format_indexes`` holds; junk parts are skipped.
 
-    The annotation is ours, but a user can edit it; a range is capped so an edited
-    "0-999999999" cannot make the controller build a huge set.
+    The annotation is ours, but a user can edit it; the set is capped so an edited
+    "0-999999999", or many ranges, cannot make the controller build a huge one.
     """
     if not isinstance(value, str):
         return frozenset()
@@ -66,9 +69,9 @@ def parse_indexes(value: object) -> frozenset[int]:
         m = _RANGE.fullmatch(part.strip())
         if m is None:
             continue
-        low = int(m.group(1))
-        high = int(m.group(2)) if m.group(2) else low
-        if high < low or high - low > 100_000:
+        low = numbers.whole(m.group(1))
+        high = numbers.whole(m.group(2)) if m.group(2) else low
+        if low is None or high is None or high < low or len(out) + high - low > _MOST_RETIRED:
             continue
         out.update(range(low, high + 1))
     return frozenset(out)

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from mpijob_elastic.core import names
+from mpijob_elastic.core import names, numbers
 from mpijob_elastic.core.times import format_precise_time, parse_time
 
 
 def _count(value: str) -> int:
-    return int(value) if value.isascii() and value.isdigit() else 0
+    return numbers.whole(value) or 0
 
 
 @dataclass(frozen=True)

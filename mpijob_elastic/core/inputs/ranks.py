@@ -53,7 +53,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from mpijob_elastic.core import names
+from mpijob_elastic.core import names, numbers, times
 
 # The command run in the launcher. `exit 0`: a process that ends while cat reads makes
 # cat fail, which says nothing about the others.
@@ -163,10 +163,9 @@ def pushed(
 def _started_at(second: str, at: datetime) -> datetime:
     """The start a key names; ``at`` for one that is no epoch second or lies past ``at``
     by more than a day (the launcher can write any key)."""
-    limit = at.timestamp() + _CLOCK_SKEW_SECONDS
-    if not (second.isascii() and second.isdigit() and len(second) <= 12) or int(second) > limit:
-        return at
-    return datetime.fromtimestamp(int(second), at.tzinfo)
+    limit = min(at.timestamp() + _CLOCK_SKEW_SECONDS, times.LATEST.timestamp())
+    found = numbers.whole(second, int(limit))
+    return at if found is None else datetime.fromtimestamp(found, at.tzinfo)
 
 
 def reported(host: str, reports: RankSnapshot | None) -> bool:

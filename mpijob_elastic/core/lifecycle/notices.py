@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from mpijob_elastic.core import names
+from mpijob_elastic.core import names, numbers
 from mpijob_elastic.core.actions import AnnotatePod
 from mpijob_elastic.core.hosts.drain import Victim
 from mpijob_elastic.core.hosts.membership import Membership
@@ -222,7 +222,11 @@ def _current(pod: Worker) -> str | None:
 
 def _grace(pod: Worker) -> int:
     grace = (pod.pod.get("spec") or {}).get("terminationGracePeriodSeconds")
-    return grace if isinstance(grace, int) and grace >= 0 else DEFAULT_GRACE_SECONDS
+    if not isinstance(grace, int) or grace < 0:
+        return DEFAULT_GRACE_SECONDS
+    # The API takes any int64; past int32 (68 years) a grace period means "never", and the
+    # deadline now plus it raised OverflowError past datetime's end in every reconcile.
+    return min(grace, numbers.INT32_MAX)
 
 
 def _deletion(turn: Turn, pod: Worker) -> datetime:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from mpijob_elastic.core import numbers
 from mpijob_elastic.core.actions import Emit, Probe
 from mpijob_elastic.core.inputs.observe import Observed
 from mpijob_elastic.core.outputs.status import StatusBuilder
@@ -85,4 +86,4 @@ class Turn:
 
 def count(value: object) -> int:
     """A counter the job's ConfigMap annotations hold; 0 if unset or edited into junk."""
-    return int(value) if isinstance(value, str) and value.isascii() and value.isdigit() else 0
+    return numbers.whole(value) or 0

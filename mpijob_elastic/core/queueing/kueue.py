@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from mpijob_elastic.core import names
+from mpijob_elastic.core import names, numbers
 from mpijob_elastic.core.actions import Refusal
 from mpijob_elastic.core.times import parse_time
 
@@ -190,10 +190,8 @@ def _template(job: Mapping[str, Any], role: str) -> Mapping[str, Any]:
 
 
 def _int(value: Any, default: int) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
+    found = numbers.whole(value)
+    return default if found is None else found
 
 
 def _replicas(job: Mapping[str, Any]) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mpijob_elastic.core import names
+from mpijob_elastic.core import names, numbers
 from mpijob_elastic.core.actions import Action, Create, DeleteObject, PatchStatus, Replace
 from mpijob_elastic.core.queueing.kueue import (
     API_VERSION,
@@ -188,7 +188,7 @@ def _counts(spec: Mapping[str, Any]) -> list[tuple[Any, Any, Any]]:
 def _count(workload: Mapping[str, Any]) -> int:
     for pod_set in (workload.get("spec") or {}).get("podSets") or []:
         if pod_set.get("name") == WORKER:
-            return int(pod_set.get("count", 0))
+            return numbers.whole(pod_set.get("count")) or 0
     return 0
 
 

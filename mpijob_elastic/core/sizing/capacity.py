@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from mpijob_elastic.core import names
+from mpijob_elastic.core import names, numbers
 from mpijob_elastic.core.outputs.status import INVALID
 from mpijob_elastic.core.outputs.turn import NODE_REASONS, Turn, count
 from mpijob_elastic.core.spec.model import JobSpec
@@ -57,12 +57,11 @@ def parse_backoff(value: object) -> Backoff | None:
     if not isinstance(value, str):
         return None
     parts = value.split(" ", 2)
-    if len(parts) < 2 or not parts[0].isascii() or not parts[0].isdigit():
+    attempts = numbers.whole(parts[0])
+    retry_at = parse_time(parts[1]) if len(parts) >= 2 else None
+    if attempts is None or retry_at is None:
         return None
-    retry_at = parse_time(parts[1])
-    if retry_at is None:
-        return None
-    return Backoff(int(parts[0]), retry_at, parts[2] if len(parts) == 3 else "")
+    return Backoff(attempts, retry_at, parts[2] if len(parts) == 3 else "")
 
 
 def next_backoff(previous: Backoff | None, now: datetime, timeout: float, why: str) -> Backoff:
@@ -167,9 +166,9 @@ def within_bounds(turn: Turn, spec: JobSpec, workers: Sequence[Worker]) -> int:
     # Refuse the value: keep the count the job was last given within its bounds, as if the
     # edit had been refused at admission. Not what it has now: workers failed or lost
     # meanwhile are still replaced, and new ones not running yet are still wanted.
-    kept = turn.state.get(names.ANN_WORKERS)
-    if isinstance(kept, str) and kept.isascii() and kept.isdigit():
-        keep = spec.bounds.clamp(int(kept))
+    kept = numbers.whole(turn.state.get(names.ANN_WORKERS))
+    if kept is not None:
+        keep = spec.bounds.clamp(kept)
     else:
         # No count kept (a new job, or one last reconciled before the count was): the
         # workers it has (its last hostfile, else its pods), or the nearest bound.
