@@ -28,7 +28,7 @@ import yaml
 from e2e.harness import ElasticRun, in_cluster_job, mock_driver_args
 from e2e.mockhorovod import RANK_ANNOTATION_PREFIX
 from e2e.mockhorovod import events as ev
-from e2e.test_relocation import SLOW_START, colocation_node, nothing_fatal
+from e2e.test_relocation import colocation_node, nothing_fatal
 from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster
 from tests.controller import ControllerProcess, wait_for
@@ -39,6 +39,12 @@ PRIORITY_CLASS = ROOT / "config" / "default" / "priority_class.yaml"
 IN_CLUSTER = os.environ.get("E2E_IN_CLUSTER") == "1"
 BASELINE, MAXIMUM = 2, 8
 DRIVER_ARGS = ("-np", str(BASELINE), "--min-np", "1", "--max-np", str(MAXIMUM))
+# How long the growth step's ranks take to join: slow, as real ones are, and still well
+# inside Horovod's 30 s Gloo timeout once starting a rank through kubectl exec costs its
+# own seconds on a loaded machine. At 20 s, under a load of 17 (the suite in 4 processes
+# and more), one rank took 29.6 s from its start and the job failed at the Gloo timeout
+# before the preemption the test plays.
+STEP_START = 15.0
 HOSTNAME = "kubernetes.io/hostname"
 
 
@@ -318,7 +324,7 @@ def test_a_growth_step_preempted_while_its_ranks_start_costs_no_failure(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """Issue 30: a growth step's workers are listed, Horovod's reset starts their ranks,
-    which take ``SLOW_START`` to join, and a higher-priority workload preempts them at
+    which take ``STEP_START`` to join, and a higher-priority workload preempts them at
     once. Unlisted during the reset, the notice would be dropped and the ranks would die
     assigned at the end of their grace period; so they stay listed until the reset ends
     (their commit marker), then leave at their next commit, inside the grace period.
@@ -326,7 +332,7 @@ def test_a_growth_step_preempted_while_its_ranks_start_costs_no_failure(
     the growth step is a reset of a running job, not part of its first start."""
     node = colocation_node(cluster)
     resource, share = room(cluster, node)
-    args = mock_driver_args(DRIVER_ARGS, rank_start_seconds=SLOW_START, commit_marker=True)
+    args = mock_driver_args(DRIVER_ARGS, rank_start_seconds=STEP_START, commit_marker=True)
     run = ElasticRun(
         cluster,
         e2e_namespace,
