@@ -34,6 +34,7 @@ from e2e.mockhorovod.effects import (
     WriteStopFile,
 )
 from e2e.mockhorovod.hosts import HostManager
+from e2e.mockhorovod.registry import Verdict, WorkerStates, judge_exit
 from e2e.mockhorovod.rendezvous import ResetWindow
 from e2e.mockhorovod.timeouts import ElasticTimeouts, SlotCheck
 from e2e.mockhorovod.world import HostEntry, Rank
@@ -97,10 +98,7 @@ class ElasticDriver:
         self._hosts_removed = 0
         self._ranks_started = 0
         self._commits = 0
-        # Recorded at once, acted on at the next commit (Horovod's barrier): failed host ->
-        # ids of the ranks that failed there; ids of ranks that exited 0 (SUCCESS).
-        self._pending_failures: dict[str, list[str]] = {}
-        self._successes: list[str] = []
+        self._states = WorkerStates()
 
     @property
     def commits(self) -> int:
@@ -205,7 +203,7 @@ class ElasticDriver:
                     host=host,
                     # Not graceful when a FAILURE of it is already recorded: the next
                     # commit blacklists it rather than letting its ranks go.
-                    graceful=host not in self._pending_failures,
+                    graceful=not self._states.host_failed(host),
                     ranks=[r.rank_id for r in live],
                 )
             self.hosts.update(hosts)
@@ -326,11 +324,6 @@ class ElasticDriver:
         self._emit(ev.JOB_FAILED, reason=reason, line=line, **fields)
         self.request_stop(reason)
 
-    def _all_failed(self) -> bool:
-        world = self._world()
-        failed = {rid for ids in self._pending_failures.values() for rid in ids}
-        return bool(world) and all(r.rank_id in failed or r.aborted for r in world)
-
     def commit(self) -> None:
         """One tick of the job's commits: every ``--commit-interval`` the ranks reach
         ``state.commit()`` together, which is where Horovod's barrier acts on host updates
@@ -338,7 +331,7 @@ class ElasticDriver:
         reset's rendezvous or wait in a reset for slots."""
         if not self._started or self._stop_requested:
             return
-        if self._all_failed():
+        if self._states.all_failed(self._world()):
             size = len(self._world())
             self._fail_job("all_failed", f"failure count == {size} -> stop running", size=size)
             return
@@ -355,8 +348,8 @@ class ElasticDriver:
         reasons = [
             name
             for name, pending in (
-                ("failure", self._pending_failures),
-                ("success", self._successes),
+                ("failure", self._states.any_failure),
+                ("success", self._states.successes),
                 ("hosts_updated", self._notice),
             )
             if pending
@@ -368,10 +361,10 @@ class ElasticDriver:
         # ended before it print theirs at the first commit after the reset that follows.
         self._notice = False
         self._emit(ev.RESET, commit=commit, reasons=reasons)
-        if self._successes:
+        if self._states.successes:
             # Any SUCCESS ends the whole job at this barrier; horovodrun exits 1 when it had
             # to stop other ranks that were still training.
-            done = set(self._successes)
+            done = set(self._states.successes)
             others = [r for r in self._world() if r.alive and r.rank_id not in done]
             self._success_code = EXIT_FATAL if others else EXIT_OK
             self._say(f"success count == {len(done)} -> stop running")
@@ -390,8 +383,7 @@ class ElasticDriver:
         self._activate(commit)
 
     def _blacklist_pending(self, commit: int) -> None:
-        failures, self._pending_failures = self._pending_failures, {}
-        for host, rank_ids in failures.items():
+        for host, rank_ids in self._states.take_failures().items():
             self._say(f"blacklist failing host: {host}")
             self._blacklist_host(host, commit, rank_ids)
 
@@ -530,7 +522,7 @@ class ElasticDriver:
         """Closes the reset's rendezvous once every new rank has joined (and no rank of the
         world failed meanwhile: the others would wait for it in Gloo)."""
         window = self._window
-        if window is None or self._pending_failures:
+        if window is None or self._states.any_failure:
             return
         if window.all_joined():
             self._window = None
@@ -555,7 +547,7 @@ class ElasticDriver:
         for rank in self._world():
             if not rank.alive or rank.aborted:
                 continue
-            if any(rank.rank_id in ids for ids in self._pending_failures.values()):
+            if self._states.rank_failed(rank):
                 continue
             rank.aborted = True
             self._failures += 1
@@ -633,18 +625,10 @@ class ElasticDriver:
         if rank.aborted:
             return  # its FAILURE is already recorded (the Gloo timeout)
         base = {"host": rank.host, "rank_id": rank.rank_id, "local_rank": rank.local_rank}
-        # Horovod judges an exit by (host, slot) at exit time: a rank without an assignment
-        # whose host name is assigned that slot again counts as that slot's exit.
         entry = self._hosts.get(rank.host)
-        holder = entry.ranks.get(rank.local_rank) if entry is not None else None
-        reused = (
-            rank.stopping not in (None, "shutdown")
-            and holder is not None
-            and not self._stop_requested
-        )
-        if rank.stopping is not None and not reused:
-            # No assignment any more: Horovod ignores the exit, whatever its code (a removed
-            # rank aborts with 134). Not a failure, and never a blacklist.
+        assigned = entry is not None and rank.local_rank in entry.ranks
+        verdict, reused = judge_exit(rank, assigned, self._stop_requested, code)
+        if verdict is Verdict.IGNORED:
             if code != 0:
                 self._say(
                     f"host {rank.host} has no assignment, ignoring exit from "
@@ -658,17 +642,17 @@ class ElasticDriver:
                 reason=rank.stopping,
                 ignored=True,
             )
-        elif code == 0:
+        elif verdict is Verdict.SUCCESS:
             # An assigned slot finished: SUCCESS, which ends the job at the next commit.
             self._say(f"record state: {rank.host}[{rank.local_rank}] = SUCCESS")
-            self._successes.append(rank.rank_id)
+            self._states.record_success(rank)
             self._emit(ev.RANK_EXITED, **base, exit_code=0, success=True, reused_slot=reused)
         else:
             # Its slot still has an assignment (listed, or gone from discovery but not yet
             # reset without it, or its name assigned again): what Horovod records as
             # FAILURE at once, rolls everyone back for, and blacklists at the next commit.
             self._record_failure(rank, base, code, rsh_code, sig, stderr, reused)
-        if self._window is not None and self._pending_failures:
+        if self._window is not None and self._states.any_failure:
             self._say("a rank of the world is gone: the others wait for it in Gloo")
 
     def _record_failure(
@@ -700,7 +684,7 @@ class ElasticDriver:
             self._emit(
                 ev.EXEC_FAILED, **base, exit_code=code, rsh_exit_code=rsh_code, stderr=stderr
             )
-        self._pending_failures.setdefault(rank.host, []).append(rank.rank_id)
+        self._states.record_failure(rank)
 
     def stop_all(self, reason: str) -> None:
         """Stops every rank at the end of the job, the unassigned ones hurried too: an empty
