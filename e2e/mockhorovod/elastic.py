@@ -68,7 +68,7 @@ class ElasticDriver:
         self._sink = sink
         self._clock = clock
         self._new_rank_id = new_rank_id
-        self.hosts = HostManager(config.cooldown_range, config.max_np)
+        self._hosts = HostManager(config.cooldown_range, config.max_np)
         self._timeouts = ElasticTimeouts(config.np, config.min_np, config.elastic_timeout)
         self.launched = 0.0
         self._discovered = False
@@ -77,7 +77,9 @@ class ElasticDriver:
         # loop (StopJob) and counts as the job stopping when an exit is judged.
         self.stop_reason: str | None = None
         self._stop_requested = False
-        self._hosts: dict[str, HostEntry] = {}
+        # The current assignment (what the last reset gave each host), and the ranks that
+        # lost theirs and have not exited yet.
+        self._assigned: dict[str, HostEntry] = {}
         self._departing: set[Rank] = set()
         # A host update sent to the coordinator and not yet acted on at a commit.
         self._notice = False
@@ -159,8 +161,8 @@ class ElasticDriver:
         return {
             "failures": self._failures,
             "exec_failures": self._exec_failures,
-            "blacklisted": len(self.hosts.ever_blacklisted),
-            "blacklisted_hosts": sorted(self.hosts.ever_blacklisted),
+            "blacklisted": len(self._hosts.ever_blacklisted),
+            "blacklisted_hosts": sorted(self._hosts.ever_blacklisted),
             "hosts_removed": self._hosts_removed,
             "ranks_started": self._ranks_started,
             "commits": self._commits,
@@ -186,11 +188,11 @@ class ElasticDriver:
     def discovered(self, hosts: dict[str, int]) -> None:
         self._discovered = True
         now = self._clock()
-        if hosts != self.hosts.listed:
+        if hosts != self._hosts.listed:
             self._emit(ev.DISCOVERY, hosts=list(hosts), slots=dict(hosts))
             # Horovod's discovery thread only notes the change; the ranks learn of it at
             # their next commit, and until then they keep their assignment.
-            for host, entry in self._hosts.items():
+            for host, entry in self._assigned.items():
                 if host in hosts:
                     entry.noticed_gone = False  # back before the commit: nothing happened
                     continue
@@ -206,10 +208,10 @@ class ElasticDriver:
                     graceful=not self._states.host_failed(host),
                     ranks=[r.rank_id for r in live],
                 )
-            self.hosts.update(hosts)
+            self._hosts.update(hosts)
             self._notify_host_changes()
-        for host in self.hosts.cooled_down(hosts, now):
-            self.hosts.unblacklist(host)
+        for host in self._hosts.cooled_down(hosts, now):
+            self._hosts.unblacklist(host)
             self._emit(ev.HOST_UNBLACKLISTED, host=host)
             self._notify_host_changes()  # Horovod counts a host back as one added
 
@@ -222,25 +224,25 @@ class ElasticDriver:
         if not self._started or self._blocked_since is not None:
             return
         now = self._clock()
-        if self.hosts.available_slots(now) < self.config.min_np:
+        if self._hosts.available_slots(now) < self.config.min_np:
             upcoming: dict[str, int] = {}
         else:
-            upcoming = self.hosts.assignment(now)
+            upcoming = self._hosts.assignment(now)
         if upcoming == self._assignment():
             return
         if self._window is not None:
             self._emit(
                 ev.HOSTS_UPDATE_LOST,
                 commit=self._window.commit,
-                hosts=list(self.hosts.listed or {}),
-                assigned=sorted(self._hosts),
+                hosts=list(self._hosts.listed or {}),
+                assigned=sorted(self._assigned),
             )
             self._say("host update arrived during a reset: dropped with the message queue")
             return
         self._notice = True
 
     def _assignment(self) -> dict[str, int]:
-        return {host: len(entry.ranks) for host, entry in self._hosts.items()}
+        return {host: len(entry.ranks) for host, entry in self._assigned.items()}
 
     def _min_start_hosts(self) -> int:
         return 1 if self.config.network_interface else MIN_START_HOSTS_WITHOUT_NIC
@@ -248,12 +250,12 @@ class ElasticDriver:
     def check_slots(self) -> bool:
         """Tracks the elastic timeout; True when it expired and the job must fail."""
         now = self._clock()
-        available = self.hosts.available_slots(now)
+        available = self._hosts.available_slots(now)
         if self._started:
             return self._emit_check(self._timeouts.running(now, available))
         if self._probed:
             return False  # the start deadline rules from here
-        hosts = len(self.hosts.usable(now))
+        hosts = len(self._hosts.usable(now))
         check = self._timeouts.before_start(
             now, self.launched, available, hosts, self._min_start_hosts()
         )
@@ -264,11 +266,11 @@ class ElasticDriver:
     def start_job(self) -> None:
         """Once -np slots (and, without --network-interface, two hosts) exist: the
         interface probe, then the first ranks (no commit to wait for yet)."""
-        if self._started or self._probed or self.hosts.listed is None:
+        if self._started or self._probed or self._hosts.listed is None:
             return
         now = self._clock()
-        usable = self.hosts.usable(now)
-        if self.hosts.available_slots(now) < self.config.np:
+        usable = self._hosts.usable(now)
+        if self._hosts.available_slots(now) < self.config.np:
             return
         if len(usable) < self._min_start_hosts():
             return
@@ -303,11 +305,11 @@ class ElasticDriver:
         cfg = self.config
         self._started = True
         now = self._clock()
-        assignment = self.hosts.assignment(now)
+        assignment = self._hosts.assignment(now)
         self._emit(
             ev.JOB_STARTED,
             np=cfg.np,
-            available=self.hosts.available_slots(now),
+            available=self._hosts.available_slots(now),
             hosts=list(assignment),
         )
         started = self._apply_starts(assignment)
@@ -316,7 +318,7 @@ class ElasticDriver:
     # -- commits and resets -----------------------------------------------------------
 
     def _world(self) -> list[Rank]:
-        return [rank for entry in self._hosts.values() for rank in entry.ranks.values()]
+        return [rank for entry in self._assigned.values() for rank in entry.ranks.values()]
 
     def _fail_job(self, reason: str, line: str, **fields: Any) -> None:
         """A stop Horovod decides on an error: horovodrun exits 1."""
@@ -373,7 +375,7 @@ class ElasticDriver:
         world = self._world()
         self._blacklist_pending(commit)
         now = self._clock()
-        if world and all(self.hosts.is_blacklisted(r.host, now) for r in world):
+        if world and all(self._hosts.is_blacklisted(r.host, now) for r in world):
             self._fail_job(
                 "all_blacklisted",
                 f"blacklisted slots count == {len(world)} -> stop running",
@@ -391,9 +393,9 @@ class ElasticDriver:
         """Blacklists a failed host; its ranks lose their assignment at the activation
         that follows, because it is no longer usable."""
         now = self._clock()
-        if self.hosts.is_blacklisted(host, now):
+        if self._hosts.is_blacklisted(host, now):
             return  # Horovod ignores failures of a host already in its cooldown
-        cooldown = self.hosts.blacklist(host, now)
+        cooldown = self._hosts.blacklist(host, now)
         self._emit(
             ev.HOST_BLACKLISTED,
             host=host,
@@ -409,7 +411,7 @@ class ElasticDriver:
         included, blocks meanwhile), then the new assignment, which must keep a host of the
         previous one, then the new ranks."""
         now = self._clock()
-        available = self.hosts.available_slots(now)
+        available = self._hosts.available_slots(now)
         if available < self.config.min_np:
             if self._blocked_since is None:
                 self._blocked_since = now
@@ -419,8 +421,8 @@ class ElasticDriver:
                 )
             return
         self._blocked_since = None
-        assignment = self.hosts.assignment(now)
-        previous = set(self._hosts)
+        assignment = self._hosts.assignment(now)
+        previous = set(self._assigned)
         if previous and not previous & set(assignment):
             self._say(f"RuntimeError: {NO_PREVIOUS_HOSTS}")
             self._emit(
@@ -434,23 +436,23 @@ class ElasticDriver:
                 "no_previous_hosts", "failed to activate new hosts -> stop running", commit=commit
             )
             return
-        for host, entry in list(self._hosts.items()):
+        for host, entry in list(self._assigned.items()):
             keep = assignment.get(host, 0)
             for local_rank, rank in list(entry.ranks.items()):
                 if not rank.alive:
                     del entry.ranks[local_rank]  # its failure was dealt with above
                 elif local_rank >= keep:
-                    if self.hosts.is_blacklisted(host, self._clock()):
+                    if self._hosts.is_blacklisted(host, self._clock()):
                         reason = "blacklisted"
-                    elif not self.hosts.is_listed(host):
+                    elif not self._hosts.is_listed(host):
                         reason = "host_removed"
                     else:
                         reason = "slots_reduced"
                     del entry.ranks[local_rank]
                     self._unassign(rank, reason, commit)
             if host not in assignment:
-                del self._hosts[host]
-                if not self.hosts.is_listed(host) and not self.hosts.is_blacklisted(
+                del self._assigned[host]
+                if not self._hosts.is_listed(host) and not self._hosts.is_blacklisted(
                     host, self._clock()
                 ):
                     self._hosts_removed += 1
@@ -458,14 +460,14 @@ class ElasticDriver:
 
     def _apply_starts(self, assignment: dict[str, int]) -> list[Rank]:
         """Starts a rank on every slot of the assignment that has none."""
-        listed = self.hosts.listed or {}
+        listed = self._hosts.listed or {}
         started: list[Rank] = []
         for host, slots in assignment.items():
-            entry = self._hosts.get(host)
+            entry = self._assigned.get(host)
             new = entry is None
             if entry is None:
                 entry = HostEntry()
-                self._hosts[host] = entry
+                self._assigned[host] = entry
             free = [lr for lr in range(slots) if lr not in entry.ranks]
             if new and free:
                 self._emit(ev.HOST_ADDED, host=host, slots=listed.get(host), ranks=len(free))
@@ -562,7 +564,7 @@ class ElasticDriver:
                 signal=None,
                 stderr="Gloo rendezvous timed out waiting for a new rank",
                 exec_refused=False,
-                listed=self.hosts.is_listed(rank.host),
+                listed=self._hosts.is_listed(rank.host),
                 gloo_timeout=True,
             )
         size = len(self._world())
@@ -604,9 +606,8 @@ class ElasticDriver:
     # -- the ranks --------------------------------------------------------------------
 
     def joined(self, rank: Rank) -> None:
-        """The rank printed its start line: hvd.init returned, the exec worked."""
-        if rank.running:
-            return
+        """The rank printed its start line (the first time): hvd.init returned, the exec
+        worked."""
         rank.running = True
         self._emit(
             ev.RANK_RUNNING, host=rank.host, rank_id=rank.rank_id, local_rank=rank.local_rank
@@ -625,7 +626,7 @@ class ElasticDriver:
         if rank.aborted:
             return  # its FAILURE is already recorded (the Gloo timeout)
         base = {"host": rank.host, "rank_id": rank.rank_id, "local_rank": rank.local_rank}
-        entry = self._hosts.get(rank.host)
+        entry = self._assigned.get(rank.host)
         assigned = entry is not None and rank.local_rank in entry.ranks
         verdict, reused = judge_exit(rank, assigned, self._stop_requested, code)
         if verdict is Verdict.IGNORED:
@@ -676,7 +677,7 @@ class ElasticDriver:
             signal=sig,
             stderr=stderr,
             exec_refused=refused,
-            listed=self.hosts.is_listed(rank.host),
+            listed=self._hosts.is_listed(rank.host),
             reused_slot=reused,
         )
         if refused:
