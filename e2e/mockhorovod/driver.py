@@ -518,6 +518,9 @@ class Driver:
         if rsh_code != 0:
             code = remote_exit_code(stderr) or rsh_code
         self.core.rank_exited(process.rank, code, rsh_code, sig, stderr)
+        # The core asks nothing more of a rank that exited: its output is read to the end
+        # (or given up) before this.
+        del self._procs[process.rank]
 
     def _write_stop_file(self, process: RankProcess, content: str) -> None:
         # Atomic, so a rank never reads a half-written removal mark as an empty (shutdown)
