@@ -1,7 +1,8 @@
 """What the driver's state core (elastic.py) asks of the process shell (driver.py): the
 event lines and notes to write, and what to do to the ranks' processes and files. The core
-hands them over one at a time, in the order it decided them, and the shell carries each out
-before the core goes on, so an event line never runs ahead of the action it reports."""
+hands them over one at a time and the shell carries each out before the core goes on, so the
+lines and the actions keep the order the core decided them in, which is the order the e2e
+suite reads them in (a ``rank_unassigned`` before the rank can see its removal mark)."""
 
 from __future__ import annotations
 
