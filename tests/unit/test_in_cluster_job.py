@@ -5,7 +5,7 @@ from pathlib import Path
 import yaml
 
 from e2e.harness import DRIVER_ARGS, STOP_FILE_IN_POD, in_cluster_job, mock_driver_args
-from e2e.mockhorovod.driver import parse_args
+from e2e.mockhorovod.cli import parse_args
 from mpijob_elastic.core.objects import render_pods
 from mpijob_elastic.core.spec.parse import parse
 

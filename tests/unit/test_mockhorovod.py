@@ -37,21 +37,14 @@ from e2e.mockhorovod import (
     RESET_FILE_SUFFIX,
 )
 from e2e.mockhorovod import events as ev
-from e2e.mockhorovod.driver import (
-    DEFAULT_RANK_COMMAND,
-    ConfigError,
-    DiscoveryError,
-    Driver,
-    DriverConfig,
-    cooldown_seconds,
-    main,
-    parse_args,
-    parse_discovery_output,
-    remote_exit_code,
-    remote_shell_command,
-)
+from e2e.mockhorovod.cli import parse_args
+from e2e.mockhorovod.config import DEFAULT_RANK_COMMAND, ConfigError, DriverConfig
+from e2e.mockhorovod.discovery import DiscoveryError, parse_discovery_output
+from e2e.mockhorovod.driver import Driver, main
 from e2e.mockhorovod.hook import COMMITTED_MARKER
+from e2e.mockhorovod.hosts import cooldown_seconds
 from e2e.mockhorovod.rank import check_pod, judge_pod, local_stop_reason
+from e2e.mockhorovod.remote import remote_exit_code, remote_shell_command
 from tests.controller import wait_for as wait_until
 
 REPO = Path(__file__).resolve().parents[2]
