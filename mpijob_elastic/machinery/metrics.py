@@ -128,6 +128,12 @@ WORKER_CHANGES = Counter(
     ["change"],
 )
 
+FAILED_TURNS = Counter(
+    f"{PREFIX}_failed_turns",
+    "Turns of one job that raised before their writes (a bug, or an input the controller "
+    "cannot read): the job's TurnFailed condition names the exception, and only its stops "
+    "are carried out.",
+)
 
 # Children made once: every result and direction is exported from the start (a rate over
 # a series that appears only at its first increment misses that increment), and a hot
