@@ -35,9 +35,9 @@ from mpijob_elastic.core.planning.fallback import stop_only
 from mpijob_elastic.core.queueing.kueue import Queue
 from mpijob_elastic.core.reports.conditions import FAILURE_TEXT_LIMIT
 from mpijob_elastic.core.settings import Settings
+from mpijob_elastic.machinery import metrics
 from mpijob_elastic.machinery.kube import Kube
 from mpijob_elastic.machinery.kubeclient import ApiClient
-from mpijob_elastic.machinery.metrics import FAILED_TURNS
 from tests.unit.simulation import SETTINGS, Cluster, make_job
 from tests.unit.test_kueue import FLAVOR, NOW, job, workload
 
@@ -281,10 +281,16 @@ def test_a_turn_that_raises_reports_on_the_job_and_still_stops_it() -> None:
         finally:
             await api.close()
 
-    before = _value(FAILED_TURNS)
-    raised = asyncio.run(turns())
+    before = _value(metrics.FAILED_TURNS)
+    # The controller hands the scrape its caches: the other tests' scrapes keep theirs.
+    with (
+        mock.patch.object(metrics.JOBS, "jobs", metrics.JOBS.jobs),
+        mock.patch.object(metrics.JOB_DETAILS, "config_map", metrics.JOB_DETAILS.config_map),
+        mock.patch.object(metrics.JOB_DETAILS, "settings", metrics.JOB_DETAILS.settings),
+    ):
+        raised = asyncio.run(turns())
     assert len(raised) == 2
-    assert _value(FAILED_TURNS) == before + 2
+    assert _value(metrics.FAILED_TURNS) == before + 2
     assert {name for verb, kind, name in server.sent if verb == "delete"} == {
         "job-launcher",
         "job-worker-0",
