@@ -34,9 +34,11 @@ from mpijob_elastic.app.watches import (
     resources,
 )
 from mpijob_elastic.core import names, nodes
+from mpijob_elastic.core.actions import Failure
 from mpijob_elastic.core.inputs.observe import Observed, observe
 from mpijob_elastic.core.inputs.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
 from mpijob_elastic.core.objects import podgroups
+from mpijob_elastic.core.planning.fallback import stop_only
 from mpijob_elastic.core.planning.plan import plan_writes
 from mpijob_elastic.core.queueing import kueue
 from mpijob_elastic.core.settings import Settings
@@ -318,11 +320,15 @@ class Controller:
             self.probes.forget(key)
             return None
         await self.writer.recheck(key, job)
-        observed = self.observe(job)
-        if kueue.queue_name(job):
-            # The core sees the job through its admission and plans its Workloads' writes.
-            observed = dataclasses.replace(observed, queue=self.kueue.queue(job))
-        writes = plan_writes(observed, self.settings)
+        try:
+            observed = self.observe(job)
+            if kueue.queue_name(job):
+                # The core sees the job through its admission and plans its Workloads' writes.
+                observed = dataclasses.replace(observed, queue=self.kueue.queue(job))
+            writes = plan_writes(observed, self.settings)
+        except Exception as err:
+            await self._stop_only(key, job, err)
+            raise
         await self.writer.run(job, writes)
         self.probes.acted_on(key, observed.ranks)
         if writes.probe is not None:
@@ -330,6 +336,38 @@ class Controller:
         retry = self.writer.of(key).next_retry()
         requeue = [t for t in (writes.requeue_after, retry) if t is not None]
         return min(requeue) if requeue else None
+
+    async def _stop_only(self, key: Key, job: Obj, err: Exception) -> None:
+        """The turn raised before its writes: the job reports it, and the stops it asks for
+        are made from the job and its pods alone (core/planning/fallback.py). The caller
+        raises ``err`` on, so the job is retried with backoff like any failed turn."""
+        metrics.FAILED_TURNS.inc()
+        namespace, uid = key[0], job["metadata"]["uid"]
+        cache = self.caches.pick("Pod", namespace)
+        pods = [
+            p
+            for p in (cache.by_owner(uid) if cache is not None else [])
+            if p["metadata"]["namespace"] == namespace
+        ]
+        memory = self.writer.of(key)
+        # The writer's memory too: a delete it saw accepted is not made again, and a name
+        # someone else holds stays reported (WriteRefused, read back by held_names).
+        observed = Observed(
+            job, pods, deleting=memory.deleting(pods, time.monotonic()), conflicts=memory.taken()
+        )
+        try:
+            if kueue.queue_name(job):
+                observed = dataclasses.replace(observed, queue=self.kueue.queue(job))
+            failure = Failure(type(err).__name__, str(err))
+            await self.writer.run(
+                job, stop_only(observed, self.settings, datetime.now(UTC), failure)
+            )
+        except Exception as fallback_err:  # the turn's own error is the one to retry on
+            log.warning(
+                "the stop-only turn failed too",
+                extra={"job": "/".join(key), "error": str(fallback_err)},
+                exc_info=not isinstance(fallback_err, ApiError),
+            )
 
     async def _read_launcher(self, namespace: str, pod: str, container: str | None) -> bytes:
         result = await self.pod_exec.run(

@@ -142,6 +142,17 @@ class Refusal:
 
 
 @dataclass(frozen=True)
+class Failure:
+    """An exception a turn raised before its writes, as the shell caught it: a bug or an
+    input the core cannot read. The core reports it on the job (planning/fallback.py)."""
+
+    # The exception's class, e.g. "KeyError".
+    kind: str
+    # Its text, as str() gave it.
+    message: str
+
+
+@dataclass(frozen=True)
 class Probe:
     """Read the launcher's remote shells (ranks.py): victims wait on the answer."""
 

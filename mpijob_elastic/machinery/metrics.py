@@ -11,6 +11,7 @@ docs/operations.md lists the series and what each means.
 
 from __future__ import annotations
 
+import logging
 import platform
 import time
 from collections import Counter as Tally
@@ -39,6 +40,8 @@ from mpijob_elastic.core.times import parse_time
 from mpijob_elastic.core.workers import discovered_hosts
 
 PREFIX = "mpijob_elastic"
+
+log = logging.getLogger("mpijob_elastic.machinery.metrics")
 
 # The process has one registry and scrapes see its start time in process_start_time_seconds;
 # a `_created` series next to every counter and histogram would double the series for that.
@@ -128,6 +131,16 @@ WORKER_CHANGES = Counter(
     ["change"],
 )
 
+FAILED_TURNS = Counter(
+    f"{PREFIX}_failed_turns",
+    "Turns of one job that raised before their writes (a bug, or an input the controller "
+    "cannot read): the job's TurnFailed condition names the exception, and only its stops "
+    "are carried out.",
+)
+SKIPPED_JOBS = Counter(
+    f"{PREFIX}_metrics_skipped_jobs",
+    "Jobs left out of a scrape's per-job series because reading them raised.",
+)
 
 # Children made once: every result and direction is exported from the start (a rate over
 # a series that appears only at its first increment misses that increment), and a hot
@@ -227,6 +240,14 @@ def event_sent(event: Emit) -> None:
         _CHANGES[change].inc(workers)
 
 
+def skipped(job: Mapping[str, Any]) -> None:
+    """A job whose reading raised at a scrape (a bug): counted, logged, left out."""
+    SKIPPED_JOBS.inc()
+    meta = job.get("metadata") if isinstance(job, Mapping) else None
+    name = f"{meta.get('namespace')}/{meta.get('name')}" if isinstance(meta, Mapping) else "?"
+    log.warning("job left out of the metrics", extra={"job": name}, exc_info=True)
+
+
 class _JobStates(Collector):
     """``mpijob_elastic_jobs{namespace,state}``, counted from the job cache at scrape time."""
 
@@ -240,10 +261,12 @@ class _JobStates(Collector):
             "condition, as kubectl get mpijob shows it).",
             labels=["namespace", "state"],
         )
-        tally = Tally(
-            (job["metadata"]["namespace"], state(job.get("status")) or "Pending")
-            for job in self.jobs()
-        )
+        tally: Tally[tuple[str, str]] = Tally()
+        for job in self.jobs():
+            try:
+                tally[(job["metadata"]["namespace"], state(job.get("status")) or "Pending")] += 1
+            except Exception:  # one job must not cost every other job its series
+                skipped(job)
         for (namespace, job_state), count in sorted(tally.items()):
             family.add_metric([namespace, job_state], count)
         yield family
@@ -281,12 +304,20 @@ class _JobDetails(Collector):
         )
         tally: Tally[tuple[str, str, str]] = Tally()
         for job in self._jobs.jobs():
-            ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
-            true = _true(job.get("status"))
+            try:
+                ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+                true = _true(job.get("status"))
+                found = (
+                    []
+                    if {"Succeeded", "Failed", "Suspended"} & true.keys()
+                    else self._workers(job, ns, name)
+                )
+            except Exception:  # one job must not cost every other job its series
+                skipped(job)
+                continue
             tally.update((ns, t, reason) for t, reason in true.items())
-            if not {"Succeeded", "Failed", "Suspended"} & true.keys():
-                for count, value in self._workers(job, ns, name):
-                    workers.add_metric([ns, name, count], value)
+            for count, value in found:
+                workers.add_metric([ns, name, count], value)
         for labels, n in sorted(tally.items()):
             conditions.add_metric(list(labels), n)
         yield conditions

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import platform
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import pytest
 from prometheus_client import REGISTRY
@@ -16,6 +19,7 @@ from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Emit
 from mpijob_elastic.core.outputs.status import CONDITION_ORDER, SUSPENDED, StatusBuilder
 from mpijob_elastic.core.settings import Settings
+from mpijob_elastic.core.spec.parse import parse
 from mpijob_elastic.core.times import format_precise_time
 from mpijob_elastic.machinery import metrics
 from mpijob_elastic.machinery.kube import request_labels
@@ -350,3 +354,35 @@ def test_job_details_read_a_job_with_the_controllers_settings() -> None:
     assert {s.labels["count"]: s.value for s in workers.samples}["desired"] == (
         Settings().max_workers_per_job + 1
     )
+
+
+def test_a_job_whose_reading_raises_is_left_out_of_a_scrape_and_counted() -> None:
+    """/metrics must not fail for every job because of one (issue 31): a job whose reading
+    raises (a bug in parse, played by a patched one; a status no schema lets in) is
+    skipped and counted, the others are served."""
+    good = make_job(2, name="a")
+    good["status"] = conditions(Created="MPIJobCreated")
+    bad = make_job(2, name="bad")
+    odd = make_job(2, name="odd")
+    odd["status"] = ["not a mapping"]
+    real = parse
+
+    def buggy(job: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
+        if job["metadata"]["name"] == "bad":
+            raise TypeError("a bug")
+        return real(job, *args, **kwargs)
+
+    states = metrics._JobStates()
+    states.jobs = lambda: [good, bad, odd]
+    details = metrics._JobDetails(states)
+    skipped = total(metrics.SKIPPED_JOBS)
+    before = sample(skipped)
+    with mock.patch.object(metrics, "parse", side_effect=buggy):
+        found_conditions, workers = details.collect()
+        (jobs,) = states.collect()
+    assert sample(skipped) == before + 3  # bad's details, odd's details and odd's state
+    assert {s.labels["mpijob"] for s in workers.samples} == {"a"}
+    assert [tuple(s.labels.values()) for s in found_conditions.samples] == [
+        ("ns", "Created", "MPIJobCreated")
+    ]
+    assert {s.labels["state"]: s.value for s in jobs.samples} == {"Created": 1, "Pending": 1}

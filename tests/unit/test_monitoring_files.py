@@ -48,6 +48,7 @@ def test_every_alert_reads_series_the_controller_serves() -> None:
         "MPIJobWaitingForCapacity",
         "MPIJobDrainsTimingOut",
         "MPIJobWritesRefused",
+        "MPIJobTurnsFailing",
         "MPIJobElasticWritesForbidden",
     }
     for r in rules:

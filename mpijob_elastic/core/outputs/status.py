@@ -18,8 +18,8 @@ from mpijob_elastic.core.workers import Worker
 
 Obj = dict[str, Any]
 
-# Condition types: the v1 ones, plus Scaling, InvalidSpec, Unsupported, SpecWarnings and
-# WriteRefused. The True ones
+# Condition types: the v1 ones, plus Scaling, InvalidSpec, Unsupported, SpecWarnings,
+# WriteRefused and TurnFailed. The True ones
 # are kept in this order after the False ones (StatusBuilder.build), so that the last
 # condition, which `kubectl get mpijob` shows as the job's state, is the latest stage of
 # its lifecycle that holds: a jsonPath cannot filter on status and then take the last.
@@ -37,6 +37,8 @@ SPEC_WARNINGS = "SpecWarnings"
 POD_REJECTED = "PodTemplateRejected"
 # Where a job labelled for a Kueue queue stands there (kueue.py).
 QUEUE_ADMITTED = "QueueAdmitted"
+# The job's last turn raised before its writes (planning/fallback.py).
+TURN_FAILED = "TurnFailed"
 CONDITION_ORDER = (
     CREATED,
     QUEUE_ADMITTED,
@@ -44,6 +46,7 @@ CONDITION_ORDER = (
     UNSUPPORTED,
     SPEC_WARNINGS,
     REFUSED,
+    TURN_FAILED,
     SCALING,
     RUNNING,
     RESTARTING,

@@ -112,6 +112,7 @@ def desired(observed: Observed, settings: Settings, now: datetime) -> Desired:
     turn = Turn.start(observed, settings, now)
     children = _decide(turn)
     _queue(turn)
+    conditions.turn_completed(turn.status)
     # A refused write is reported whatever else the turn decided.
     refusal = conditions.refused(turn.status, observed.refused)
     if refusal is not None:

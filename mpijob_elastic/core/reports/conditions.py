@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from mpijob_elastic.core import names
-from mpijob_elastic.core.actions import Emit, Refusal
+from mpijob_elastic.core.actions import Emit, Failure, Refusal
 from mpijob_elastic.core.hosts.drain import Victim
 from mpijob_elastic.core.hosts.membership import Membership
 from mpijob_elastic.core.objects import podgroups
@@ -27,6 +27,7 @@ from mpijob_elastic.core.outputs.status import (
     REFUSED,
     SCALING,
     SPEC_WARNINGS,
+    TURN_FAILED,
     UNSUPPORTED,
     StatusBuilder,
 )
@@ -195,6 +196,32 @@ def refused(status: StatusBuilder, refusal: Refusal | None) -> Emit | None:
     if status.set(type_, True, reason, message):
         return Emit("Warning", event, message)
     return None
+
+
+# An exception's text may quote a whole input (a repr of the job, of a template): the
+# condition and its Event keep enough of it to find the input, and stay readable.
+FAILURE_TEXT_LIMIT = 400
+
+
+def turn_failed(status: StatusBuilder, failure: Failure) -> Emit | None:
+    """``TurnFailed`` True naming the exception; the Event that goes with a change of the
+    condition, returned: a turn that fails the same way on every retry is reported once."""
+    text = failure.message
+    if len(text) > FAILURE_TEXT_LIMIT:
+        text = text[:FAILURE_TEXT_LIMIT] + f"... ({len(failure.message)} characters)"
+    message = (
+        f"the controller's turn of this job raised {failure.kind}: {text or '(no message)'}; "
+        "until a turn completes only a stop is carried out (runPolicy.suspend, "
+        "activeDeadlineSeconds, Kueue's eviction), the controller's log has the traceback"
+    )
+    if status.set(TURN_FAILED, True, failure.kind, message):
+        return Emit("Warning", TURN_FAILED, message)
+    return None
+
+
+def turn_completed(status: StatusBuilder) -> None:
+    """``TurnFailed`` False once a turn got through its planning."""
+    status.clear(TURN_FAILED, "TurnCompleted", "the controller's last turn of this job completed")
 
 
 def spec_valid(turn: Turn, spec: JobSpec, creating: bool) -> None:
