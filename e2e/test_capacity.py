@@ -319,7 +319,12 @@ def test_grows_into_idle_capacity_and_gives_it_back_to_higher_priority(
         listed = json.loads(run.kubectl("get", "pods", "-l", "app=capacity-e2e", "-o", "json"))
         uids = [p["metadata"]["uid"] for p in listed["items"]]
         takers = {f"{run.namespace}/{name}" for name in high} | {f"pod {u}" for u in uids}
-        assert {by for _, by in named} <= takers, preempted
+        # Or, where the scheduler's Event came more than preemptors.WAIT (5 s) after the
+        # condition, the documented stand-in (docs/capacity.md; seen once on kind).
+        unnamed = {by for _, by in named if by.startswith("the scheduler for a pod of higher")}
+        assert {by for _, by in named} - unnamed <= takers, preempted
+        by_name = sum(by not in unnamed for _, by in named)
+        print(f"FIGURE preemptors named: {by_name} of {len(named)} victims")
         # 3. They finish: the job grows back into the room.
         run.kubectl("delete", "pod", *high, "--wait=true")
         back = time.monotonic()
