@@ -15,6 +15,7 @@ from typing import Any
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.inputs.growth_state import Share, share
+from mpijob_elastic.core.inputs.observe import controller_uid
 from mpijob_elastic.machinery.capacity_watch import CapacityWatch
 
 Key = tuple[str, str]
@@ -30,15 +31,19 @@ class Fleet:
         self.watch = watch
         watch.changed = lambda: wake(self.changed())
 
-    def config_map(self, type_: str, obj: Obj) -> list[Key]:
+    def config_map(self, type_: str, obj: Obj, job_uid: str | None) -> list[Key]:
         """A job's ConfigMap changed: the jobs to wake (a newly hungry job's peers, which
-        may owe it a worker)."""
+        may owe it a worker). ``job_uid``: the UID of the job the name points to, None if
+        there is none. Only a ConfigMap that job controls is its growth state: any tenant
+        can make a ConfigMap with the name and labels (one dated 2099 would hold every
+        opportunistic job of the cluster to one worker more than its baseline)."""
         meta = obj["metadata"]
         name = str(meta["name"])
         if not name.endswith(_SUFFIX):
             return []
         key = (str(meta["namespace"]), name[: -len(_SUFFIX)])
-        found = None if type_ == "DELETED" else share(f"{key[0]}/{key[1]}", obj)
+        ours = job_uid is not None and controller_uid(obj) == job_uid
+        found = None if type_ == "DELETED" or not ours else share(f"{key[0]}/{key[1]}", obj)
         before = self.shares.pop(key, None)
         if found is not None:
             self.shares[key] = found

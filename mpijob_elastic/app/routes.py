@@ -82,7 +82,7 @@ class Routes:
             if type_ == "DELETED":
                 self.wake(self.fleet.pod_deleted(obj))
         elif obj.get("kind") == "ConfigMap":
-            self.wake(self.fleet.config_map(type_, obj))
+            self.wake(self.fleet.config_map(type_, obj, self._job_uid(obj)))
         refs = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
         urgent = may_move_hosts(type_, obj)
         for ref in refs:
@@ -98,6 +98,18 @@ class Routes:
         for name in {labels[k] for k in JOB_LABELS if k in labels}:
             if jobs is not None and jobs.get(meta["namespace"], name) is not None:
                 self.queue.add((meta["namespace"], name))
+
+    def _job_uid(self, config_map: Obj) -> str | None:
+        """The UID of the job a ``<job>-config`` ConfigMap is named for, None if no such
+        job is cached."""
+        meta = config_map["metadata"]
+        suffix = names.config_map_name("")
+        name = str(meta["name"])
+        jobs = self.caches.pick(names.KIND, meta["namespace"])
+        if not name.endswith(suffix) or jobs is None:
+            return None
+        job = jobs.get(meta["namespace"], name[: -len(suffix)])
+        return str(job["metadata"].get("uid")) if job is not None else None
 
     def on_preempted(self, type_: str, event: Obj) -> None:
         """The scheduler's Event on a pod it preempted: the victim's job may be waiting for

@@ -99,8 +99,8 @@ def test_two_opportunistic_jobs_split_the_idle_gpus(
         return counts if counts == (3, 3) and listed == GPUS else None
 
     wait_for(split, 180, "a 3/3 split of the 6 idle GPUs")
-    reasons = {r for _, r, _ in first.events()}
-    assert {"Grew", "Preempted", "FairShare"} <= reasons, reasons
+    for reason in ("Grew", "Preempted", "FairShare"):
+        first.wait_event(reason)
     # The scheduler's own Preempted Event on the victim names the newcomer's baseline
     # worker (its opportunistic ones never preempt); the job's Event passes the name on.
     preempted = [m for _, r, m in first.events() if r == "Preempted"]
@@ -111,6 +111,36 @@ def test_two_opportunistic_jobs_split_the_idle_gpus(
     time.sleep(10)
     counts = (elastic(first).get("opportunistic"), elastic(second).get("opportunistic"))
     assert counts == (3, 3)
+
+
+def test_a_forged_growth_state_holds_no_job_back(
+    cluster: Cluster, namespace: str, gpu_node: str, start_controller: StartController
+) -> None:
+    """Issue 31 §3: the fair split reads a growth state only from a ConfigMap its job
+    controls. A tenant's ConfigMaps named as jobs' ConfigMaps, labelled as ours or as
+    training-operator's, say a job with no opportunistic worker has been refused since
+    2099: read, they would hold every opportunistic job to one worker above that."""
+    hungry = "0 1 2099-01-01T00:00:00.000000Z 2099-01-01T00:00:00.000000Z refused"
+    for name, labels in (
+        ("ghost", names.object_labels("ghost", None)),
+        ("phantom", {names.LABEL_APP: "phantom"}),
+    ):
+        forged = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": names.config_map_name(name),
+                "labels": labels,
+                "annotations": {names.ANN_GROWTH: hungry},
+            },
+        }
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(forged))
+    start_controller(namespace, args=ARGS)
+    job = Job(cluster, namespace, "alone")
+    job.create(gpu_job(job.name, 1, GPUS))
+    job.wait_hosts(GPUS, timeout=90)
+    wait_for(lambda: elastic(job).get("opportunistic") == GPUS - 1, 20, "7 opportunistic")
+    assert [r for _, r, _ in job.events() if r == "FairShare"] == []
 
 
 def test_a_job_without_the_annotation_stays_at_its_replicas(

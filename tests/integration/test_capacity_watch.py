@@ -22,6 +22,10 @@ from tests.cluster import Cluster
 HUNGRY = "0 1 2026-11-26T03:00:00.000000Z 2099-01-01T00:00:00.000000Z refused"
 
 
+# The job the ConfigMap below is controlled by (the fleet reads only such a ConfigMap).
+JOB_UID = "job-uid"
+
+
 def config_map(namespace: str, growth: str) -> dict[str, Any]:
     return {
         "kind": "ConfigMap",
@@ -29,6 +33,7 @@ def config_map(namespace: str, growth: str) -> dict[str, Any]:
             "namespace": namespace,
             "name": names.config_map_name("job"),
             "annotations": {names.ANN_GROWTH: growth},
+            "ownerReferences": [{"controller": True, "uid": JOB_UID}],
         },
     }
 
@@ -141,7 +146,7 @@ async def test_bound_pods_of_others_going_away_wake_the_hungry_jobs(
         ("ends", "kwok-nowhere", None),
     ]:
         kubectl("apply", "-n", namespace, "-f", "-", input=pod(name, node, labels))
-    made.config_map("ADDED", config_map(namespace, HUNGRY))
+    made.config_map("ADDED", config_map(namespace, HUNGRY), JOB_UID)
     await lists.reach(1)  # the watch has listed: it sees every change from now on
 
     # Ours (the pod cache judges those) and one that never held a node: no wake.
@@ -173,13 +178,13 @@ async def test_the_watch_stops_when_no_job_is_hungry(
     cluster: Cluster, namespace: str, unspaced_fleet: Made
 ) -> None:
     made, woken, lists = unspaced_fleet
-    made.config_map("ADDED", config_map(namespace, HUNGRY))
+    made.config_map("ADDED", config_map(namespace, HUNGRY), JOB_UID)
     # It watches: a pod going wakes the hungry job. (A watch that never started fails here.)
     await lists.reach(1)
     await woken_by_a_pod_going(cluster, namespace, woken)
     woken.clear()
 
-    made.config_map("MODIFIED", config_map(namespace, "2 0 - - grown"))
+    made.config_map("MODIFIED", config_map(namespace, "2 0 - - grown"), JOB_UID)
     # The open watch ends at its next event: this pod's creation. Its deletion, which the
     # watch would report as it did the probe's, wakes nothing: within the settle period and
     # a margin, nothing else can show that nothing came.
@@ -191,6 +196,6 @@ async def test_the_watch_stops_when_no_job_is_hungry(
     assert woken == []
 
     # Hungry again: the watch lists afresh and watches again.
-    made.config_map("MODIFIED", config_map(namespace, HUNGRY))
+    made.config_map("MODIFIED", config_map(namespace, HUNGRY), JOB_UID)
     await lists.reach(2)
     await woken_by_a_pod_going(cluster, namespace, woken)
