@@ -40,7 +40,7 @@ create() {
     --kube-scheduler-binary "$bin_dir/kube-scheduler" \
     --kwok-controller-binary "$bin_dir/kwok" \
     --etcd-binary "$bin_dir/etcd" \
-    --wait 60s >"$log_file" 2>&1 || { cat "$log_file" >&2; log "kwokctl failed"; return 1; }
+    --wait 60s >"$log_file" 2>&1 8>&- || { cat "$log_file" >&2; log "kwokctl failed"; return 1; }
   kubectl --kubeconfig "$kubeconfig" apply -f "$here/kwok/nodes.yaml" >/dev/null || return 1
   kubectl --kubeconfig "$kubeconfig" wait --for=condition=Ready node --all --timeout=60s \
     >/dev/null || return 1
@@ -54,11 +54,22 @@ create() {
     sleep 0.2
   done
 }
+# One create at a time on this machine: kwokctl picks a port by finding it free, and a
+# cluster created at the same moment can pick it too (seen with 4 test processes: an API
+# server answering with another cluster's CA, then 3 failed tries of 3 min each). Once a
+# cluster is up its ports are bound, and the next create cannot pick them. The components
+# kwokctl leaves running must not inherit the lock (8>&-).
+exec 8>"$KWOK_WORKDIR/create.lock"
+if ! flock -n 8; then
+  log "waiting for another cluster's start to finish"
+  flock 8
+fi
 for attempt in 1 2 3; do
   create && break
-  kwokctl delete cluster --name "$cluster_name" >/dev/null 2>&1 || true
+  kwokctl delete cluster --name "$cluster_name" >/dev/null 2>&1 8>&- || true
   [ "$attempt" -lt 3 ] || { log "cluster $cluster_name did not come up in 3 tries"; exit 1; }
   log "cluster $cluster_name did not come up (try $attempt of 3): starting it again"
 done
+flock -u 8
 log "cluster $cluster_name up in $((SECONDS - start))s; kubeconfig: $kubeconfig"
 echo "$kubeconfig"

@@ -341,6 +341,7 @@ class RemoteShells:
         self.cluster, self.tmp = cluster, tmp
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.env: dict[str, str] = {}
+        self.reports = ""
 
     def attach(self, namespace: str, job: str) -> None:
         """Act as ``job``'s launcher: its ServiceAccount, its kubexec.sh."""
@@ -358,8 +359,18 @@ class RemoteShells:
         assert config is not None
         (self.tmp / "kubexec.sh").write_text(config["data"]["kubexec.sh"])
         self.env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+        self.reports = f"/api/v1/namespaces/{namespace}/configmaps/{names.ranks_name(job)}"
+
+    def _committed(self, worker: str) -> set[str]:
+        """The commit reports of the remote shells into ``worker`` (ranks.py's keys)."""
+        data = (self.cluster.raw("GET", self.reports) or {}).get("data") or {}
+        return {k for k in data if k.startswith(f"{worker}_") and k.endswith("_committed")}
 
     def start(self, worker: str) -> None:
+        """A rank on ``worker``, returned once its commit report has reached the cluster:
+        until then the controller counts it as still in its reset (host_rules.py), and a
+        test reading the rank-holder labels could catch them on their way."""
+        before = self._committed(worker)
         rank = f"exec {sys.executable} -c '{HOOKED_RANK_CODE}' rank-of-{worker}"
         self.procs[worker] = subprocess.Popen(
             ["/bin/sh", str(self.tmp / "kubexec.sh"), worker, rank],
@@ -369,6 +380,7 @@ class RemoteShells:
         )
         # Running once its rank runs here (KWOK's exec is a local process).
         wait_for(lambda: self._ranks(worker), 30, f"the rank on {worker}")
+        wait_for(lambda: self._committed(worker) - before, 30, f"the commit report of {worker}")
 
     def start_silent(self, worker: str) -> None:
         """A remote shell that reports nothing (a launcher whose kubexec.sh predates the

@@ -607,7 +607,13 @@ class ElasticDriver:
 
     def joined(self, rank: Rank) -> None:
         """The rank printed its start line (the first time): hvd.init returned, the exec
-        worked."""
+        worked. A rank of an open window that comes up at or after its deadline is too late:
+        Gloo's timer in the waiting ranks fired first, whether or not a commit tick has
+        looked at the window since (the ticks alone would let it in up to a tick late)."""
+        window = self._window
+        if window is not None and rank in window.new_ranks and window.expired(self._clock()):
+            self._gloo_abort(window)
+            return
         rank.running = True
         self._emit(
             ev.RANK_RUNNING, host=rank.host, rank_id=rank.rank_id, local_rank=rank.local_rank

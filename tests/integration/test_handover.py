@@ -178,12 +178,12 @@ def test_a_running_training_operator_job_is_taken_over_and_scaled_gracefully(
     # Nothing restarted: the same pods.
     assert {p: get(cluster, ns, "Pod", p)["metadata"]["uid"] for p in pods} == uids
     job.wait_hosts(2)
-    events = job.events()
-    adopted = [m for _, r, m in events if r == "Adopted"]
+    job.wait_event("Adopted")
+    job.wait_event("TakenOver")
+    adopted = [m for _, r, m in job.events() if r == "Adopted"]
     assert len(adopted) == 1
     assert "Pod elastic-worker-1" in adopted[0]
     assert "RoleBinding elastic-launcher" in adopted[0]
-    assert "TakenOver" in [r for _, r, _ in events]
     # Someone else's pod is left exactly as it was, though named and labelled as the job's.
     assert get(cluster, ns, "Pod", "elastic-worker-5")["metadata"] == foreign_before
 

@@ -250,8 +250,12 @@ def test_dashboard_queries_and_rules_on_a_scraped_controller(
     # The hand-deleted worker of the first job: retired once, and replaced (a scale-out
     # whose turn was cut short by a conflict after its ConfigMap write is reported as a
     # replacement too, by the next turn: docs/operations.md, "What the counters count")...
+    wait_for(
+        lambda: named((job,), "WorkerRetired") == 1 and named((job,), "WorkerReplaced") >= 1,
+        30,
+        "the Events of the retirement and its replacement",
+    )
     assert named((job,), "WorkerRetired") == 1
-    assert named((job,), "WorkerReplaced") >= 1
 
     # ...and the counters count what the Events of all three jobs say (sent in the
     # background: the last may reach the cluster after the scrape).
@@ -262,7 +266,7 @@ def test_dashboard_queries_and_rules_on_a_scraped_controller(
             for change, reason in (("retired", "WorkerRetired"), ("replaced", "WorkerReplaced"))
         ]
 
-    wait_for(lambda: all(c == n for c, n in counted()), 5, "the counters to match the Events")
+    wait_for(lambda: all(c == n for c, n in counted()), 30, "the counters to match the Events")
     # 3 -> 1: two workers drained, each either after its ranks left or at the deadline.
     assert (
         scrape.value(CHANGES, change="drained") + scrape.value(CHANGES, change="drain_timed_out")

@@ -47,9 +47,7 @@ def test_an_unschedulable_worker_is_given_up_then_tried_again(cluster: Cluster, 
         assert "running 2 of 3 workers" in cond["message"]
         assert "Unschedulable" in cond["message"], cond["message"]
         assert job.get()["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 3
-        warnings = [m for t, r, m in job.events() if r == "ScaleOutTimedOut"]
-        assert warnings
-        assert "were not running within 3s" in warnings[0]
+        assert "were not running within 3s" in job.wait_event("ScaleOutTimedOut")
     finally:
         unfill(cluster)
     # The next attempt, after the 3 s backoff, finds room.

@@ -182,6 +182,21 @@ def test_rule3_a_new_rank_missing_at_the_gloo_timeout_aborts_every_rank() -> Non
     assert c.driver.summary()["failures"] == 3
 
 
+def test_rule3_a_rank_up_after_the_gloo_timeout_is_too_late_between_two_ticks() -> None:
+    c = core(gloo_timeout=5.0)
+    up(c, "a:1", "b:1")
+    c.poll("a:1", "b:1", "c:1")
+    c.driver.commit()
+    (c_rank,) = c.ranks("c")
+    c.clock.advance(5.3)  # no tick since: only Gloo's own timer has fired
+    c.driver.joined(c_rank)
+    (timeout,) = c.events(ev.GLOO_TIMEOUT)
+    assert timeout["missing"] == [c_rank.rank_id]
+    assert not c_rank.running
+    assert [e for e in c.events(ev.RANK_RUNNING) if e["host"] == "c"] == []
+    assert c.driver.finish(stop_file_present=False) == (1, "all_failed")
+
+
 def test_rule3_a_rank_failing_inside_the_window_keeps_it_open_until_the_timeout() -> None:
     c = core(gloo_timeout=10.0)
     up(c, "a:1", "b:1")
