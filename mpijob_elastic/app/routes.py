@@ -92,7 +92,8 @@ class Routes:
                 self.queue.add((meta["namespace"], ref["name"]), urgent=urgent)
         if refs:
             return
-        # An orphan: the job its labels name may adopt it, if there is such a job.
+        # An orphan that the job its labels name is not: it may hold one of that job's
+        # names (held_names.py), and its change may free it.
         labels = meta.get("labels") or {}
         jobs = self.caches.pick(names.KIND, meta["namespace"])
         for name in {labels[k] for k in JOB_LABELS if k in labels}:

@@ -3,7 +3,7 @@ observe.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,18 +79,15 @@ class PatchStatus:
 
 @dataclass(frozen=True)
 class Claim:
-    """Merge our labels into a child and, to adopt it, write its ownerReferences with ours
-    as controller. A merge patch carrying the observed UID and resourceVersion: a change
-    made since (another controller adopting it first) or a same-named successor makes it
-    fail instead of being overwritten."""
+    """Merge our labels into a child the job controls. A merge patch carrying the observed
+    UID and resourceVersion: a change made since or a same-named successor makes it fail
+    instead of being overwritten."""
 
     kind: str
     name: str
     uid: str
     resource_version: str
     labels: Mapping[str, str]
-    # The child's ownerReferences with ours added; None: a child we control already.
-    owner_references: Sequence[Mapping[str, Any]] | None = None
 
 
 @dataclass(frozen=True)

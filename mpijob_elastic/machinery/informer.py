@@ -158,10 +158,6 @@ class Informer:
         """The objects whose controller ownerReference names ``uid``, ordered by key."""
         return self._store.by_owner(uid)
 
-    def orphans(self, namespace: str) -> builtins.list[Obj]:
-        """The objects in ``namespace`` that no controller owns, ordered by key."""
-        return self._store.orphans(namespace)
-
     def upsert(self, obj: Obj) -> None:
         """Put the result of the controller's own successful write into the cache.
 

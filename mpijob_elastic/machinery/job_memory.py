@@ -52,11 +52,7 @@ def describe(action: Action) -> tuple[str, str, str]:
     if isinstance(action, PatchStatus):
         return "update the status of", action.obj["kind"], action.obj["metadata"]["name"]
     if isinstance(action, Claim):
-        return (
-            ("adopt" if action.owner_references is not None else "label"),
-            action.kind,
-            action.name,
-        )
+        return "label", action.kind, action.name
     return "write", names.KIND, "status"
 
 

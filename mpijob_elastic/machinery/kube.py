@@ -179,7 +179,7 @@ class Kube:
 
     async def list(self, kind: str, namespace: str, name: str) -> Obj:
         """A fresh read of one object, off the hot path: who holds a name we could not
-        create, or whether a job is still there before adopting for it.
+        create.
 
         A list narrowed to the name, not a GET: the controller may list every kind it
         reads, which already shows it every object of the kind, so RBAC's ``get`` would

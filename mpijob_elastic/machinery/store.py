@@ -199,8 +199,6 @@ class Store:
         self._transform = transform or _identity
         self._objects: dict[Key, Obj] = {}
         self._owned: dict[str, set[Key]] = {}
-        # Objects without a controller, by namespace: candidates for adoption.
-        self._orphans: dict[str, set[Key]] = {}
         self._deleted_uids: OrderedDict[str, None] = OrderedDict()
 
     # -- reading ----------------------------------------------------------------------------
@@ -219,10 +217,6 @@ class Store:
     def by_owner(self, owner_uid: str) -> builtins.list[Obj]:
         """The objects whose controller ownerReference names ``owner_uid``, ordered by key."""
         return [self._objects[key] for key in sorted(self._owned.get(owner_uid, ()))]
-
-    def orphans(self, namespace: str) -> builtins.list[Obj]:
-        """The objects in ``namespace`` that no controller owns, ordered by key."""
-        return [self._objects[key] for key in sorted(self._orphans.get(namespace, ()))]
 
     # -- changing ---------------------------------------------------------------------------
 
@@ -311,8 +305,6 @@ class Store:
         owner = controller_uid(obj)
         if owner is not None:
             self._owned.setdefault(owner, set()).add(key)
-        else:
-            self._orphans.setdefault(key[0], set()).add(key)
 
     def _remove(self, key: Key, current: Obj) -> None:
         del self._objects[key]
@@ -321,11 +313,12 @@ class Store:
 
     def _unindex(self, key: Key, obj: Obj) -> None:
         owner = controller_uid(obj)
-        index, at = (self._owned, owner) if owner is not None else (self._orphans, key[0])
-        keys = index[at]
+        if owner is None:
+            return
+        keys = self._owned[owner]
         keys.discard(key)
         if not keys:
-            del index[at]
+            del self._owned[owner]
 
     def _remember_deleted(self, obj: Obj) -> None:
         obj_uid = uid(obj)

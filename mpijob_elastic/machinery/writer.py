@@ -181,8 +181,6 @@ class Writer:
             await self._delete_pod(key, ns, action)
         elif isinstance(action, Claim):
             await self._claim(job, action)
-            # A name once held by someone else and now adopted is the job's own.
-            self.of(key).conflicts.pop((action.kind, action.name), None)
         elif isinstance(action, DeleteObject):
             await self._delete_object(key, ns, action)
         elif isinstance(action, PatchStatus):
@@ -292,17 +290,6 @@ class Writer:
 
     async def _claim(self, job: Obj, action: Claim) -> None:
         meta = job["metadata"]
-        if action.owner_references is not None:
-            # As Kubernetes' controllers do before adopting: the cached job may have been
-            # deleted (and replaced) since, and an orphan adopted by a job that is gone is
-            # garbage-collected. A fresh read says whether it is still this job.
-            fresh = await self.kube.list(names.KIND, meta["namespace"], meta["name"])
-            if fresh["metadata"].get("uid") != meta["uid"] or fresh["metadata"].get(
-                "deletionTimestamp"
-            ):
-                raise ApiError(
-                    409, "Conflict", f"MPIJob {meta['name']} was deleted or replaced: no adoption"
-                )
         # uid and resourceVersion make the patch conditional (the API server refuses a
         # patch that would change the UID, and a stale resourceVersion with 409).
         patch: Obj = {
@@ -312,8 +299,6 @@ class Writer:
                 "labels": dict(action.labels),
             }
         }
-        if action.owner_references is not None:
-            patch["metadata"]["ownerReferences"] = [dict(r) for r in action.owner_references]
         self._cache(await self.kube.patch(action.kind, meta["namespace"], action.name, patch))
         verb, kind, name = describe(action)
         log.info(verb, extra={"job": _job(job), "kind": kind, "object": name})

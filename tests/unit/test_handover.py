@@ -74,7 +74,6 @@ def test_training_operators_children_are_relabelled_before_anything_else() -> No
     assert not p.of_type(Create)
     assert p.requeue_after == 0
     by_name = {(c.kind, c.name): c for c in claims}
-    assert all(c.owner_references is None for c in claims)
     assert all((c.uid, c.resource_version) == (f"uid-{c.name}", "7") for c in claims)
     assert by_name[("Pod", "job-worker-1")].labels == names.pod_labels("job", "worker", 1)
     assert by_name[("Pod", "job-launcher")].labels == names.pod_labels("job", "launcher")
@@ -85,20 +84,17 @@ def test_training_operators_children_are_relabelled_before_anything_else() -> No
     assert "Pod job-worker-0" in event.message  # type: ignore[union-attr]
 
 
-def test_an_orphan_named_and_labelled_as_the_jobs_is_adopted_with_an_event() -> None:
+def test_an_orphan_named_and_labelled_as_the_jobs_is_never_adopted() -> None:
+    """Anyone who may create pods or ConfigMaps in the namespace can make one (issue 31)."""
     other = {"apiVersion": "v1", "kind": "ConfigMap", "name": "note", "uid": "note-uid"}
-    orphan = child("Pod", "job-worker-1", {**TO_POD, names.LABEL_INDEX: "1"}, [other])
-    v1_orphan = child("ConfigMap", "job-config", names.object_labels("job", None))
-    claims, events = handover.claims(Observed(job=JOB, strays=[orphan, v1_orphan]))
-    pod, config = claims
-    # Its own references stay; ours is added as the controller, as controller-runtime adds it.
-    assert pod.owner_references == [other, ref()]
-    assert pod.labels == names.pod_labels("job", "worker", 1)
-    assert config.owner_references == [ref()]
-    (event,) = events
-    assert event.reason == "Adopted"
-    assert "Pod job-worker-1" in event.message
-    assert "ConfigMap job-config" in event.message
+    orphans = [
+        child("Pod", "job-worker-1", {**TO_POD, names.LABEL_INDEX: "1"}, [other]),
+        child("Pod", "job-worker-2", names.pod_labels("job", "worker", 2)),
+        child("ConfigMap", "job-config", names.object_labels("job", None)),
+        child("RoleBinding", "job-launcher", {"app": "job"}),
+    ]
+    assert handover.claims(Observed(job=JOB, strays=orphans)) == ([], [])
+    assert handover.claims(Observed(job=JOB, pods=orphans[1:2])) == ([], [])
 
 
 def test_objects_not_the_jobs_are_never_claimed() -> None:

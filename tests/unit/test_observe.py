@@ -41,10 +41,10 @@ def test_children_strays_memory_and_nodes_are_read() -> None:
     )
     assert [p["metadata"]["name"] for p in observed.pods] == ["job-worker-0"]
     assert observed.role is relabelled
-    assert observed.config_map is None, "an orphan is a hand-over candidate, not a child"
-    # The orphan, and the pod only the hand-over cache holds; the Role both caches show
-    # (relabelled already) is the job's child, not a stray.
-    assert sorted(o["metadata"]["uid"] for o in observed.strays) == ["c0", "w1"]
+    assert observed.config_map is None, "an orphan is neither a child nor a stray"
+    # The pod only the hand-over cache holds; the Role both caches show (relabelled
+    # already) is the job's child, not a stray.
+    assert sorted(o["metadata"]["uid"] for o in observed.strays) == ["w1"]
     assert observed.deleting == {"w0"}
     assert observed.leaving_nodes == {"n1": "cordoned"}
     # The memory runs on the clock passed in.

@@ -80,28 +80,6 @@ def test_by_owner_follows_controller_references_through_changes() -> None:
     assert store.by_owner("no-such-uid") == []
 
 
-def test_orphans_are_indexed_by_namespace_until_adopted_or_gone() -> None:
-    store = Store()
-    store.apply(ADDED, pod("orphan", 1))
-    store.apply(ADDED, pod("dependent", 2, owner="job", controller=False))
-    store.apply(ADDED, pod("owned", 3, owner="job"))
-    store.apply(ADDED, pod("elsewhere", 4, namespace="other"))
-    assert keys(store.orphans("ns")) == [("ns", "dependent"), ("ns", "orphan")]
-    assert keys(store.orphans("other")) == [("other", "elsewhere")]
-
-    # Adopted (our own write's result): it is the job's now, no longer an orphan.
-    assert store.upsert(pod("orphan", 5, owner="job"))
-    assert keys(store.orphans("ns")) == [("ns", "dependent")]
-    assert keys(store.by_owner("job")) == [("ns", "orphan"), ("ns", "owned")]
-    # Released by its controller: an orphan again.
-    store.apply(MODIFIED, pod("owned", 6))
-    assert keys(store.orphans("ns")) == [("ns", "dependent"), ("ns", "owned")]
-    store.apply(DELETED, pod("dependent", 7, owner="job", controller=False))
-    store.replace([], "8")
-    assert store.orphans("ns") == []
-    assert store.orphans("other") == []
-
-
 def test_metadata_only_keeps_what_says_whose_an_object_is() -> None:
     obj = pod("p", 1, owner="job", labels={"app": "x"}, managedFields=[{"manager": "m"}])
     obj["spec"] = {"containers": [{"name": "main"}]}

@@ -78,11 +78,9 @@ class Observed:
 
 
 class View(Protocol):
-    """One cache of one kind: its objects by controller owner, its orphans, by name."""
+    """One cache of one kind: its objects by controller owner, by name."""
 
     def by_owner(self, uid: str) -> Iterable[Obj]: ...
-
-    def orphans(self, namespace: str) -> Iterable[Obj]: ...
 
     def get(self, namespace: str, name: str) -> Obj | None: ...
 
@@ -129,20 +127,19 @@ def observe(
         return next((o for o in owned(kind) if o["metadata"]["name"] == name), None)
 
     def strays(kind: str) -> list[Obj]:
-        """Hand-over candidates (handover.py): orphans, and children of this job that
-        only the hand-over caches hold."""
+        """Hand-over candidates (handover.py): children of this job that only the
+        hand-over caches hold."""
         main, other = caches(kind), handover(kind)
-        found = list(main.orphans(ns)) if main else []
-        if other is not None:
-            for obj in (*other.by_owner(uid), *other.orphans(ns)):
-                obj_meta = obj["metadata"]
-                seen = main.get(ns, obj_meta["name"]) if main else None
-                # Relabelled already: our write put it in the main cache, and the
-                # hand-over cache's view of it is on its way out.
-                if obj_meta["namespace"] == ns and not (
-                    seen is not None and seen["metadata"].get("uid") == obj_meta.get("uid")
-                ):
-                    found.append(obj)
+        found = []
+        for obj in other.by_owner(uid) if other is not None else ():
+            obj_meta = obj["metadata"]
+            seen = main.get(ns, obj_meta["name"]) if main else None
+            # Relabelled already: our write put it in the main cache, and the hand-over
+            # cache's view of it is on its way out.
+            if obj_meta["namespace"] == ns and not (
+                seen is not None and seen["metadata"].get("uid") == obj_meta.get("uid")
+            ):
+                found.append(obj)
         return found
 
     pods = owned("Pod")
@@ -180,13 +177,6 @@ class Listed:
 
     def by_owner(self, uid: str) -> list[Obj]:
         return [o for o in self.objects if controller_uid(o) == uid]
-
-    def orphans(self, namespace: str) -> list[Obj]:
-        return [
-            o
-            for o in self.objects
-            if controller_uid(o) is None and o["metadata"]["namespace"] == namespace
-        ]
 
     def get(self, namespace: str, name: str) -> Obj | None:
         meta = (namespace, name)

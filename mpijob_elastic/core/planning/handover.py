@@ -1,18 +1,19 @@
-"""Taking over the children another v1 controller made, and adopting orphans.
+"""Taking over the children another v1 controller made.
 
 Training-operator 1.9 labels a job's children its own way (names.py) and not with the
 v1 labels our caches select, so a job it started is invisible to the main caches; a
 metadata-only cache per kind finds such objects (app/controller.py). Before anything else of
 a job is planned:
 
-* each child the job controls that lacks any of our labels gets them merged in (a
-  training-operator child, or one of ours whose labels someone removed); others' labels
-  are left as they are;
-* each object in the job's namespace that no controller owns, named as one of the job's
-  children and labelled with the job's name, is adopted as controller-runtime adopts: a
-  controller ownerReference with ``blockOwnerDeletion`` is added, with an Event on the job.
+each child the job controls (its controller ownerReference carries the job's UID) that
+lacks any of our labels gets them merged in (a training-operator child, or one of ours
+whose labels someone removed); others' labels are left as they are.
 
-An object another controller owns is never touched: its name stays taken (docs/design.md).
+Nothing is adopted. An object the job does not control is never touched, whatever its
+name and labels: its name stays taken (docs/design.md). That includes an orphan named
+and labelled as one of the job's children: anyone who may create pods or ConfigMaps in
+the namespace can make one, and adopted, a pod would enter the host list and the
+launcher's exec grant, a ConfigMap would be read for the job's state (docs/handover.md).
 Until the claims are written the rest of the plan waits: with part of its children
 unseen, a job would, say, rewrite ``discover_hosts.sh`` without workers Horovod is using.
 Pods are never restarted: a claim only patches metadata.
@@ -26,7 +27,6 @@ from typing import Any
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Claim, Emit, Phase, Writes
 from mpijob_elastic.core.inputs.observe import Observed
-from mpijob_elastic.core.objects import render
 from mpijob_elastic.core.workers import worker_index
 
 # Claims one turn may make; the job comes straight back for the rest.
@@ -47,13 +47,6 @@ def our_labels(job: str, kind: str, name: str) -> dict[str, str] | None:
     if kind == "ConfigMap" and name == names.config_map_name(job):
         return names.object_labels(job, None)
     return None
-
-
-def labelled_for(job: str, kind: str, labels: Mapping[str, Any]) -> bool:
-    """Whether an object's labels name the job, as MPI Operator v1 or training-operator
-    labels that kind."""
-    keys = (names.LABEL_JOB, names.LABEL_TO_JOB if kind == "Pod" else names.LABEL_APP)
-    return any(labels.get(key) == job for key in keys)
 
 
 def controller_of(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -79,7 +72,6 @@ def claims(observed: Observed) -> tuple[list[Claim], list[Emit]]:
         return [], []  # the garbage collector is taking the children away
     job_name, job_uid = str(meta["name"]), str(meta["uid"])
     found: list[Claim] = []
-    adopted: list[str] = []
     taken_over: list[str] = []
     for kind, obj in _candidates(observed):
         child = obj["metadata"]
@@ -88,18 +80,14 @@ def claims(observed: Observed) -> tuple[list[Claim], list[Emit]]:
             continue
         labels = child.get("labels") or {}
         controller = controller_of(child)
-        if controller is None:
-            if not labelled_for(job_name, kind, labels):
-                continue
-            refs = [r for r in child.get("ownerReferences") or [] if r.get("uid") != job_uid]
-            refs.append(render.job_owner_reference(job_name, job_uid))
-            adopted.append(f"{kind} {child['name']}")
-        elif controller.get("uid") != job_uid or all(labels.get(k) == v for k, v in wanted.items()):
+        if (
+            controller is None
+            or controller.get("uid") != job_uid
+            or all(labels.get(k) == v for k, v in wanted.items())
+        ):
             continue
-        else:
-            refs = None
-            if names.LABEL_JOB not in labels:
-                taken_over.append(f"{kind} {child['name']}")
+        if names.LABEL_JOB not in labels:
+            taken_over.append(f"{kind} {child['name']}")
         found.append(
             Claim(
                 kind,
@@ -107,21 +95,11 @@ def claims(observed: Observed) -> tuple[list[Claim], list[Emit]]:
                 str(child.get("uid", "")),
                 str(child.get("resourceVersion", "")),
                 wanted,
-                refs,
             )
         )
     found = found[:CLAIMS_PER_TURN]
     claimed = {f"{c.kind} {c.name}" for c in found}
     events: list[Emit] = []
-    if adopted := [a for a in adopted if a in claimed]:
-        events.append(
-            Emit(
-                "Normal",
-                "Adopted",
-                f"adopted {', '.join(adopted)}: named and labelled as this job's and "
-                "controlled by nothing, so it now has this job as its controller",
-            )
-        )
     if taken_over := [t for t in taken_over if t in claimed]:
         events.append(
             Emit(

@@ -27,7 +27,7 @@ def plan_writes(observed: Observed, settings: Settings, now: datetime | None = N
     """The writes, in order, that move one job's children towards its spec."""
     now = now or datetime.now(UTC)
     observed = _without_our_own_names(observed)
-    # Children to take over or adopt first: until then the job sees only part of them.
+    # Children to take over first: until then the job sees only part of them.
     claiming = handover.claim_writes(observed)
     if claiming is not None:
         return _with_refusal(claiming, observed, now)
