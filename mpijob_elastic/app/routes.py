@@ -13,6 +13,7 @@ from mpijob_elastic.app.fleet import Fleet
 from mpijob_elastic.app.predicates import job_signature, manages, may_move_hosts
 from mpijob_elastic.app.watches import JOB_LABELS, Caches
 from mpijob_elastic.core import names, nodes
+from mpijob_elastic.core.objects import podgroups
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.times import parse_time
 from mpijob_elastic.machinery import metrics
@@ -84,6 +85,10 @@ class Routes:
         elif obj.get("kind") == "ConfigMap":
             self.wake(self.fleet.config_map(type_, obj, self._job_uid(obj)))
         refs = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
+        if obj.get("kind") == podgroups.KIND and not any(r.get("kind") == names.KIND for r in refs):
+            # Named as its job (podgroups.py): one that another object holds keeps the
+            # job from making pods (held_names.py); its going frees the name.
+            self._wake_if_job(meta["namespace"], meta["name"])
         urgent = may_move_hosts(type_, obj)
         for ref in refs:
             if ref.get("kind") == names.KIND and ref.get("apiVersion", "").startswith(
@@ -95,10 +100,13 @@ class Routes:
         # An orphan that the job its labels name is not: it may hold one of that job's
         # names (held_names.py), and its change may free it.
         labels = meta.get("labels") or {}
-        jobs = self.caches.pick(names.KIND, meta["namespace"])
         for name in {labels[k] for k in JOB_LABELS if k in labels}:
-            if jobs is not None and jobs.get(meta["namespace"], name) is not None:
-                self.queue.add((meta["namespace"], name))
+            self._wake_if_job(meta["namespace"], name)
+
+    def _wake_if_job(self, namespace: str, name: str) -> None:
+        jobs = self.caches.pick(names.KIND, namespace)
+        if jobs is not None and jobs.get(namespace, name) is not None:
+            self.queue.add((namespace, name))
 
     def _job_uid(self, config_map: Obj) -> str | None:
         """The UID of the job a ``<job>-config`` ConfigMap is named for, None if no such

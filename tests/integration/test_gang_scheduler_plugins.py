@@ -94,6 +94,55 @@ def test_gang_a_job_under_the_coscheduling_scheduler(
     _grows_past_the_gang_when_room_appears(cluster, namespace, job, gang_node)
 
 
+def test_a_pod_group_the_job_does_not_control_gets_none_of_its_pods(
+    cluster: Cluster,
+    namespace: str,
+    scheduler_plugins: str,
+    gang_node: str,
+    start_controller: StartController,
+) -> None:
+    """Issue 31 §3: pods join a gang by its name alone, and anyone who may create PodGroups
+    in the namespace can make one named as a job. The job makes no pod while the name is
+    held, says so, and takes the name back once the holder is gone."""
+    foreign = {
+        "apiVersion": podgroups.SCHEDULER_PLUGINS_API_VERSION,
+        "kind": podgroups.KIND,
+        "metadata": {"name": "gang-held"},
+        "spec": {"minMember": 1},
+    }
+    cluster.apply(foreign, namespace)
+    start_controller(namespace, args=("--gang-scheduler-name", "scheduler-plugins"))
+    job = Job(cluster, namespace, "gang-held")
+    manifest = elastic_job(job.name, 1, min_replicas="1")
+    on_node(manifest, gang_node, 1, scheduler_plugins)
+    job.create(manifest)
+    message = job.wait_event("WriteRefused", "Warning", f"PodGroup {job.name}")
+    assert "no pod is made" in message, message
+    assert (job.condition("WriteRefused") or {}).get("reason") == "AlreadyExists"
+    time.sleep(3)
+    assert (job.pods(), job.pods(names.ROLE_LAUNCHER)) == ({}, {})
+    assert "ownerReferences" not in (_pod_group(cluster, namespace, job.name) or {})["metadata"]
+
+    # Its owner removes it: the job makes its own, then its pods.
+    cluster.kubectl(
+        "delete",
+        f"podgroups.{podgroups.SCHEDULER_PLUGINS_API_VERSION.split('/')[0]}",
+        job.name,
+        "-n",
+        namespace,
+    )
+    wait_for(lambda: len(job.hosts()) == 1, 60, f"{job.name} at 1")
+    group = _pod_group(cluster, namespace, job.name)
+    assert group is not None
+    (owner,) = group["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"]) == ("MPIJob", job.name)
+    wait_for(
+        lambda: (job.condition("WriteRefused") or {}).get("status") == "False",
+        30,
+        "WriteRefused False",
+    )
+
+
 def _a_deleted_pod_is_replaced(cluster: Cluster, namespace: str, waiting: Job) -> None:
     # A pod the scheduler's preemption (or Volcano's reclaim) deletes is a pod deleted like
     # any other (docs/membership.md): it leaves discover_hosts.sh at once, its name is

@@ -19,7 +19,7 @@ so the job starts at its minimum and grows past it pod by pod; both are kept in 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +74,14 @@ def held(gang: Gang | None, pod_group: Mapping[str, Any] | None) -> bool:
         return False
     phase = ((pod_group or {}).get("status") or {}).get("phase") or ""
     return phase in VOLCANO_NOT_ADMITTED
+
+
+def taken(gang: Gang | None, job: str, conflicts: Collection[tuple[str, str]]) -> bool:
+    """Whether an object the job does not control holds its PodGroup's name. Pods join a
+    group by its name alone (scheduler-plugins' label, Volcano's annotation), so any pod
+    the job made would be scheduled as a member of that object's gang: none is made
+    until the name is free (issue 31)."""
+    return gang is not None and (KIND, job) in conflicts
 
 
 def min_member(spec: JobSpec) -> int:

@@ -221,8 +221,11 @@ def _scale(
     gang = podgroups.gang(turn.settings)
     baseline = size.goal.workers - size.growth.extra
     create_now = opportunistic.paced(spec, m.keep, create_now, baseline, gang)
-    if podgroups.held(gang, turn.observed.pod_group):
-        # The PodGroup's change of phase brings the job's next turn (its watch).
+    if podgroups.held(gang, turn.observed.pod_group) or podgroups.taken(
+        gang, spec.name, turn.observed.conflicts
+    ):
+        # The PodGroup's change of phase, or the holder's going, brings the job's next
+        # turn (its watch, app/routes.py).
         create_now = []  # and no launcher either: it waits for its workers
     hosts = host_list.hosts(turn, spec, workers, m, create_now, launcher)
     below_since = None

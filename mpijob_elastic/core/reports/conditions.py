@@ -174,6 +174,11 @@ def _consequence(spec: JobSpec, kind: str, name: str) -> str:
             "worker name skipped, the job's workers take other names; that pod is never "
             "granted exec, listed or touched"
         )
+    if kind == podgroups.KIND:
+        return (
+            "the job waits: no pod is made until it is renamed or removed (pods join a "
+            "gang by its name: they would be that object's members)"
+        )
     return "the job waits: no launcher starts until it is renamed or removed"
 
 
