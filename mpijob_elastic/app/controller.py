@@ -49,7 +49,12 @@ from mpijob_elastic.machinery.kube import RESOURCES, ApiError, Kube
 from mpijob_elastic.machinery.kubeclient import ApiClient
 from mpijob_elastic.machinery.podexec import PodExec
 from mpijob_elastic.machinery.rankprobe import RankProbes
-from mpijob_elastic.machinery.store import compact, metadata_only, slim_pod
+from mpijob_elastic.machinery.store import (
+    compact,
+    metadata_only,
+    slim_pod,
+    whole_if_controlled_by,
+)
 from mpijob_elastic.machinery.workqueue import ShutDownError, WorkQueue
 from mpijob_elastic.machinery.writer import Writer
 
@@ -100,7 +105,14 @@ class Controller:
             self.caches.add(names.KIND, ns, jobs)
             # What each cache keeps, and why: docs/design.md, "What the caches hold".
             watched = [
-                (kind, CHILD_SELECTOR, self.caches, slim_pod if kind == "Pod" else compact)
+                (
+                    kind,
+                    CHILD_SELECTOR,
+                    self.caches,
+                    whole_if_controlled_by(
+                        names.KIND, names.GROUP, slim_pod if kind == "Pod" else compact
+                    ),
+                )
                 for kind in CHILD_KINDS
             ]
             watched += [

@@ -182,6 +182,27 @@ def metadata_only(obj: Obj) -> Obj:
     )
 
 
+def whole_if_controlled_by(kind: str, group: str, keep: Transform) -> Transform:
+    """``keep`` for an object whose controller ownerReference is a ``kind`` of API group
+    ``group``; ``metadata_only`` for any other. A label selector cannot say "controlled by
+    one of our jobs", and anyone who may create objects in a watched namespace can give
+    them our labels: forty such ConfigMaps of 1 MB each grew the controller by 43 MB when
+    they were held whole (issue 31). Their metadata is all a reader of these caches looks
+    at (whose an object is, by name)."""
+
+    def transform(obj: Obj) -> Obj:
+        for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
+            if (
+                ref.get("controller")
+                and ref.get("kind") == kind
+                and str(ref.get("apiVersion", "")).startswith(f"{group}/")
+            ):
+                return keep(obj)
+        return metadata_only(obj)
+
+    return transform
+
+
 def _identity(obj: Obj) -> Obj:
     return obj
 

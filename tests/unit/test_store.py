@@ -22,6 +22,7 @@ from mpijob_elastic.machinery.store import (
     metadata_only,
     slim,
     slim_pod,
+    whole_if_controlled_by,
 )
 
 
@@ -90,6 +91,31 @@ def test_metadata_only_keeps_what_says_whose_an_object_is() -> None:
     assert kept["metadata"]["ownerReferences"] == obj["metadata"]["ownerReferences"]
     assert "managedFields" not in kept["metadata"]
     assert "managedFields" in obj["metadata"]  # the argument is left alone
+
+
+def test_only_what_a_job_controls_is_kept_whole() -> None:
+    """Anyone may put our labels on a ConfigMap of 1 MB (issue 31)."""
+    keep = whole_if_controlled_by("MPIJob", "kubeflow.org", compact)
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "MPIJob", "name": "job", "uid": "u"}
+    data = {"big": "x" * 1000}
+
+    def config_map(*refs: Obj) -> Obj:
+        meta = {"name": "c", "namespace": "ns", "ownerReferences": list(refs)}
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
+
+    assert keep(config_map({**job, "controller": True}))["data"] == data
+    for refs in (
+        (),
+        ({**job},),  # an owner, not the controller
+        ({**job, "apiVersion": "example.com/v1", "controller": True},),
+        ({**job, "kind": "ReplicaSet", "controller": True},),
+    ):
+        kept = keep(config_map(*refs))
+        assert "data" not in kept, refs
+        assert kept["metadata"]["name"] == "c"
+    store = Store(keep)
+    store.apply(ADDED, config_map())
+    assert "data" not in (store.get("ns", "c") or {})
 
 
 def test_watch_event_older_than_an_upserted_write_is_not_stored_or_reported() -> None:
