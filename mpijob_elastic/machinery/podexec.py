@@ -26,8 +26,10 @@ Errors, all a caller needs to catch:
   be running in the container; the API server stops it when the stream goes away only if
   the runtime does).
 * ``ExecConnectionError`` (a ``ConnectionError``, so also an ``OSError``) -- no answer
-  from the API server (refused connection, TLS, DNS, proxy), the connection broke, or the
-  stream ended without the command's final status, so stdout may be cut short.
+  from the API server (refused connection, TLS, DNS, proxy), the connection broke, the
+  stream ended without the command's final status, so stdout may be cut short, or the
+  command printed more than ``MAX_OUTPUT`` bytes (or a status of more than
+  ``MAX_STATUS``): the rest is not read, and the connection is dropped.
 
 A command that runs and exits non-zero is not an error: its stdout is returned with the
 exit status (see ``ExecResult``), because commands such as ``cat /proc/[0-9]*/cmdline``
@@ -70,6 +72,11 @@ PROTOCOL = "v4.channel.k8s.io"
 MAX_REFUSAL_BODY = 64 * 1024
 # Ceiling for one websocket frame; the API server writes output in chunks far below it.
 MAX_FRAME = 4 * 1024 * 1024
+# The most of a command's output kept, and of its final status. The command runs in the
+# user's image, which may print for as long as the call lasts (a gigabyte in seconds);
+# a launcher's process list is kilobytes (issue 31).
+MAX_OUTPUT = 4 * 1024 * 1024
+MAX_STATUS = 64 * 1024
 
 
 class ExecConnectionError(ConnectionError):
@@ -249,6 +256,11 @@ async def _collect(
             stdout += payload
         elif channel == ERROR_CHANNEL:
             status = (status or b"") + payload
+        if len(stdout) > MAX_OUTPUT or len(status or b"") > MAX_STATUS:
+            raise ExecConnectionError(
+                f"exec into {namespace}/{pod}: more than {MAX_OUTPUT} bytes of output or "
+                f"{MAX_STATUS} of status: not read further"
+            )
     # The server writes the status after the output is done, then closes. A stream that
     # ends without one was cut: the output may be incomplete.
     if status is None:

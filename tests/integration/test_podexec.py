@@ -139,6 +139,19 @@ async def test_concurrent_calls_keep_their_own_answers(admin: PodExec, target: s
             assert answer.message == f'pods "missing-{i}" not found'
 
 
+async def test_output_past_the_cap_is_not_read(admin: PodExec, target: str) -> None:
+    """The command runs in the user's image and may print without end (issue 31): the
+    call stops reading at MAX_OUTPUT, long before its timeout. (20 MB, so that the
+    command ends by itself: KWOK runs it on this machine.)"""
+    started = time.monotonic()
+    with pytest.raises(ExecConnectionError, match="more than 4194304 bytes"):
+        await admin.run(target, POD, None, ["head", "-c", "20000000", "/dev/zero"], timeout=60)
+    assert time.monotonic() - started < 30
+    # Below the cap, all of it.
+    result = await admin.run(target, POD, None, ["head", "-c", "4000000", "/dev/zero"], timeout=60)
+    assert len(result.stdout) == 4_000_000
+
+
 async def test_the_timeout_bounds_a_command_that_does_not_end(admin: PodExec, target: str) -> None:
     started = time.monotonic()
     with pytest.raises(TimeoutError):
