@@ -7,12 +7,15 @@ The launcher's remote shells are played by ``RemoteShells`` (tests/controller.py
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import pytest
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.hosts import host_rules
+from mpijob_elastic.core.inputs import ranks
 from tests.cluster import Cluster
 from tests.controller import RemoteShells, StartController, free_port, wait_for
 from tests.integration.test_controller import (
@@ -263,3 +266,45 @@ def test_an_idle_running_job_makes_no_request(
     after = Scrape(port, metrics_token).value("mpijob_elastic_reconciles_total", result="success")
     assert before > 0
     assert after == before
+
+
+def test_a_long_runs_reports_are_compacted_while_the_launcher_runs(
+    cluster: Cluster, job: Job, shells: RemoteShells, tmp_path: Path
+) -> None:
+    """Issue 31 §2: every remote shell leaves its reports in ``<job>-ranks``; a long
+    elastic run filled its 1 MiB, and the launcher's reports stopped. The launcher (its
+    own ServiceAccount, its own right) reports a thousand and more shells that ended: the
+    controller keeps the running ones and each host's latest, and the ranks read the same."""
+    running_with_shells(job, shells, 2)
+    path = f"/api/v1/namespaces/{job.ns}/configmaps/{names.ranks_name(job.name)}"
+
+    def reported() -> dict[str, str]:
+        return dict((cluster.raw("GET", path) or {}).get("data") or {})
+
+    running = {k for k in reported() if not k.endswith(("_exit", "_committed"))}
+    old = int(time.time()) - 86_400
+    ended = {
+        f"{job.name}-worker-{n % 2}_{100 + n}_{old + n}{suffix}": value
+        for n in range(ranks.COMPACT_AT // 2)
+        for suffix, value in (("", "start"), ("_committed", str(old + n)), ("_exit", "0"))
+    }
+    kubeconfig = cluster.service_account_kubeconfig(
+        job.ns, f"{job.name}-launcher", tmp_path / "launcher.kubeconfig"
+    )
+    cluster.kubectl(
+        "--kubeconfig", kubeconfig, "patch", "configmap", names.ranks_name(job.name),
+        "-n", job.ns, "--type=merge", "-p", json.dumps({"data": ended}),
+    )  # fmt: skip
+    wait_for(lambda: len(reported()) < 20, 20, "the reports compacted")
+    kept = reported()
+    assert running <= set(kept), (running, sorted(kept))
+    latest = {f"{job.name}-worker-{n % 2}_{100 + n}_{old + n}" for n in (498, 499)}
+    assert latest <= set(kept), sorted(kept)
+    # Nothing the ranks said changed: both workers still hold ranks, none was lost.
+    assert job.hosts() == hosts(job, 0, 1)
+    labelled = {
+        n
+        for n, p in job.pods().items()
+        if (p["metadata"].get("labels") or {}).get(names.LABEL_HOLDS_RANKS) == "true"
+    }
+    assert labelled == {names.worker_name(job.name, i) for i in range(2)}

@@ -43,7 +43,7 @@ DOCUMENTED = (
     "creates",
     "Role",
     "RoleBinding",
-    "ranks emptied",
+    "ranks report",
     "launcher",
     "Workload",
     "job delete",
@@ -102,7 +102,7 @@ BELONGS: dict[str, Callable[[Action], bool]] = {
     "creates": _worker_create,
     "Role": _object("Role"),
     "RoleBinding": _object("RoleBinding"),
-    "ranks emptied": lambda a: isinstance(a, Replace) and _ranks(a) and "data" not in a.obj,
+    "ranks report": lambda a: isinstance(a, Replace) and _ranks(a),
     "launcher": lambda a: _object("Pod")(a) and not _worker_create(a),
     "Workload": lambda a: (
         (isinstance(a, Create | Replace | PatchStatus) and a.obj["kind"] == "Workload")

@@ -63,6 +63,11 @@ PROBE_TIMEOUT_SECONDS = 5.0
 REPORT_SEPARATOR = "_"
 EXIT_SUFFIX = "_exit"
 COMMITTED_SUFFIX = "_committed"
+# Past this many keys the controller drops the reports of shells that ended before a later
+# one into the same host (``compacted``): about 55 kB of the ConfigMap's 1 MiB.
+COMPACT_AT = 1000
+# The largest start second a key is read as when ordering shells (year 9999).
+_MAX_SECOND = 253_402_300_799
 # A start second later than the read by more than this is not believed (a clock that far
 # off, or a forged key): the shell is taken as started at the read, which only makes the
 # rules wait longer for it.
@@ -158,6 +163,28 @@ def pushed(
         committed=running - unmarked,
         started=last,
     )
+
+
+def compacted(data: Mapping[str, str]) -> dict[str, str] | None:
+    """The reports to keep once there are more than ``COMPACT_AT`` keys, None below: every
+    key of a running shell, and of each host the keys of its latest ended shell (its start
+    says when a shell last reached the host, ``started``). The rest are shells that ended
+    before another into the same host, which the controller read when they ended (a loss
+    judged then is remembered in ``lost``). Without this the ConfigMap fills its 1 MiB on
+    a long elastic run, and the launcher's reports stop (issue 31)."""
+    if len(data) <= COMPACT_AT:
+        return None
+    suffixes = (EXIT_SUFFIX, COMMITTED_SUFFIX)
+    shells = {key for key in data if not key.endswith(suffixes)}
+    ended = {key for key in shells if f"{key}{EXIT_SUFFIX}" in data}
+    latest: dict[str, tuple[int, str]] = {}
+    for key in ended:
+        host, _, rest = key.partition(REPORT_SEPARATOR)
+        second = numbers.whole(rest.rsplit(REPORT_SEPARATOR, 1)[-1], _MAX_SECOND) or 0
+        latest[host] = max(latest.get(host, (second, key)), (second, key))
+    dropped = ended - {key for _, key in latest.values()}
+    gone = {f"{key}{suffix}" for key in dropped for suffix in ("", *suffixes)}
+    return {key: value for key, value in data.items() if key not in gone}
 
 
 def _started_at(second: str, at: datetime) -> datetime:

@@ -47,9 +47,10 @@ refused, so every write may rely on the phases above it having landed:
    lists only granted workers. Then ``RoleBinding``: a controller without the ``bind``
    verb (ours) may bind only a Role that exists, whose rules it holds itself; the API
    server answers 404 for a RoleBinding to a Role not there yet.
-9. ``ranks emptied``: the ranks ConfigMap's reports removed, so no report of an earlier
-   launcher is read as the new one's (ranks.py); then ``launcher``, after its workers
-   exist and are granted.
+9. ``ranks report``: the ranks ConfigMap's reports removed before a launcher is created,
+   so no report of an earlier launcher is read as the new one's, or, while one runs,
+   compacted once they are many (ranks.py); then ``launcher``, after its workers exist
+   and are granted.
 10. ``Workload``: a job labelled for a Kueue queue keeps its Workloads in step
     (kueue_writes.py): the first one created, one waiting in the queue following the job's
     edits, ``PodsReady``, a slice that grows it, one shrunk in place, all of them finished
@@ -98,6 +99,7 @@ from mpijob_elastic.core.actions import (
     WriteStatus,
 )
 from mpijob_elastic.core.inputs.observe import Observed
+from mpijob_elastic.core.inputs.ranks import compacted
 from mpijob_elastic.core.lifecycle.notices import notice_patches
 from mpijob_elastic.core.outputs.status import REFUSED, StatusBuilder
 from mpijob_elastic.core.outputs.turn import POD_WRITES_PER_TURN
@@ -151,7 +153,7 @@ STEPS = (
     Step("creates", BULK, POD_WRITES_PER_TURN),
     Step("Role", BULK),
     Step("RoleBinding", BULK),
-    Step("ranks emptied", HOST_LIST),
+    Step("ranks report", HOST_LIST),
     Step("launcher", BULK),
     Step("Workload", BULK),
     Step("job delete", BULK),
@@ -276,11 +278,17 @@ def _ranks_create(want: Desired, observed: Observed) -> list[Action]:
     return [Create(ranks)]
 
 
-def _ranks_emptied(want: Desired, observed: Observed) -> list[Action]:
+def _ranks_report(want: Desired, observed: Observed) -> list[Action]:
+    """A PUT with the resourceVersion seen: a report landing meanwhile makes it 409, and
+    the next turn decides again with it."""
     report = observed.ranks_report
-    if want.launcher is None or report is None or not report.get("data"):
+    data = report.get("data") if report is not None else None
+    if report is None or not isinstance(data, Mapping) or not data:
         return []
-    return [Replace({k: v for k, v in report.items() if k != "data"})]
+    if want.launcher is not None:
+        return [Replace({k: v for k, v in report.items() if k != "data"})]
+    kept = compacted(data)
+    return [] if kept is None else [Replace({**report, "data": kept})]
 
 
 def _after(writes: list[Action], noticed: set[str]) -> list[Action]:
@@ -351,7 +359,7 @@ def diff(want: Desired, observed: Observed, now: datetime) -> Writes:
             ("creates", [Create(pod) for pod in want.new_pods]),
             ("Role", ensure("Role")),
             ("RoleBinding", ensure("RoleBinding")),
-            ("ranks emptied", _ranks_emptied(want, observed)),
+            ("ranks report", _ranks_report(want, observed)),
             ("launcher", [] if want.launcher is None else [Create(want.launcher)]),
             ("Workload", _workloads(want, observed, now)),
         ]

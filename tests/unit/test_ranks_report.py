@@ -1,0 +1,62 @@
+"""The ranks ConfigMap compacted (ranks.py ``compacted``): bounded, and read the same."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from mpijob_elastic.core.inputs.ranks import COMPACT_AT, compacted, pushed
+
+AT = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+START = int(AT.timestamp()) - 100_000
+
+
+def shell(data: dict[str, str], host: str, pid: int, second: int, code: str | None) -> None:
+    """One remote shell's reports: its start, its commit, and its exit unless it runs."""
+    key = f"{host}_{pid}_{second}"
+    data[key] = "start"
+    data[f"{key}_committed"] = str(second + 5)
+    if code is not None:
+        data[f"{key}_exit"] = code
+
+
+def long_run() -> dict[str, str]:
+    """A long elastic run: hundreds of shells into three hosts ended (resets, relocations,
+    one failure long ago), one running into each of two hosts."""
+    data: dict[str, str] = {}
+    for n in range(COMPACT_AT // 2):
+        shell(data, f"job-worker-{n % 3}", 1000 + n, START + 60 * n, "1" if n == 7 else "0")
+    shell(data, "job-worker-0", 9000, START + 60 * COMPACT_AT, None)
+    shell(data, "job-worker-4", 9001, START + 60 * COMPACT_AT + 1, None)
+    return data
+
+
+def test_few_reports_are_left_alone() -> None:
+    data: dict[str, str] = {}
+    shell(data, "job-worker-0", 1, START, "0")
+    shell(data, "job-worker-0", 2, START + 60, None)
+    assert compacted(data) is None
+
+
+def test_many_reports_keep_the_running_shells_and_each_hosts_latest() -> None:
+    data = long_run()
+    assert len(data) > COMPACT_AT
+    kept = compacted(data)
+    assert kept is not None
+    # Two running shells (start, commit) and three hosts' latest ended ones (and exit).
+    assert len(kept) == 2 * 2 + 3 * 3
+    assert all(data[k] == v for k, v in kept.items())
+    # Read the same as before: who is reached, since when, committed, last started.
+    full, small = pushed(data, AT), pushed(kept, AT)
+    for field in ("hosts", "since", "latest", "committed", "started", "known"):
+        assert getattr(small, field) == getattr(full, field), field
+    assert compacted(kept) is None
+
+
+def test_keys_that_are_no_report_are_kept_and_never_raise() -> None:
+    data = long_run()
+    data["job-worker-1_1_99999999999999999999999"] = "start"
+    data["job-worker-1_1_99999999999999999999999_exit"] = "0"
+    data["stray"] = "x"
+    kept = compacted(data)
+    assert kept is not None
+    assert kept["stray"] == "x"
