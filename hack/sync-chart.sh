@@ -21,6 +21,7 @@ copies=(
   crd/kubeflow.org_mpijobs.yaml:crds/kubeflow.org_mpijobs.yaml
   admission/policy.yaml:templates/admission-policy.yaml
   admission/scale-policy.yaml:templates/admission-scale-policy.yaml
+  admission/ranks-policy.yaml:templates/admission-ranks-policy.yaml
   rbac/service_account.yaml:templates/rbac-service-account.yaml
   rbac/role.yaml:templates/rbac-role.yaml
   rbac/nodes.yaml:templates/rbac-nodes.yaml

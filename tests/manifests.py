@@ -30,6 +30,7 @@ CRD_NAME = f"{names.PLURAL}.{names.GROUP}"
 ADMISSION_FILES = (
     CONFIG / "admission" / "policy.yaml",
     CONFIG / "admission" / "scale-policy.yaml",
+    CONFIG / "admission" / "ranks-policy.yaml",
 )
 ADMISSION_LABEL = "mpijob-elastic.io/test-admission"
 ADMISSION_ENFORCED = "enforced"

@@ -484,3 +484,80 @@ def test_what_a_policy_sees_on_the_scale_subresource(cluster: Cluster, probe_pol
     }
     assert seen["replicas"] == "3"
     assert seen["old"] == "Scale/2"
+
+
+def test_the_launcher_changes_only_the_data_of_its_ranks_config_map(
+    cluster: Cluster, admission_namespace: str
+) -> None:
+    """Issue 31 §4: the launcher's patch right on ``<job>-ranks`` (its reports) could set
+    ``immutable`` (the controller could never empty the reports again, and no launcher is
+    created for the job again) or a finalizer (its deletion stuck). ranks-policy.yaml lets
+    an update change the data alone. Played with the launcher's own right, as the
+    controller grants it (render.py)."""
+    ns = admission_namespace
+    ranks = names.ranks_name("job")
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": ranks, "labels": names.object_labels("job", None)},
+        },
+        ns,
+    )
+    launcher = names.launcher_name("job")
+    cluster.apply(
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": launcher}}, ns
+    )
+    rbac = "rbac.authorization.k8s.io"
+    rule = {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [ranks]}
+    cluster.apply(
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "Role",
+            "metadata": {"name": launcher},
+            "rules": [{**rule, "verbs": ["get", "patch"]}],
+        },
+        ns,
+    )
+    cluster.apply(
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": launcher},
+            "subjects": [{"kind": "ServiceAccount", "name": launcher, "namespace": ns}],
+            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": launcher},
+        },
+        ns,
+    )
+
+    def as_launcher(patch: dict[str, Any]) -> Any:
+        return cluster.kubectl(
+            "patch", "configmap", ranks, "-n", ns, "--type=merge", "-p", json.dumps(patch),
+            check=False, as_user=f"system:serviceaccount:{ns}:{launcher}",
+        )  # fmt: skip
+
+    by = "ValidatingAdmissionPolicy 'mpijob-elastic-ranks-reports'"
+    deadline = time.monotonic() + POLICY_READY_TIMEOUT
+    while by not in (refused := as_launcher({"immutable": True})).stderr:
+        assert refused.returncode != 0, "immutable set: the policy is not enforced"
+        assert time.monotonic() < deadline, refused.stderr
+        time.sleep(0.5)
+    assert "immutable field is the controller's" in refused.stderr
+    owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "u", "controller": True}
+    for patch, field in (
+        ({"metadata": {"finalizers": ["example.com/hold"]}}, "finalizers"),
+        ({"metadata": {"labels": {names.LABEL_JOB: None}}}, "labels and annotations"),
+        ({"metadata": {"annotations": {"example.com/note": "x"}}}, "labels and annotations"),
+        ({"metadata": {"ownerReferences": [owner]}}, "owner references"),
+    ):
+        refused = as_launcher(patch)
+        assert refused.returncode != 0, patch
+        assert by in refused.stderr, (patch, refused.stderr)
+        assert f"ranks ConfigMap's {field} are the controller's" in refused.stderr, refused.stderr
+    # Its reports go through, as before.
+    report = as_launcher({"data": {"job-worker-0_1_1795900000": "start"}})
+    assert report.returncode == 0, report.stderr
+    cm = cluster.raw("GET", f"/api/v1/namespaces/{ns}/configmaps/{ranks}") or {}
+    assert cm["data"] == {"job-worker-0_1_1795900000": "start"}
+    assert not cm.get("immutable")
+    assert not cm["metadata"].get("finalizers")
