@@ -237,26 +237,36 @@ def bounds(job: Job, done: Done) -> bool:
     return step(done, lambda: budget(job) is None, "the budget dropped")
 
 
-def adopt(job: Job, done: Done) -> bool:
-    """Orphans named and labelled as the job's children are adopted (docs/handover.md)."""
+def take_over(job: Job, done: Done) -> bool:
+    """Children the job controls that lack our labels (training-operator made them, or
+    someone removed ours) get them merged back by patch (docs/handover.md)."""
+    if not start(job, done):
+        return False
     launcher = names.launcher_name(job.name)
-    labels = {names.LABEL_APP: job.name}
-    orphans: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{job.name}-config"}},
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": launcher}},
-        {"apiVersion": f"{RBAC}/v1", "kind": "Role", "metadata": {"name": launcher}, "rules": []},
-        {
-            "apiVersion": f"{RBAC}/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": launcher},
-            "roleRef": {"apiGroup": RBAC, "kind": "Role", "name": launcher},
-            "subjects": [{"kind": "ServiceAccount", "name": launcher, "namespace": job.ns}],
-        },
-    ]  # fmt: skip
-    for obj in orphans:
-        obj["metadata"]["labels"] = labels
-    job.cluster.apply({"apiVersion": "v1", "kind": "List", "items": orphans}, job.ns)
-    return start(job, done)
+    children = [
+        ("configmap", names.config_map_name(job.name)),
+        ("serviceaccount", launcher),
+        ("role", launcher),
+        ("rolebinding", launcher),
+    ]
+    for kind, name in children:
+        job.cluster.kubectl(
+            "label", kind, name, "-n", job.ns, f"{names.LABEL_JOB}-", f"{names.LABEL_GROUP}-"
+        )
+
+    def relabelled() -> bool:
+        return all(
+            names.LABEL_JOB in (cluster_labels(job, kind, name) or {}) for kind, name in children
+        )
+
+    return step(done, relabelled, "our labels merged back")
+
+
+def cluster_labels(job: Job, kind: str, name: str) -> dict[str, str] | None:
+    out = job.cluster.kubectl(
+        "get", kind, name, "-n", job.ns, "-o", "jsonpath={.metadata.labels}", check=False
+    )
+    return json.loads(out.stdout) if out.returncode == 0 and out.stdout else None
 
 
 def finish(job: Job, done: Done) -> bool:
@@ -320,16 +330,20 @@ def proof(p: Permission) -> tuple[Scenario, str] | None:
         ),
         ("configmaps", "create"): (start, forbidden(p)),
         ("configmaps", "update"): (scale, forbidden(p)),
-        ("configmaps", "patch"): (adopt, forbidden(p)),
+        # The launcher's Role grants patch on that ConfigMap too (its reports).
+        ("configmaps", "patch"): (
+            start,
+            escalation("configmaps") + ', ResourceNames:[\\"proof-ranks',
+        ),
         ("serviceaccounts", "create"): (start, forbidden(p)),
         ("serviceaccounts", "update"): (edit, forbidden(p)),
-        ("serviceaccounts", "patch"): (adopt, forbidden(p)),
+        ("serviceaccounts", "patch"): (take_over, forbidden(p)),
         ("roles", "create"): (start, forbidden(p)),
         ("roles", "update"): (scale, forbidden(p)),
-        ("roles", "patch"): (adopt, forbidden(p)),
+        ("roles", "patch"): (take_over, forbidden(p)),
         ("rolebindings", "create"): (start, forbidden(p)),
         ("rolebindings", "update"): (edit, forbidden(p)),
-        ("rolebindings", "patch"): (adopt, forbidden(p)),
+        ("rolebindings", "patch"): (take_over, forbidden(p)),
         ("poddisruptionbudgets", "create"): (start, forbidden(p)),
         ("poddisruptionbudgets", "update"): (bounds, forbidden(p)),
         ("poddisruptionbudgets", "delete"): (bounds, forbidden(p)),
@@ -391,7 +405,7 @@ def test_with_every_verb_every_scenario_succeeds(
     """The control: the same scenarios, the whole role, nothing refused, ready."""
     controller = run_as(None)
     wait_for(lambda: controller.readyz()[0] == 200, 60, "/readyz ok")
-    for n, scenario in enumerate((scale, edit, bounds, adopt, finish)):
+    for n, scenario in enumerate((scale, edit, bounds, take_over, finish)):
         job = Job(cluster, namespace, f"control-{n}")
         assert scenario(job, lambda: False), scenario.__name__
     assert "forbidden" not in controller.logs().lower()
