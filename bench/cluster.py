@@ -17,6 +17,7 @@ import platform
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -208,6 +209,19 @@ class Controller:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+
+
+@contextlib.contextmanager
+def revision_tree(ref: str | None) -> Iterator[Path]:
+    """A temporary directory holding the files of git revision ``ref`` (empty for None),
+    for running an older controller beside this checkout's."""
+    with tempfile.TemporaryDirectory(prefix="bench-baseline-") as tree:
+        if ref:
+            archive = subprocess.run(
+                ["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True
+            ).stdout
+            subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+        yield Path(tree)
 
 
 def rss_mb(pid: int) -> float:

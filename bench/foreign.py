@@ -16,13 +16,20 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.cluster import ROOT, Controller, cluster, kubectl_binary, machine, rss_mb, sh
+from bench.cluster import (
+    ROOT,
+    Controller,
+    cluster,
+    kubectl_binary,
+    machine,
+    revision_tree,
+    rss_mb,
+    sh,
+)
 from mpijob_elastic.core import names
 
 # How long the controller gets to receive the objects (a watch event each) and let go of
@@ -80,16 +87,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sh(*k, "wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
         result["ours"] = asyncio.run(measure(config, k, ROOT, args.count, args.size_mb))
         if args.baseline:
-            with tempfile.TemporaryDirectory(prefix="bench-baseline-") as tree:
-                archive = subprocess.run(
-                    ["git", "-C", str(ROOT), "archive", args.baseline],
-                    check=True,
-                    capture_output=True,
-                ).stdout
-                subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+            with revision_tree(args.baseline) as tree:
                 result["baseline"] = {
                     "ref": args.baseline,
-                    **asyncio.run(measure(config, k, Path(tree), args.count, args.size_mb)),
+                    **asyncio.run(measure(config, k, tree, args.count, args.size_mb)),
                 }
     return result
 

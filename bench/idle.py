@@ -24,8 +24,6 @@ import asyncio
 import contextlib
 import json
 import os
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +40,7 @@ from bench.cluster import (
     job_manifest,
     kubectl_binary,
     machine,
+    revision_tree,
     sh,
 )
 from bench.fleet import WATCHED, Fleet, Job, bounded, percentile, slim, wait_for
@@ -196,16 +195,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         namespace = f"bench-idle-{os.getpid()}"
         sh(*k, "create", "namespace", namespace)
         try:
-            with tempfile.TemporaryDirectory(prefix="bench-baseline-") as tree:
-                if args.baseline:
-                    # The older controller, as a plain tree of that revision's files.
-                    archive = subprocess.run(
-                        ["git", "-C", str(ROOT), "archive", args.baseline],
-                        check=True,
-                        capture_output=True,
-                    ).stdout
-                    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
-                args.baseline_root = Path(tree)
+            # The older controller, as a plain tree of that revision's files.
+            with revision_tree(args.baseline) as tree:
+                args.baseline_root = tree
                 return asyncio.run(measure(config, namespace, args))
         finally:
             if args.kubeconfig is not None:
