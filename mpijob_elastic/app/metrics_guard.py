@@ -5,8 +5,10 @@ A scrape must carry a bearer token (``Authorization: Bearer <token>``). The API 
 says whose it is (a TokenReview) and whether they may ``get`` the non-resource URL
 ``/metrics`` (a SubjectAccessReview), which RBAC grants with a ClusterRole such as the
 shipped ``mpijob-elastic-metrics-reader``. No token, or one the server does not accept:
-401. A valid token without that grant: 403. A review that gets no answer (the server
-unreachable, the controller without the grants to ask): 500, logged, and not remembered.
+401. A valid token without that grant: 403. A review that gets no answer within
+``REVIEW_TIMEOUT_SECONDS`` (the server unreachable or silent, the controller without the
+grants to ask): 500, logged, and not remembered. More than ``WAITING_AT_MOST`` scrapes
+waiting for reviews: 503 at once.
 
 Each decision is remembered for ``DECISION_TTL_SECONDS`` under the token's SHA-256 (the
 token itself is not kept), so a Prometheus scraping every 15 to 30 s costs the API server
@@ -46,6 +48,11 @@ MAX_DECISIONS: Final = 256
 # Reviews in flight at once. They go over the write client, whose pool has this many
 # connections more (cli.py), so scrapes with new tokens never take a write's connection.
 REVIEWS_AT_ONCE: Final = 2
+# The longest a scrape waits for its token's review, its turn included: past it, 500. And
+# how many scrapes may wait at once: past that, 503 at once. A slow or silent API server
+# then holds neither connections nor memory for each made-up token sent (issue 31).
+REVIEW_TIMEOUT_SECONDS: Final = 5.0
+WAITING_AT_MOST: Final = 16
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,7 @@ class MetricsGuard:
         self.serve = serve
         self.decisions = Decisions()
         self._reviews = asyncio.Semaphore(REVIEWS_AT_ONCE)
+        self._waiting = 0
 
     async def __call__(self, request: web.Request) -> web.Response:
         token = bearer_token(request.headers.get("Authorization"))
@@ -147,28 +155,39 @@ class MetricsGuard:
         key = digest(token)
         decision = self.decisions.get(key, time.monotonic())
         if decision is None:
-            async with self._reviews:
-                # A scrape with the same token may have asked while this one waited.
-                decision = self.decisions.get(key, time.monotonic())
-                if decision is None:
-                    try:
-                        decision = await self._review(token)
-                    except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as err:
-                        log.warning("metrics scrape not reviewed", extra={"error": str(err)})
-                        return web.Response(status=500, text="the review of the token failed\n")
-                    self.decisions.put(key, decision, time.monotonic())
-                    if decision.status != 200:
-                        log.info(
-                            "metrics scrape refused",
-                            extra={
-                                "code": decision.status,
-                                "user": decision.user,
-                                "reason": decision.reason,
-                            },
-                        )
+            if self._waiting >= WAITING_AT_MOST:
+                return web.Response(status=503, text="too many scrapes wait for a review\n")
+            self._waiting += 1
+            try:
+                async with asyncio.timeout(REVIEW_TIMEOUT_SECONDS):
+                    decision = await self._decide(key, token)
+            except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as err:
+                log.warning("metrics scrape not reviewed", extra={"error": str(err) or repr(err)})
+                return web.Response(status=500, text="the review of the token failed\n")
+            finally:
+                self._waiting -= 1
         if decision.status != 200:
             return refusal(decision)
         return await self.serve(request)
+
+    async def _decide(self, key: str, token: str) -> Decision:
+        async with self._reviews:
+            # A scrape with the same token may have asked while this one waited.
+            decision = self.decisions.get(key, time.monotonic())
+            if decision is not None:
+                return decision
+            decision = await self._review(token)
+            self.decisions.put(key, decision, time.monotonic())
+            if decision.status != 200:
+                log.info(
+                    "metrics scrape refused",
+                    extra={
+                        "code": decision.status,
+                        "user": decision.user,
+                        "reason": decision.reason,
+                    },
+                )
+            return decision
 
     async def _review(self, token: str) -> Decision:
         answer = await self.kube.request("POST", TOKEN_REVIEWS, token_review(token))

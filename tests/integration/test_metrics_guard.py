@@ -6,11 +6,18 @@ line: kube.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
+from mpijob_elastic.app import metrics_guard
 from tests.cluster import Cluster
 from tests.controller import ControllerProcess, StartController, free_port, wait_for
 
@@ -83,3 +90,42 @@ def test_only_a_token_allowed_to_get_metrics_reads_them(
     assert not [
         e for e in controller.log_entries() if e.get("msg") == "api write" and "review" in e["path"]
     ]
+
+
+def apiserver_pid(cluster: Cluster) -> int:
+    """This test cluster's kube-apiserver process (KWOK runs it here, with its files under
+    the kubeconfig's directory); others' clusters may run beside it."""
+    home = f"{Path(cluster.kubeconfig).parent}/"
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            if argv and argv[0].endswith("kube-apiserver") and any(home in a for a in argv):
+                return int(proc.name)
+    pytest.fail(f"no kube-apiserver of {home}: not a local KWOK cluster")
+
+
+def test_a_silent_api_server_holds_no_scrape_past_the_review_timeout(
+    cluster: Cluster, namespace: str, start_controller: StartController, metrics_token: str
+) -> None:
+    """Issue 31 §4: anyone who reaches the port may send made-up tokens, each a review.
+    With the API server stopped, a scrape waits at most REVIEW_TIMEOUT_SECONDS (500), at
+    most WAITING_AT_MOST wait at once (503 for the others, at once), and a scraper whose
+    token was reviewed already is still served."""
+    port = free_port()
+    start_controller(namespace, args=("--metrics-port", str(port)))
+    wait_for(lambda: get(port, "/metrics", metrics_token)[0] == 200, 30, "a first scrape")
+    pid = apiserver_pid(cluster)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with ThreadPoolExecutor(40) as pool:
+            codes = list(pool.map(lambda i: get(port, "/metrics", f"made-up-{i}")[0], range(40)))
+        took = time.monotonic() - started
+        assert get(port, "/metrics", metrics_token)[0] == 200
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert set(codes) == {500, 503}, codes
+    assert codes.count(500) <= metrics_guard.WAITING_AT_MOST, codes
+    assert took < metrics_guard.REVIEW_TIMEOUT_SECONDS + 4, took
+    # The API server back, a new token is reviewed again (a failure is not remembered).
+    assert get(port, "/metrics", "made-up-0")[0] == 401
