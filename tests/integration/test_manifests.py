@@ -59,6 +59,8 @@ def test_kustomize_default_renders_every_object(cluster: Cluster) -> None:
         ("ValidatingAdmissionPolicyBinding", "mpijob-elastic-bounds"),
         ("ValidatingAdmissionPolicy", "mpijob-elastic-scale-bounds"),
         ("ValidatingAdmissionPolicyBinding", "mpijob-elastic-scale-bounds"),
+        ("ValidatingAdmissionPolicy", "mpijob-elastic-ranks-reports"),
+        ("ValidatingAdmissionPolicyBinding", "mpijob-elastic-ranks-reports"),
         ("Namespace", SYSTEM_NAMESPACE),
         ("ServiceAccount", "mpijob-elastic"),
         ("ClusterRole", "mpijob-elastic-controller"),
@@ -67,6 +69,8 @@ def test_kustomize_default_renders_every_object(cluster: Cluster) -> None:
         ("ClusterRoleBinding", "mpijob-elastic-nodes"),
         ("ClusterRole", "mpijob-elastic-kueue"),
         ("ClusterRoleBinding", "mpijob-elastic-kueue"),
+        ("ClusterRole", "mpijob-elastic-kueue-flavors"),
+        ("ClusterRoleBinding", "mpijob-elastic-kueue-flavors"),
         ("Role", "mpijob-elastic-leader-election"),
         ("RoleBinding", "mpijob-elastic-leader-election"),
         ("ClusterRole", "mpijob-elastic-metrics-auth"),
@@ -111,6 +115,16 @@ def test_namespaced_overlay_binds_per_namespace(
     found = kinds(docs)
     assert ("ClusterRoleBinding", "mpijob-elastic-controller") not in found
     assert ("ClusterRole", "mpijob-elastic-controller") in found
+    # Nor are the Workloads' rights (Kueue's) bound cluster-wide.
+    assert ("ClusterRoleBinding", "mpijob-elastic-kueue") not in found
+    # Issue 31: nothing cluster-wide is written. Every right bound cluster-wide reads, or
+    # asks the API server a question (the reviews that guard /metrics).
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+    questions = {"tokenreviews", "subjectaccessreviews"}
+    for binding in (d for d in docs if d["kind"] == "ClusterRoleBinding"):
+        for rule in roles[binding["roleRef"]["name"]]["rules"]:
+            verbs = set(rule["verbs"]) - {"get", "list", "watch"}
+            assert not verbs or set(rule["resources"]) <= questions, (binding, rule)
     # Nodes belong to no namespace: their read stays bound cluster-wide.
     assert ("ClusterRoleBinding", "mpijob-elastic-nodes") in found
     # The reviews that guard /metrics are cluster-scoped: bound cluster-wide too.
@@ -123,6 +137,11 @@ def test_namespaced_overlay_binds_per_namespace(
         if d["kind"] == "RoleBinding" and d["roleRef"]["name"] == "mpijob-elastic-controller"
     ]
     watched = {b["metadata"]["namespace"] for b in bindings}
+    assert {
+        d["metadata"]["namespace"]
+        for d in docs
+        if d["kind"] == "RoleBinding" and d["roleRef"]["name"] == "mpijob-elastic-kueue"
+    } == watched
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args == [
