@@ -1,0 +1,89 @@
+"""Issue 31 §1 on the real local cluster: what a tenant can write with the rights it has
+(its launcher's report, its job spec, a ConfigMap in its namespace) parses to a value or a
+refusal naming the field, so the job can still be stopped and /metrics still answers.
+
+Each attack is the issue's own. Before the inputs were read totally (core/numbers.py), the
+first left a suspended job's pods running for as long as the launcher ran, the second gave
+the job no condition and no Event, and turned the scrape it was part of into a 500.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mpijob_elastic.core import names
+from tests.cluster import Cluster
+from tests.controller import StartController, free_port, wait_for
+from tests.integration.test_controller import Job, elastic_job
+from tests.integration.test_membership import running_launcher
+from tests.integration.test_observability import Scrape
+
+pytestmark = pytest.mark.usefixtures("crd")
+
+
+def stops_when_suspended(job: Job) -> None:
+    job.patch({"spec": {"runPolicy": {"suspend": True}}})
+    wait_for(lambda: not job.pods() and not job.pods(names.ROLE_LAUNCHER), 30, "every pod gone")
+    wait_for(lambda: (job.condition("Suspended") or {}).get("status") == "True", 15, "Suspended")
+
+
+def test_a_launchers_report_out_of_range_does_not_freeze_its_job(
+    cluster: Cluster, namespace: str, start_controller: StartController, tmp_path: Path
+) -> None:
+    start_controller(namespace)
+    job = Job(cluster, namespace, "frozen")
+    job.create(elastic_job(job.name, 2))
+    job.wait_hosts(2)
+    running_launcher(job)
+    # With the launcher's own right: its patch on <job>-ranks. A start second in the year
+    # 10000, and one of 20 digits (OverflowError).
+    kubeconfig = cluster.service_account_kubeconfig(
+        namespace, names.launcher_name(job.name), tmp_path / "launcher.kubeconfig"
+    )
+    worker = names.worker_name(job.name, 0)
+    report = {"data": {f"{worker}_1_253402300800": "start", f"{worker}_2_{'9' * 20}": "start"}}
+    cluster.kubectl(
+        "--kubeconfig", kubeconfig, "patch", "configmap", names.ranks_name(job.name),
+        "-n", namespace, "--type=merge", "-p", json.dumps(report),
+    )  # fmt: skip
+    stops_when_suspended(job)
+    assert (job.condition("TurnFailed") or {}).get("status") != "True"
+
+
+def test_a_state_annotation_of_5000_digits_does_not_freeze_its_job(
+    cluster: Cluster, namespace: str, start_controller: StartController
+) -> None:
+    start_controller(namespace)
+    job = Job(cluster, namespace, "digits")
+    job.create(elastic_job(job.name, 2))
+    job.wait_hosts(2)
+    running_launcher(job)
+    # Any user who may edit ConfigMaps in the namespace may edit the job's.
+    cluster.kubectl(
+        "annotate", "configmap", names.config_map_name(job.name), "-n", namespace,
+        "--overwrite", f"{names.ANN_RETIRED_WORKERS}={'9' * 5000}",
+    )  # fmt: skip
+    stops_when_suspended(job)
+
+
+def test_a_quantity_out_of_range_is_refused_by_name_and_metrics_answer(
+    cluster: Cluster, namespace: str, start_controller: StartController, metrics_token: str
+) -> None:
+    port = free_port()
+    start_controller(namespace, args=("--metrics-port", str(port)))
+    job = Job(cluster, namespace, "huge")
+    manifest = elastic_job(job.name, 2)
+    # The CRD keeps schedulingPolicy as written and the admission policy does not look.
+    huge = {"minResources": {"cpu": "1e99999999999999"}}
+    manifest["spec"].setdefault("runPolicy", {})["schedulingPolicy"] = huge
+    job.create(manifest)
+    message = job.wait_event("InvalidSpec", "Warning", "minResources.cpu")
+    assert "spec.runPolicy.schedulingPolicy.minResources.cpu" in message, message
+    # A job beside it runs, and the scrape that reads both answers.
+    beside = Job(cluster, namespace, "beside")
+    beside.create(elastic_job(beside.name, 1))
+    beside.wait_hosts(1)
+    assert Scrape(port, metrics_token).value("mpijob_elastic_reconciles_total", result="success")
