@@ -52,6 +52,13 @@ def test_many_reports_keep_the_running_shells_and_each_hosts_latest() -> None:
     assert compacted(kept) is None
 
 
+def test_many_keys_that_are_no_shells_reports_are_never_rewritten() -> None:
+    """Else every turn would write the object as it is, and each write bring a turn."""
+    data = {f"key-{n}": "x" for n in range(COMPACT_AT + 1)}
+    shell(data, "job-worker-0", 1, START, "0")
+    assert compacted(data) is None
+
+
 def test_keys_that_are_no_report_are_kept_and_never_raise() -> None:
     data = long_run()
     data["job-worker-1_1_99999999999999999999999"] = "start"

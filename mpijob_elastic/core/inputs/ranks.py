@@ -166,7 +166,8 @@ def pushed(
 
 
 def compacted(data: Mapping[str, str]) -> dict[str, str] | None:
-    """The reports to keep once there are more than ``COMPACT_AT`` keys, None below: every
+    """The reports to keep once there are more than ``COMPACT_AT`` keys, None below or when
+    nothing would go (so no turn rewrites the object to what it is, again and again): every
     key of a running shell, and of each host the keys of its latest ended shell (its start
     says when a shell last reached the host, ``started``). The rest are shells that ended
     before another into the same host, which the controller read when they ended (a loss
@@ -183,6 +184,8 @@ def compacted(data: Mapping[str, str]) -> dict[str, str] | None:
         second = numbers.whole(rest.rsplit(REPORT_SEPARATOR, 1)[-1], _MAX_SECOND) or 0
         latest[host] = max(latest.get(host, (second, key)), (second, key))
     dropped = ended - {key for _, key in latest.values()}
+    if not dropped:
+        return None  # keys that are no shell's (the launcher may write any): no rewrite
     gone = {f"{key}{suffix}" for key in dropped for suffix in ("", *suffixes)}
     return {key: value for key, value in data.items() if key not in gone}
 
