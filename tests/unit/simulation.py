@@ -282,6 +282,8 @@ class World:
         self._ever_listed: set[str] = set()
         self._left_at: dict[str, float] = {}
         self._listed_at: dict[str, float] = {}
+        # When each pod (by UID) started running.
+        self._running_at: dict[str, float] = {}
         # Per job: whether discover_hosts.sh has listed min-replicas workers (j).
         self._reached_min: set[str] = set()
         # Per job: worker names Horovod would have blacklisted.
@@ -437,6 +439,7 @@ class World:
             and not pod["metadata"].get("deletionTimestamp")
         ):
             self._put({**copy.deepcopy(pod), "status": running_status(pod)})
+            self._running_at[pod["metadata"]["uid"]] = self.clock
 
     def _ranks_die(self, pod: Obj) -> None:
         job = pod["metadata"]["labels"].get(names.LABEL_JOB, "")
@@ -521,9 +524,11 @@ class World:
 
     def rank_holders(self, job: str) -> set[str]:
         """The listed hosts that hold ranks now: their pod lives (not failed) and has been
-        listed for RANK_JOIN_SECONDS. No host holds ranks before the launcher runs: they
-        are its driver's (a fresh seed found a scale-in while the launcher was Pending
-        taken for one that dropped every rank-holder)."""
+        listed for RANK_JOIN_SECONDS while the launcher ran. No host holds ranks before
+        the launcher runs, nor before its driver had that long to start them: they are its
+        driver's (fresh seeds found a scale-in while the launcher was Pending, and one 0.5 s
+        after a restarted launcher ran, each taken for one that dropped every rank-holder
+        by the time listed before the launcher ran)."""
         launcher = self.objects.get(("Pod", names.launcher_name(job)))
         if (
             launcher is None
@@ -531,12 +536,13 @@ class World:
             or launcher["status"]["phase"] != "Running"
         ):
             return set()
+        driver = self._running_at.get(launcher["metadata"]["uid"], self.clock)
         return {
             n
             for n in self._listed.get(job, set())
             if (pod := self.objects.get(("Pod", n))) is not None
             and pod["status"]["phase"] != "Failed"
-            and self.clock - self._listed_at.get(pod["metadata"]["uid"], self.clock)
+            and self.clock - max(self._listed_at.get(pod["metadata"]["uid"], self.clock), driver)
             >= RANK_JOIN_SECONDS
         }
 

@@ -177,6 +177,45 @@ step = st.one_of(
     lag=0.5,
     drain=0,
 )
+# Every rank-holder dropped, the checker said, 0.5 s after a restarted launcher ran (a GPU
+# launcher, listed itself): the checker took a worker listed before then for one whose ranks
+# had joined
+@example(
+    steps=[
+        ("scale", "other", 5),
+        ("scale", "other", 3),
+        ("restart", "", 0),
+        ("fail", "job", 0),
+        ("fail", "job", 0),
+        ("wait", "", 0.05),
+        ("wait", "", 4),
+        ("scale", "job", 3),
+        ("fail", "job", 2),
+        ("restart", "", 0),
+        ("scale", "job", 1),
+        ("restart", "", 0),
+        ("scale", "job", 2),
+        ("fail", "job", 4),
+        ("restart", "", 0),
+        ("fail", "other", 0),
+        ("wait", "", 4),
+        ("scale", "other", 1),
+        ("fail", "job", 0),
+        ("restart", "", 0),
+        ("fail", "other", 1),
+        ("wait", "", 1),
+        ("fail", "job", 0),
+        ("restart", "", 0),
+        ("fail", "job", 2),
+        ("restart", "", 0),
+        ("wait", "", 1),
+    ],
+    seed=59,
+    failure=0.1,
+    kill=0.1,
+    lag=2.0,
+    drain=0,
+)
 # Every rank-holder dropped, the checker said, of a job whose launcher (no driver yet) was Pending
 @example(
     steps=[("wait", "", 2), ("scale", "other", 1)],
