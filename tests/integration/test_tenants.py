@@ -24,6 +24,15 @@ from tests.integration.test_observability import Scrape
 pytestmark = pytest.mark.usefixtures("crd")
 
 
+def running(cluster: Cluster, namespace: str, name: str) -> Job:
+    """A job of 2 workers, listed, its launcher running."""
+    job = Job(cluster, namespace, name)
+    job.create(elastic_job(job.name, 2))
+    job.wait_hosts(2)
+    running_launcher(job)
+    return job
+
+
 def stops_when_suspended(job: Job) -> None:
     job.patch({"spec": {"runPolicy": {"suspend": True}}})
     wait_for(lambda: not job.pods() and not job.pods(names.ROLE_LAUNCHER), 30, "every pod gone")
@@ -34,10 +43,7 @@ def test_a_launchers_report_out_of_range_does_not_freeze_its_job(
     cluster: Cluster, namespace: str, start_controller: StartController, tmp_path: Path
 ) -> None:
     start_controller(namespace)
-    job = Job(cluster, namespace, "frozen")
-    job.create(elastic_job(job.name, 2))
-    job.wait_hosts(2)
-    running_launcher(job)
+    job = running(cluster, namespace, "frozen")
     # With the launcher's own right: its patch on <job>-ranks. A start second in the year
     # 10000, and one of 20 digits (OverflowError).
     kubeconfig = cluster.service_account_kubeconfig(
@@ -57,10 +63,7 @@ def test_a_state_annotation_of_5000_digits_does_not_freeze_its_job(
     cluster: Cluster, namespace: str, start_controller: StartController
 ) -> None:
     start_controller(namespace)
-    job = Job(cluster, namespace, "digits")
-    job.create(elastic_job(job.name, 2))
-    job.wait_hosts(2)
-    running_launcher(job)
+    job = running(cluster, namespace, "digits")
     # Any user who may edit ConfigMaps in the namespace may edit the job's.
     cluster.kubectl(
         "annotate", "configmap", names.config_map_name(job.name), "-n", namespace,
