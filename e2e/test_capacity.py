@@ -426,7 +426,16 @@ def test_a_growth_step_preempted_while_its_ranks_start_costs_no_failure(
                     if n in growth
                 )
 
-            wait_for(marked, 30, "the step's ranks marking their pods")
+            try:
+                wait_for(marked, 30, "the step's ranks marking their pods")
+            except AssertionError as exc:
+                out = (run.workdir / "driver.out").read_text(errors="replace")
+                said = [
+                    line
+                    for line in out.splitlines()
+                    if any(f"[{host}/" in line and "!]" in line for host in growth)
+                ]
+                raise AssertionError(f"{exc}; the ranks' stderr: {said[-20:]}") from exc
         since = time.time()
         joined = {e["host"] for e in run.driver_events(ev.RANK_RUNNING)}
         assert not growth & joined, "the ranks joined before the preemption"

@@ -90,6 +90,9 @@ PodState = Literal["alive", "terminating", "gone", "unknown"]
 # How often a persistent kubectl error is repeated on stderr; one line per poll would
 # drown the launcher log when the API server is briefly away.
 ERROR_REPORT_INTERVAL = 10.0
+# How long a rank keeps trying to mark its pod, and its pause after a refusal.
+MARK_SECONDS = 30.0
+MARK_RETRY_PAUSE = 0.5
 
 
 @dataclass(frozen=True)
@@ -199,20 +202,31 @@ def mark_pod(args: argparse.Namespace) -> str | None:
 
     The annotation is what tells KWOK a process still runs in the container (see the module
     docstring). A failure is reported, never fatal: an unmarked pod only goes at once when
-    deleted, as it did before ranks were modelled.
+    deleted, as it did before ranks were modelled. A kubelet knows of the process from its
+    start, so the mark is worth waiting for: on a loaded machine one ``kubectl`` may take
+    longer than ``--kubectl-timeout`` (seen: a rank's pod left unmarked for the whole of a
+    test's 30 s), so it gets ``MARK_SECONDS`` and is tried again after a refusal other
+    than the pod's absence.
     """
     cmd = _annotate(args, f"{mark_key(args)}=running", "--overwrite")
-    try:
-        proc = subprocess.run(
-            cmd,
-            capture_output=True,
-            text=True,
-            timeout=args.kubectl_timeout,
-            stdin=subprocess.DEVNULL,
-        )
-    except (subprocess.TimeoutExpired, OSError) as exc:
-        return str(exc)
-    return proc.stderr.strip()[:300] if proc.returncode != 0 else None
+    deadline = time.monotonic() + max(MARK_SECONDS, args.kubectl_timeout)
+    while True:
+        try:
+            proc = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=max(0.1, deadline - time.monotonic()),
+                stdin=subprocess.DEVNULL,
+            )
+        except (subprocess.TimeoutExpired, OSError) as exc:
+            return str(exc)
+        if proc.returncode == 0:
+            return None
+        gone = "NotFound" in proc.stderr  # the rank's poll ends it at once
+        if gone or time.monotonic() + MARK_RETRY_PAUSE >= deadline:
+            return proc.stderr.strip()[:300]
+        time.sleep(MARK_RETRY_PAUSE)
 
 
 def unmark_pod_when_gone(args: argparse.Namespace, alive: Path | None) -> subprocess.Popen[bytes]:
