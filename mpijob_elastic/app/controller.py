@@ -195,6 +195,9 @@ class Controller:
             namespaces: list[str | None] = [*self.settings.namespaces] or [None]
             for ns in namespaces:
                 self._watch("PodGroup", ns, POD_GROUP_SELECTOR)
+        if not self.settings.namespaces:
+            for caches in (self.caches, self.handover):
+                caches.skip(self.settings.skipped_namespaces)
         for informer in self.informers():
             informer.start()
         await asyncio.gather(*(i.synced.wait() for i in self.informers()))

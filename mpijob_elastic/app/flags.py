@@ -122,11 +122,24 @@ def own_service_account(env: Mapping[str, str]) -> tuple[str, str] | None:
     return (namespace, account) if namespace and account else None
 
 
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n for n in text.split(",") if n)
+
+
+def skipped_namespaces(flag: str | None, env: Mapping[str, str]) -> tuple[str, ...]:
+    """``--skip-namespaces``, or by default the system namespaces and the controller's own
+    (where its Lease and Secrets live, and pods could run as its ServiceAccount)."""
+    if flag is not None:
+        return _names(flag)
+    own = leader.default_namespace(env)
+    return (*DEFAULTS.skipped_namespaces, *([own] if own else []))
+
+
 def settings(args: argparse.Namespace) -> Settings:
-    namespaces = tuple(n for n in (getattr(args, "namespaces", "") or "").split(",") if n)
     return Settings(
         own_service_account=own_service_account(os.environ),
-        namespaces=namespaces,
+        namespaces=_names(getattr(args, "namespaces", "") or ""),
+        skipped_namespaces=skipped_namespaces(getattr(args, "skip_namespaces", None), os.environ),
         only_managed_by=getattr(args, "only_managed_by", False),
         kubectl_delivery=KubectlDelivery(args.kubectl_delivery),
         kubectl_image=args.kubectl_image,
@@ -182,7 +195,16 @@ def parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the controller")
     run.add_argument("--kubeconfig", help="default: $KUBECONFIG, ~/.kube/config, or in-cluster")
-    run.add_argument("--namespaces", default="", help="comma-separated; default: all")
+    run.add_argument(
+        "--namespaces",
+        default="",
+        help="comma-separated; default: all but those of --skip-namespaces",
+    )
+    run.add_argument(
+        "--skip-namespaces",
+        help="comma-separated namespaces not served when --namespaces is not given; "
+        "default: kube-system, kube-public and the controller's own; '' serves them all",
+    )
     run.add_argument(
         "--only-managed-by",
         action="store_true",

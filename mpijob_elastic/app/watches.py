@@ -4,7 +4,7 @@ and namespace (docs/design.md, "What the caches hold")."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.inputs.observe import HANDOVER_KINDS
@@ -41,6 +41,8 @@ HANDOVER_SELECTORS = {
 POD_GROUP_SELECTOR = None
 # Where an orphan names the job it may belong to.
 JOB_LABELS = (names.LABEL_JOB, names.LABEL_TO_JOB, names.LABEL_APP)
+# Cached kinds without a namespace, which a namespace field selector does not apply to.
+CLUSTER_SCOPED = frozenset({"Node", "ResourceFlavor", "WorkloadPriorityClass"})
 
 
 class Caches:
@@ -54,6 +56,16 @@ class Caches:
 
     def all(self) -> list[Informer]:
         return [i for group in self.by_kind.values() for i in group.values()]
+
+    def skip(self, namespaces: Sequence[str]) -> None:
+        """The caches of every namespace list and watch nothing in ``namespaces``: what the
+        controller is to leave alone never reaches a reconcile (before they start)."""
+        if not namespaces:
+            return
+        fields = ",".join(f"metadata.namespace!={ns}" for ns in namespaces)
+        for kind, group in self.by_kind.items():
+            if kind not in CLUSTER_SCOPED and None in group:
+                group[None].narrow(fields)
 
     def pick(self, kind: str, namespace: str) -> Informer | None:
         group = self.by_kind.get(kind, {})

@@ -21,8 +21,13 @@ class KubectlDelivery(StrEnum):
 
 @dataclass(frozen=True)
 class Settings:
-    # Empty means every namespace.
+    # Empty means every namespace but ``skipped_namespaces``.
     namespaces: tuple[str, ...] = ()
+    # Where every namespace is served, these are not: no job in them is watched, so the
+    # controller writes nothing there. A pod the controller made in one could run as any of
+    # its ServiceAccounts, which in kube-system is the cluster (docs/rbac.md). The command
+    # line adds the controller's own namespace (flags.py).
+    skipped_namespaces: tuple[str, ...] = ("kube-system", "kube-public")
     # Manage only jobs whose spec.runPolicy.managedBy names this controller, so it can run
     # beside training-operator 1.9 (which skips such jobs).
     only_managed_by: bool = False

@@ -141,8 +141,13 @@ class Informer:
         return f"Informer({self._path}{selector})"
 
     def narrow(self, field_selector: str) -> Informer:
-        """List and watch only the objects ``field_selector`` selects too (before start)."""
-        self._selector.append(("fieldSelector", field_selector))
+        """List and watch only the objects ``field_selector`` selects too (before start).
+        The API server reads one fieldSelector parameter, so narrowing again adds to it."""
+        fields = [f for key, f in self._selector if key == "fieldSelector"]
+        self._selector = [
+            *((k, v) for k, v in self._selector if k != "fieldSelector"),
+            ("fieldSelector", ",".join([*fields, field_selector])),
+        ]
         return self
 
     # -- reading the cache ----------------------------------------------------------------

@@ -93,7 +93,7 @@ def test_default_values_render_config_default(helm: str, kubectl: str) -> None:
     assert ("Deployment", SYSTEM_NAMESPACE, "mpijob-elastic") in ours
     assert ("PodDisruptionBudget", SYSTEM_NAMESPACE, "mpijob-elastic") in ours
     assert ("CustomResourceDefinition", "", "mpijobs.kubeflow.org") in ours
-    assert len(ours) == 25
+    assert len(ours) == 27
 
 
 def test_watch_namespaces_render_config_namespaced(helm: str, kubectl: str) -> None:
@@ -157,6 +157,7 @@ def test_values_reach_the_deployment(helm: str) -> None:
         "--health-port=9091",
         "--metrics-port=9090",
         "--leader-elect",
+        "--skip-namespaces=kube-system,kube-public,mpijob-elastic-system",
         "--kubectl-image=registry.example.com/kubectl:v1.34.4",
     ]
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
@@ -184,3 +185,15 @@ def test_two_replicas_without_election_are_refused(helm: str) -> None:
     )  # fmt: skip
     assert proc.returncode != 0
     assert "replicas above 1 need leaderElection.enabled" in proc.stderr
+
+
+def test_skipped_namespaces_reach_the_flag_and_the_policy(helm: str) -> None:
+    objects = chart(helm, ROOT, "--set", "skipNamespaces={kube-system,shared}")
+    (container,) = deployment(objects)["spec"]["template"]["spec"]["containers"]
+    assert "--skip-namespaces=kube-system,shared,mpijob-elastic-system" in container["args"]
+    policy = objects[("ValidatingAdmissionPolicy", "", "mpijob-elastic-skipped-namespaces")]
+    (selected,) = policy["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"]
+    assert selected["values"] == ["kube-system", "shared", "mpijob-elastic-system"]
+    # With watchNamespaces the controller is bound in those alone: no policy to keep.
+    namespaced = chart(helm, ROOT, *NAMESPACED_VALUES)
+    assert not [k for k in namespaced if k[2] == "mpijob-elastic-skipped-namespaces"]

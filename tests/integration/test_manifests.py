@@ -57,6 +57,8 @@ def test_kustomize_default_renders_every_object(cluster: Cluster) -> None:
         ("CustomResourceDefinition", CRD_NAME),
         ("ValidatingAdmissionPolicy", "mpijob-elastic-bounds"),
         ("ValidatingAdmissionPolicyBinding", "mpijob-elastic-bounds"),
+        ("ValidatingAdmissionPolicy", "mpijob-elastic-skipped-namespaces"),
+        ("ValidatingAdmissionPolicyBinding", "mpijob-elastic-skipped-namespaces"),
         ("ValidatingAdmissionPolicy", "mpijob-elastic-scale-bounds"),
         ("ValidatingAdmissionPolicyBinding", "mpijob-elastic-scale-bounds"),
         ("ValidatingAdmissionPolicy", "mpijob-elastic-ranks-reports"),
@@ -150,6 +152,7 @@ def test_namespaced_overlay_binds_per_namespace(
         "--health-port=8081",
         "--metrics-port=8080",
         "--leader-elect",
+        "--skip-namespaces=kube-system,kube-public,mpijob-elastic-system",
         f"--namespaces={','.join(sorted(watched))}",
     ]
     for binding in bindings:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mpijob_elastic.app import build, leader
+from mpijob_elastic.app import build, flags, leader
 from mpijob_elastic.app.cli import main
 
 SAMPLE = Path(__file__).resolve().parents[2] / "config" / "samples" / "elastic-mpijob.yaml"
@@ -272,3 +272,14 @@ def test_version_names_the_package_the_commit_when_known_and_python(
         capsys.readouterr().out
         == f"mpijob-elastic {version} (commit 1a2b3c4d5e6f, Python {python})\n"
     )
+
+
+def test_skipped_namespaces_are_the_system_ones_and_the_controllers_own_unless_told() -> None:
+    assert flags.skipped_namespaces(None, {"POD_NAMESPACE": "ops"}) == (
+        "kube-system",
+        "kube-public",
+        "ops",
+    )
+    # The flag replaces the list; '' empties it.
+    assert flags.skipped_namespaces("", {"POD_NAMESPACE": "ops"}) == ()
+    assert flags.skipped_namespaces("a,,b", {"POD_NAMESPACE": "ops"}) == ("a", "b")
