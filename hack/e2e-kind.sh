@@ -111,8 +111,8 @@ for _ in $(seq 300); do
 done
 [ -n "$port" ] || { log "no port-forward to $leader"; cat "$overlay/port-forward.log" >&2; exit 1; }
 scrape() { # scrape [token]: the status; the body in $overlay/scraped
-  curl -s -o "$overlay/scraped" -w '%{http_code}' ${1:+-H "Authorization: Bearer $1"} \
-    "http://127.0.0.1:$port/metrics"
+  curl -sk -o "$overlay/scraped" -w '%{http_code}' ${1:+-H "Authorization: Bearer $1"} \
+    "https://127.0.0.1:$port/metrics"
 }
 no_token=$(scrape); refused=$(scrape "$stranger"); allowed=$(scrape "$reader")
 kill "$forward"
@@ -130,10 +130,10 @@ done
 for sample in 'reconciles_total{result="success"}' relists_total reconcile_duration_seconds_count; do
   grep -qF "mpijob_elastic_$sample" <<<"$metrics" || { log "no $sample on $leader"; exit 1; }
 done
-# The Service reaches the guarded /metrics: through the API server's service proxy, which
+# The Service reaches the guarded /metrics over TLS: through the API server's service proxy, which
 # forwards no token, it answers 401, which kubectl reports as if its own credentials had
 # failed (they did not: every call above used them).
-served=$(k get --raw "/api/v1/namespaces/$ns/services/mpijob-elastic-metrics:metrics/proxy/metrics" 2>&1 || true)
+served=$(k get --raw "/api/v1/namespaces/$ns/services/https:mpijob-elastic-metrics:metrics/proxy/metrics" 2>&1 || true)
 grep -qF 'the server has asked for the client to provide credentials' <<<"$served" ||
   { log "the metrics Service answered: $served"; exit 1; }
 log "2 replicas ready, $leader leads, its /metrics (401 without a token, 403 without the role) declares every series"

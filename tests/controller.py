@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -28,6 +29,15 @@ from tests.cluster import ROOT, Cluster, delete_namespace
 
 # The shipped ClusterRole that may get /metrics (config/rbac/metrics_reader.yaml).
 METRICS_READER = ROOT / "config" / "rbac" / "metrics_reader.yaml"
+
+
+def scraper_tls() -> ssl.SSLContext:
+    """TLS as a scraper of the self-signed /metrics speaks it (the ServiceMonitor's
+    ``insecureSkipVerify``): encrypted, the server's certificate not checked."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
 
 
 def free_port() -> int:

@@ -14,7 +14,17 @@ from typing import Any
 
 from aiohttp import web
 
-from mpijob_elastic.app import build, flags, health, leader, logs, memory, metrics_guard, render
+from mpijob_elastic.app import (
+    build,
+    flags,
+    health,
+    leader,
+    logs,
+    memory,
+    metrics_guard,
+    render,
+    tls,
+)
 from mpijob_elastic.app.controller import Controller
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.machinery import clients, metrics
@@ -134,12 +144,19 @@ async def _run(args: argparse.Namespace) -> int:
         role = None if elector is None else lambda: "leader" if elector.leading else "standby"
         shared = args.metrics_port == args.health_port
         guarded = metrics_guard.MetricsGuard(controller.kube, metrics.serve)
+        certificate = (
+            tls.Certificate(Path(args.metrics_cert_dir) if args.metrics_cert_dir else None)
+            if args.metrics_port
+            else None
+        )
+        listening = certificate.listening if certificate is not None else None
         probes = (
             health.HealthServer(
                 args.health_port,
                 controller.problems,
                 role,
                 extra={metrics_guard.PATH: guarded} if shared else None,
+                ssl_context=listening if shared else None,
             )
             if args.health_port
             else None
@@ -154,7 +171,10 @@ async def _run(args: argparse.Namespace) -> int:
                     await probes.start()
                 if args.metrics_port and not shared:
                     metrics_site = await health.serve(
-                        web.Application(), {metrics_guard.PATH: guarded}, args.metrics_port
+                        web.Application(),
+                        {metrics_guard.PATH: guarded},
+                        args.metrics_port,
+                        listening,
                     )
             except OSError as err:
                 raise SystemExit(f"mpijob-elastic run: cannot serve a port: {err}") from None

@@ -228,9 +228,15 @@ def parser() -> argparse.ArgumentParser:
         "--metrics-port",
         type=_whole(0, 65535),
         default=0,
-        help="serve Prometheus metrics on /metrics on this port (0: not at all), to bearer "
-        "tokens allowed to get /metrics (docs/operations.md); the same port as --health-port "
-        "serves all three paths, the probes without a token",
+        help="serve Prometheus metrics on /metrics on this port (0: not at all), over HTTPS "
+        "to bearer tokens allowed to get /metrics (docs/operations.md); the same port as "
+        "--health-port serves all three paths over HTTPS, the probes without a token",
+    )
+    run.add_argument(
+        "--metrics-cert-dir",
+        default="",
+        help="a directory holding tls.crt and tls.key for /metrics, read again when they "
+        "change (default: a self-signed certificate made at start)",
     )
     _leader_election_args(run)
     run.add_argument("--log-format", choices=["text", "json"], default="text")

@@ -12,12 +12,14 @@
   runs no workers), and the body says which of the two each replica is.
 
 ``/metrics`` (metrics.py) is served by the same server when ``--metrics-port`` equals
-``--health-port``, and by a second one on its own port otherwise.
+``--health-port``, and by a second one on its own port otherwise; whichever server serves it
+speaks TLS only (tls.py), the probes too when they share it.
 """
 
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
@@ -35,14 +37,16 @@ class HealthServer:
         role: Callable[[], str] | None = None,
         *,
         extra: Mapping[str, Handler] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         """``ready`` returns what keeps the controller from being ready (empty: ready);
         ``role``, with leader election, whether this replica leads or stands by; ``extra``
-        adds routes (``/metrics`` when it shares the port)."""
+        adds routes (``/metrics`` when it shares the port, with its ``ssl_context``)."""
         self.port = port
         self._ready = ready
         self._role = role
         self._extra = dict(extra or {})
+        self._ssl = ssl_context
         self._runner: web.AppRunner | None = None
 
     async def _healthz(self, _request: web.Request) -> web.Response:
@@ -59,19 +63,25 @@ class HealthServer:
         app = web.Application()
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
-        self._runner = await serve(app, self._extra, self.port)
+        self._runner = await serve(app, self._extra, self.port, self._ssl)
 
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
 
 
-async def serve(app: web.Application, routes: Mapping[str, Handler], port: int) -> web.AppRunner:
+async def serve(
+    app: web.Application,
+    routes: Mapping[str, Handler],
+    port: int,
+    ssl_context: ssl.SSLContext | None = None,
+) -> web.AppRunner:
     for path, handler in routes.items():
         app.router.add_get(path, handler)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, port=port).start()
+    await web.TCPSite(runner, port=port, ssl_context=ssl_context).start()
     paths = sorted({r.resource.canonical for r in app.router.routes() if r.resource})
-    log.info("serving", extra={"port": port, "paths": ",".join(paths)})
+    scheme = "https" if ssl_context is not None else "http"
+    log.info("serving", extra={"port": port, "paths": ",".join(paths), "scheme": scheme})
     return runner

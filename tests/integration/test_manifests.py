@@ -81,6 +81,7 @@ def test_kustomize_default_renders_every_object(cluster: Cluster) -> None:
         ("Deployment", "mpijob-elastic"),
         ("Service", "mpijob-elastic-metrics"),
         ("PodDisruptionBudget", "mpijob-elastic"),
+        ("NetworkPolicy", "mpijob-elastic-metrics"),
         ("PriorityClass", "mpijob-elastic-opportunistic"),
     }
 
@@ -107,6 +108,27 @@ def test_a_drain_never_takes_both_replicas(cluster: Cluster) -> None:
             "labelSelector": {"matchLabels": pod["metadata"]["labels"]},
         }
     ]
+
+
+def test_only_labelled_namespaces_reach_the_pods_and_only_the_metrics_port(
+    cluster: Cluster,
+) -> None:
+    """The NetworkPolicy selects the controller's pods and admits scrapers from namespaces
+    labelled `metrics: enabled` to the port that serves /metrics, and to nothing else."""
+    rendered = cluster.kubectl("kustomize", str(CONFIG / "default")).stdout
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(rendered) if d}
+    deployment = docs[("Deployment", "mpijob-elastic")]
+    policy = docs[("NetworkPolicy", "mpijob-elastic-metrics")]
+    pod = deployment["spec"]["template"]
+    assert policy["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"metrics": "enabled"}}}]
+    (container,) = pod["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert f"--metrics-port={ports['metrics']}" in container["args"]
 
 
 def test_namespaced_overlay_binds_per_namespace(

@@ -19,7 +19,13 @@ import pytest
 
 from mpijob_elastic.app import metrics_guard
 from tests.cluster import Cluster
-from tests.controller import ControllerProcess, StartController, free_port, wait_for
+from tests.controller import (
+    ControllerProcess,
+    StartController,
+    free_port,
+    scraper_tls,
+    wait_for,
+)
 
 pytestmark = pytest.mark.usefixtures("crd")
 
@@ -27,9 +33,9 @@ pytestmark = pytest.mark.usefixtures("crd")
 def get(port: int, path: str, token: str | None = None) -> tuple[int, str, str]:
     """(status, body, WWW-Authenticate) of a GET, as a scraper sees it."""
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers)
+    request = urllib.request.Request(f"https://127.0.0.1:{port}{path}", headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
+        with urllib.request.urlopen(request, timeout=10, context=scraper_tls()) as answer:
             return answer.status, answer.read().decode(), ""
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode(), err.headers.get("WWW-Authenticate", "")

@@ -150,10 +150,13 @@ class Prometheus:
 
 
 def scrape_job(target: str, token: str) -> dict[str, Any]:
-    """How the test's Prometheus scrapes the controller: with the bearer token of a
-    ServiceAccount bound to the shipped metrics-reader role, as the ServiceMonitor does."""
+    """How the test's Prometheus scrapes the controller: over TLS with the bearer token of
+    a ServiceAccount bound to the shipped metrics-reader role, as the ServiceMonitor does
+    (the controller's certificate is its own, self-signed)."""
     return {
         "job_name": "mpijob-elastic",
+        "scheme": "https",
+        "tls_config": {"insecure_skip_verify": True},
         "authorization": {"type": "Bearer", "credentials": token},
         "static_configs": [{"targets": [target]}],
     }

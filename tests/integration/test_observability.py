@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from mpijob_elastic.core import names
 from mpijob_elastic.machinery import metrics
 from tests.cluster import Cluster
-from tests.controller import StartController, free_port, wait_for
+from tests.controller import StartController, free_port, scraper_tls, wait_for
 from tests.integration.test_controller import Job, elastic_job
 from tests.metric_names import every_family, family, total
 
@@ -32,9 +32,9 @@ class Scrape:
     def __init__(self, port: int, token: str) -> None:
         """/metrics as a Prometheus holding ``token`` reads it (metrics_guard.py)."""
         request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {token}"}
+            f"https://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {token}"}
         )
-        with urllib.request.urlopen(request, timeout=5) as answer:
+        with urllib.request.urlopen(request, timeout=5, context=scraper_tls()) as answer:
             self.text = answer.read().decode()
         self.families = {f.name: f for f in text_string_to_metric_families(self.text)}
 

@@ -28,7 +28,7 @@ import pytest
 from mpijob_elastic.app.preflight import METRICS_AUTH, REQUIRED, SCHEDULER_EVENTS, Permission
 from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster
-from tests.controller import free_port, metrics_reader, stop_process, wait_for
+from tests.controller import free_port, metrics_reader, scraper_tls, stop_process, wait_for
 from tests.integration.test_controller import Job, elastic_job
 from tests.manifests import CONFIG, load_documents
 
@@ -432,10 +432,10 @@ def test_without_reading_events_the_controller_runs_and_says_so(
 
 def scrape(port: int, token: str) -> int:
     request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {token}"}
+        f"https://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {token}"}
     )
     try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
+        with urllib.request.urlopen(request, timeout=10, context=scraper_tls()) as answer:
             return int(answer.status)
     except urllib.error.HTTPError as err:
         return err.code
