@@ -141,6 +141,7 @@ ensure_python_base() {
 # build_binary_image TAG HASH BINARY DEST [ENTRYPOINT]: FROM scratch plus one static binary.
 build_binary_image() {
   local tag=$1 hash=$2 bin=$3 dest=$4 entry=${5:-} ctx
+  mkdir -p "$work_dir" # kind-down removes it, the base images stay cached
   ctx=$(mktemp -d "$work_dir/image.XXXXXX")
   cp "$bin" "$ctx/bin"
   {
@@ -157,6 +158,7 @@ build_binary_image() {
 # /usr/sbin on PATH.
 build_kube_proxy_image() {
   local tag=$1 hash=$2 bin=$3 ctx
+  mkdir -p "$work_dir" # kind-down removes it, the base images stay cached
   ctx=$(mktemp -d "$work_dir/image.XXXXXX")
   cp "$bin" "$ctx/kube-proxy"
   cat >"$ctx/Dockerfile" <<EOF
@@ -177,6 +179,7 @@ EOF
 # container needs /bin/sh and kubectl on PATH).
 build_kubectl_image() {
   local tag=$1 hash=$2 bin=$3 ctx
+  mkdir -p "$work_dir" # kind-down removes it, the base images stay cached
   ctx=$(mktemp -d "$work_dir/image.XXXXXX")
   cp "$bin" "$ctx/kubectl"
   cp /bin/busybox "$ctx/busybox"

@@ -20,11 +20,6 @@ import ssl
 import tempfile
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-
 log = logging.getLogger("mpijob_elastic.app.tls")
 
 CERT_FILE = "tls.crt"
@@ -35,6 +30,13 @@ SELF_SIGNED_DAYS = 365
 
 def self_signed(now: datetime.datetime) -> tuple[bytes, bytes]:
     """A certificate for this host, signed by its own key: (certificate, key), PEM."""
+    # Imported here: the library costs about 10 MB of memory, which a controller without
+    # /metrics, or with a mounted certificate, need not pay.
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
     key = ec.generate_private_key(ec.SECP256R1())
     host = socket.gethostname()
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"mpijob-elastic {host}")])

@@ -242,6 +242,19 @@ async def _collect(
 ) -> ExecResult:
     """Read frames until the server closes the stream; stdout and the final status."""
     stdout = bytearray()
+    try:
+        return await _frames(ws, namespace, pod, stdout)
+    except BaseException:
+        # The error's traceback holds this frame, and so the buffer, until the cyclic
+        # garbage collector runs: under a launcher that floods each read, five reads' 4 MiB
+        # were alive at once (bench/exec_flood.py). Free it now.
+        stdout.clear()
+        raise
+
+
+async def _frames(
+    ws: aiohttp.ClientWebSocketResponse[Any], namespace: str, pod: str, stdout: bytearray
+) -> ExecResult:
     status: bytes | None = None
     async for message in ws:
         if message.type is aiohttp.WSMsgType.ERROR:
