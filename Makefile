@@ -106,7 +106,8 @@ demo: venv kube-binaries
 # create to a mass rescale for each of BENCH_SIZES (e.g. BENCH_SIZES=100,300,1000). On the
 # local KWOK cluster, or on MPIJOB_ELASTIC_KUBECONFIG's.
 # Then issue 20's: the largest size idle (BENCH_BASELINE=main adds that revision's
-# controller) and one worker added beside training-operator 1.9.2.
+# controller) and one worker added beside training-operator 1.9.2; then issue 31's memory
+# figures (bench-foreign and bench-exec-flood, without their baselines).
 BENCH_SIZES ?= 100
 bench: venv binaries
 	@$(PY) -m bench.report --sizes $(BENCH_SIZES)

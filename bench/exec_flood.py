@@ -5,7 +5,8 @@ process list by exec (core/inputs/ranks.py, ``PROBE_COMMAND``), at most once a s
 the whole drain. The command runs in the user's image, which may print anything: here its
 ``cat`` prints ``--gigabytes`` GB of NULs at each read. On KWOK an exec runs on this
 machine; hack/kwok/exec.yaml gives this bench's launcher pod (``flood-launcher`` in
-``bench-exec-flood``) a PATH that finds the bench's ``cat`` first.
+``bench-exec-flood``) a PATH that finds the bench's ``cat`` first. So the flood is the local
+KWOK cluster's alone: on another cluster the launcher's ``cat`` is its image's.
 
 For each controller measured (this checkout, and with ``--baseline REF`` that revision's):
 start it on the namespace, run a job of 3 workers until its launcher runs, read its RSS,

@@ -1,9 +1,11 @@
-"""``make bench``: the benchmarks of issues 9 and 20 in one report, with the machine's load.
+"""``make bench``: the benchmarks of issues 9, 20 and 31 in one report, with the machine's load.
 
 Runs ``bench.propagation`` (a worker Running → its line, one at a time and in bursts) and
 ``bench.fleet`` for each size, then ``bench.idle`` (an idle fleet of the largest size: its
 cost with this controller, with none, and with ``--baseline``'s if given; one edit while
-idle) and ``bench.sidebyside`` (one worker added, beside training-operator 1.9.2), each on
+idle), ``bench.sidebyside`` (one worker added, beside training-operator 1.9.2), and what a
+tenant's input costs the controller's memory (``bench.foreign``: 40 ConfigMaps of 1 MB with
+our labels; ``bench.exec_flood``: a launcher printing 1 GB to each drain read), each on
 a fresh local KWOK cluster, or all on the cluster given by
 ``--kubeconfig``/MPIJOB_ELASTIC_KUBECONFIG, and writes the tables to
 ``bench/out/results.md`` (and the raw figures next to it as JSON) for docs/benchmarks.md.
@@ -18,7 +20,7 @@ import json
 import os
 from pathlib import Path
 
-from bench import fleet, idle, propagation, sidebyside
+from bench import exec_flood, fleet, foreign, idle, propagation, sidebyside
 from bench.cluster import ROOT, machine
 
 
@@ -48,6 +50,11 @@ def main() -> None:
     )
     quiet = idle.run(idle_args)
     beside = sidebyside.run(args.kubeconfig, rounds=20, bursts=[50])
+    tenants = argparse.Namespace(
+        kubeconfig=args.kubeconfig, count=40, size_mb=1.0, gigabytes=1.0, seconds=30, baseline=None
+    )
+    foreign_objects = foreign.run(tenants)
+    flood = exec_flood.run(tenants)
     where = args.kubeconfig or "the local KWOK cluster (fresh for each run)"
     text = (
         f"Measured {before['date']} on {where}; {before['cpus']} CPUs, {before['ram_gib']} GiB"
@@ -59,7 +66,9 @@ def main() -> None:
         f"{fleet.table(sizes)}\n"
         f"### An idle fleet\n\n{idle.table(quiet)}\n"
         f"### One worker added, beside training-operator 1.9.2\n\n"
-        f"{sidebyside.side_by_side(beside)}"
+        f"{sidebyside.side_by_side(beside)}\n"
+        f"### A tenant's input and the controller's memory (issue 31: under 10 MB each)\n\n"
+        f"{foreign.table(foreign_objects)}\n\n{exec_flood.table(flood)}\n"
     )
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -70,6 +79,8 @@ def main() -> None:
         "fleet": sizes,
         "idle": quiet,
         "sidebyside": beside,
+        "foreign": foreign_objects,
+        "exec_flood": flood,
     }
     args.out.with_suffix(".json").write_text(json.dumps(raw, indent=1))
 
