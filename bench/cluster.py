@@ -9,6 +9,7 @@ training-operator's, given by its PID or not at all).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -252,3 +253,29 @@ def machine() -> dict[str, Any]:
         "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
         "python": platform.python_version(),
     }
+
+
+def beside_baseline(result: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A memory bench's rows: this checkout's figures, then the baseline's if it ran, each
+    with its label."""
+    rows = [("this checkout", result["ours"])]
+    if "baseline" in result:
+        rows.append((f"baseline ({result['baseline']['ref']})", result["baseline"]))
+    return rows
+
+
+def bench_main(
+    doc: str,
+    add: Callable[[argparse.ArgumentParser], None],
+    run: Callable[[argparse.Namespace], dict[str, Any]],
+    table: Callable[[dict[str, Any]], str],
+) -> None:
+    """The command line of a bench beside a baseline revision: its own options (``add``),
+    the cluster and the baseline; prints the figures as JSON, then the table."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--kubeconfig", default=os.environ.get("MPIJOB_ELASTIC_KUBECONFIG"))
+    add(parser)
+    parser.add_argument("--baseline", help="a git revision whose controller runs too")
+    result = run(parser.parse_args())
+    print(json.dumps(result))
+    print(table(result))

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -30,6 +29,8 @@ from typing import Any
 from bench.cluster import (
     ROOT,
     Controller,
+    bench_main,
+    beside_baseline,
     cluster,
     job_manifest,
     kubectl_binary,
@@ -142,27 +143,21 @@ def table(r: dict[str, Any]) -> str:
         "| controller | reads | RSS before | peak | after | grew (peak) |",
         "|---|---|---|---|---|---|",
     ]
-    for label, key in (("this checkout", "ours"), ("baseline", "baseline")):
-        if key in r:
-            x = r[key]
-            name = f"{label} ({x['ref']})" if key == "baseline" else label
-            rows.append(
-                f"| {name} | {x['reads']} | {x['rss_before_mb']} MB | {x['rss_peak_mb']} MB | "
-                f"{x['rss_after_mb']} MB | {x['grew_mb']} MB |"
-            )
+    for name, x in beside_baseline(r):
+        rows.append(
+            f"| {name} | {x['reads']} | {x['rss_before_mb']} MB | {x['rss_peak_mb']} MB | "
+            f"{x['rss_after_mb']} MB | {x['grew_mb']} MB |"
+        )
     return "\n".join(rows)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kubeconfig", default=os.environ.get("MPIJOB_ELASTIC_KUBECONFIG"))
+def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gigabytes", type=float, default=1.0)
     parser.add_argument("--seconds", type=int, default=30)
-    parser.add_argument("--baseline", help="a git revision whose controller runs too")
-    args = parser.parse_args()
-    result = run(args)
-    print(json.dumps(result))
-    print(table(result))
+
+
+def main() -> None:
+    bench_main(__doc__, options, run, table)
 
 
 if __name__ == "__main__":
