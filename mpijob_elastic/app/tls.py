@@ -1,4 +1,4 @@
-"""The certificate ``/metrics`` is served with (docs/operations.md, "Serving /metrics").
+"""The certificate ``/metrics`` is served with (docs/operations.md, "Who may read them").
 
 A scraper sends its ServiceAccount's bearer token with every scrape, so the endpoint speaks
 TLS only: over plain HTTP the token would cross the pod network in clear. Either a mounted
