@@ -118,12 +118,21 @@ def as_controller(cluster: Cluster) -> Iterator[list[str]]:
 
 
 def pod(name: str) -> str:
+    """A pod any namespace admits, the controller's own included (config/manager labels it
+    for the restricted Pod Security level): only the policy may refuse it."""
+    restricted = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    container = {"name": "c", "image": "busybox", "securityContext": restricted}
     return json.dumps(
         {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": name},
-            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+            "spec": {"containers": [container]},
         }
     )
 
