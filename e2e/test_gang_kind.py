@@ -192,7 +192,8 @@ def test_gang_two_jobs_whose_minimums_do_not_both_fit_never_deadlock(
     second.create(gang_job(second.name, node, resource, share))
     try:
         for job in (first, second):
-            wait_for(functools.partial(_all_pods, job), 60, f"{job.name} pods")
+            # Generous: under a load of 14 the two gangs' pods took longer than 60 s.
+            wait_for(functools.partial(_all_pods, job), 150, f"{job.name} pods")
             for pod in _all_pods(job).values():
                 assert pod["metadata"]["labels"][podgroups.SCHEDULER_PLUGINS_LABEL] == job.name
                 assert pod["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
