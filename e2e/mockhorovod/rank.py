@@ -204,9 +204,9 @@ def mark_pod(args: argparse.Namespace) -> str | None:
     docstring). A failure is reported, never fatal: an unmarked pod only goes at once when
     deleted, as it did before ranks were modelled. A kubelet knows of the process from its
     start, so the mark is worth waiting for: on a loaded machine one ``kubectl`` may take
-    longer than ``--kubectl-timeout`` (seen: a rank's pod left unmarked for the whole of a
-    test's 30 s), so it gets ``MARK_SECONDS`` and is tried again after a refusal other
-    than the pod's absence.
+    longer than ``--kubectl-timeout`` (the likely reason a CI run once waited 30 s for a
+    growth step's marks), so it gets ``MARK_SECONDS`` and is tried again after a refusal
+    other than the pod's absence.
     """
     cmd = _annotate(args, f"{mark_key(args)}=running", "--overwrite")
     deadline = time.monotonic() + max(MARK_SECONDS, args.kubectl_timeout)
