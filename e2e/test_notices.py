@@ -332,7 +332,13 @@ def test_a_stop_keeps_the_training_s_progress(
         def stopped() -> bool:
             saved()  # on kind the launcher's log goes with it: keep reading it
             found = pods.get().get(launcher)  # one read: it may go between two
-            return found is None or bool(found["metadata"].get("deletionTimestamp"))
+            # Reading the launcher's log can outlast the gap between the force delete and
+            # the controller's new launcher: a new uid means the old one stopped too.
+            return (
+                found is None
+                or bool(found["metadata"].get("deletionTimestamp"))
+                or found["metadata"]["uid"] != old_uid
+            )
 
         wait_for(stopped, 30, "the launcher stopped after the window")
         if not IN_CLUSTER:
