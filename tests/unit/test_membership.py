@@ -295,6 +295,35 @@ def test_a_failed_shell_of_a_former_pod_of_the_name_loses_no_rank() -> None:
     assert failed.lost == frozenset({"job-worker-1"})
 
 
+def test_a_rank_that_fails_while_another_shell_into_its_host_runs_is_lost() -> None:
+    """Seen on kind: the mock driver asks a rank for its commit marker through a second
+    remote shell into the same worker; the rank crashed while that shell still ran, whose
+    exit 0 came in the next report. Judged by host, the crash was never a loss: no
+    replacement, the blacklisted name kept listed."""
+    c = started(3)
+    t = int(c.now.timestamp())
+    ranks = {f"job-worker-{i}_{i + 1}_{t}": "start" for i in range(3)}
+    first = pushed({**ranks, f"job-worker-1_9_{t + 1}": "start"}, c.now)
+    crashed = {**ranks, f"job-worker-1_9_{t + 1}": "start", f"job-worker-1_2_{t}_exit": "1"}
+    second = pushed(crashed, c.now, first)
+    third = pushed({**crashed, f"job-worker-1_9_{t + 1}_exit": "0"}, c.now, second)
+    assert second.lost == third.lost == frozenset({"job-worker-1"})
+    # A shell that started after the last read and failed before this one is a loss too.
+    late = f"job-worker-2_7_{t + 2}"
+    quick = pushed({**ranks, late: "start", f"{late}_exit": "1"}, c.now, first)
+    assert quick.lost == frozenset({"job-worker-2"})
+    c.reports = second
+    c.apply(c.plan())
+    assert "WorkerRetired" in [e.reason for e in c.events]
+    c.reports = None
+    c.converge()
+    assert discovered(c.get("ConfigMap", "job-config")) == [
+        "job-worker-0",
+        "job-worker-2",
+        "job-worker-3",
+    ]
+
+
 def test_an_unreadable_launcher_keeps_the_full_drain() -> None:
     c = started(2)
     c.set_replicas(1)

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from mpijob_elastic.core import names, numbers, times
 
@@ -106,6 +106,10 @@ class RankSnapshot:
     # worker's name is reused by a later pod (membership.py): shells that started before
     # that pod was listed say nothing of its ranks.
     started: Mapping[str, datetime] = field(default_factory=dict)
+    # From the reports: the keys of every shell reported, and of those still running.
+    # The next snapshot judges a loss by shell, against these.
+    shells: frozenset[str] = frozenset()
+    running_shells: frozenset[str] = frozenset()
 
 
 def pushed(
@@ -113,8 +117,8 @@ def pushed(
 ) -> RankSnapshot:
     """The snapshot the ranks ConfigMap's ``data`` gives, ``previous`` the last one.
 
-    ``lost`` grows as an exec read's did: workers reached before and no longer, while
-    others stay reached, less those whose remote shells all ended with code 0. ``since``
+    ``lost`` grows by the hosts of shells that failed since ``previous``
+    (``_failed_since``), while others still run. ``since``
     and ``latest``: each reached host's earliest and latest running shell's start, as the
     keys name them; ``committed``: the reached hosts none of whose running shells lacks
     the commit marker's report.
@@ -140,18 +144,9 @@ def pushed(
         if key not in marked:
             unmarked.add(host(key))
     running = frozenset(since)
-    # Only the shells of the ranks the previous snapshot saw running judge a host lost: an
-    # older shell that failed may be a former pod's of the same name.
-    before = previous.since if previous is not None else {}
-    failed = {
-        host(key)
-        for key in started
-        if codes.get(key, "0").strip() != "0"
-        and (host(key) not in before or when[key] >= before[host(key)])
-    }
     lost = previous.lost if previous is not None else frozenset()
     if previous is not None and previous.hosts and running:
-        lost |= (previous.hosts - running) & failed
+        lost |= {host(key) for key in _failed_since(previous, started, codes, when)}
     known = frozenset(host(key) for key in started)
     return RankSnapshot(
         at,
@@ -162,7 +157,30 @@ def pushed(
         latest=latest,
         committed=running - unmarked,
         started=last,
+        shells=frozenset(started),
+        running_shells=frozenset(started - codes.keys()),
     )
+
+
+def _failed_since(
+    previous: RankSnapshot,
+    started: set[str],
+    codes: Mapping[str, str],
+    when: Mapping[str, datetime],
+) -> set[str]:
+    """The shells that ended in failure since ``previous``: those it saw running, and
+    those that started after it and failed before this read. A failed shell older than the
+    previous read and unseen by it may be a former pod's of the same name: it says nothing
+    of the current one. Judged by shell, not by host: a rank's crash while another shell
+    into its host still runs (the mock driver's commit notice, a second slot's rank) is a
+    loss all the same, and the next read would no longer see it as new."""
+    slack = previous.at - timedelta(seconds=1)  # reports name whole seconds
+    return {
+        key
+        for key in started
+        if codes.get(key, "0").strip() != "0"
+        and (key in previous.running_shells or (key not in previous.shells and when[key] >= slack))
+    }
 
 
 def compacted(data: Mapping[str, str]) -> dict[str, str] | None:
