@@ -319,6 +319,7 @@ class Controller:
                 observed,
                 fleet=self.fleet.others(key),
                 capacity_changed=self.fleet.capacity_changed,
+                gone=self.fleet.gone(key),
                 preemptors=preemptions.preemptors(self.caches.pick(preemptions.KIND, ns), ns)
                 if self.preemptions
                 else None,

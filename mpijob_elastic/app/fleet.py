@@ -1,5 +1,6 @@
 """What an opportunistic job's turn sees of the others (core/sizing/opportunistic.py): their growth
-states, read from the ConfigMap cache's events, and when capacity last changed.
+states, read from the ConfigMap cache's events, and when capacity last changed; and of its
+own pods, those taken from it that left the cache before a turn saw them taken.
 
 Kept from the watch events the controller receives anyway, so reading it costs a turn
 nothing; it tells the event handlers which jobs a change concerns, and nothing here runs
@@ -9,6 +10,7 @@ which watches while some job is hungry (its growth backoff is on).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +24,9 @@ Key = tuple[str, str]
 Obj = dict[str, Any]
 
 _SUFFIX = names.config_map_name("")
+# How long a disrupted pod's last state is kept after it left the cache: long enough for
+# its job's next turn (the delete wakes it), even behind a full work queue.
+GONE_SECONDS = 60.0
 
 
 class Fleet:
@@ -30,6 +35,9 @@ class Fleet:
         self.capacity_changed: datetime | None = None
         self.watch = watch
         watch.changed = lambda: wake(self.changed())
+        # Per job, the last states of its pods deleted while disrupted, by UID, with when
+        # they went (monotonic seconds).
+        self._gone: dict[Key, dict[str, tuple[float, Obj]]] = {}
 
     def config_map(self, type_: str, obj: Obj, job_uid: str | None) -> list[Key]:
         """A job's ConfigMap changed: the jobs to wake (a newly hungry job's peers, which
@@ -66,8 +74,35 @@ class Fleet:
             return []
         for condition in (pod.get("status") or {}).get("conditions") or []:
             if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+                self._keep_gone(pod)
                 return []
         return self.changed()
+
+    def _keep_gone(self, pod: Obj) -> None:
+        """A preemption's victim can go before its job's turn sees it preempted (a node
+        with no kubelet, as on KWOK, or a grace period of 0): the turn reads its last state
+        here (``gone``), or the job would grow back into the room at once, and its
+        preemption would go unreported."""
+        meta = pod["metadata"]
+        now = time.monotonic()
+        for key in list(self._gone):
+            self._forget_old(key, now)
+        for ref in meta.get("ownerReferences") or []:
+            if ref.get("controller") and ref.get("kind") == names.KIND:
+                key = (str(meta["namespace"]), str(ref.get("name")))
+                self._gone.setdefault(key, {})[str(meta.get("uid"))] = (now, pod)
+
+    def gone(self, key: Key) -> list[Obj]:
+        """The last states of the job's pods deleted while disrupted, lately."""
+        self._forget_old(key, time.monotonic())
+        return [pod for _, pod in (self._gone.get(key) or {}).values()]
+
+    def _forget_old(self, key: Key, now: float) -> None:
+        kept = {u: e for u, e in (self._gone.get(key) or {}).items() if now - e[0] < GONE_SECONDS}
+        if kept:
+            self._gone[key] = kept
+        else:
+            self._gone.pop(key, None)
 
     def others(self, key: Key) -> list[Share]:
         return [s for k, s in self.shares.items() if k != key]

@@ -404,6 +404,29 @@ def test_preempted_workers_leave_gracefully_and_growth_backs_off() -> None:
     assert len(workers(c)) == 8
 
 
+def test_victims_gone_before_a_turn_saw_them_preempted_are_counted_from_their_last_state() -> None:
+    """KWOK deletes a preempted pod at once: the turn after the preemption finds the
+    victims gone, their last states only in the delete events (``Observed.gone``). Seen
+    without it in CI: no Preempted Event, and the job grew back into the room at once."""
+    c = job()
+    run(c, 8, 60)
+    victims = ("job-worker-6", "job-worker-7")
+    preempt(c, *victims)
+    last = [copy.deepcopy(c.objects[("Pod", name)]) for name in victims]
+    for name in victims:
+        c.world.vanish_now(name)
+    c.tick(1)
+    turn(c, 8, gone=last)
+    (preempted,) = events(c, "Preempted")
+    assert "workers job-worker-6, job-worker-7 preempted by the scheduler" in preempted
+    assert growth(c).attempts == 1
+    # Seen again in the next turns (the memory lasts a minute), each victim counts once.
+    run(c, 8, 5, gone=last)
+    assert len(events(c, "Preempted")) == 1
+    assert growth(c).attempts == 1
+    assert len(workers(c)) == 6, "it grew back into the room before its backoff ended"
+
+
 def baseline(c: Cluster) -> list[str]:
     return sorted(set(n["metadata"]["name"] for n in workers(c)) - set(opportunistic(c)))
 

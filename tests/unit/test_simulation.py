@@ -216,6 +216,22 @@ step = st.one_of(
     lag=2.0,
     drain=0,
 )
+# Every rank-holder dropped, the checker said, by a scale-in that kept worker-0, failed 0.13 s
+# earlier in a world the caches had not caught up with
+@example(
+    steps=[
+        ("wait", "", 1),
+        ("wait", "", 4),
+        ("scale", "job", 1),
+        ("scale", "job", 1),
+        ("fail", "job", 0),
+    ],
+    seed=0,
+    failure=0.0,
+    kill=0.0,
+    lag=0.5,
+    drain=0,
+)
 # Every rank-holder dropped, the checker said, of a job whose launcher (no driver yet) was Pending
 @example(
     steps=[("wait", "", 2), ("scale", "other", 1)],

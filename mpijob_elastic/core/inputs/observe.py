@@ -68,6 +68,9 @@ class Observed:
     # ours that held a node deleted), as far as this controller saw since it started.
     fleet: Sequence[Share] = ()
     capacity_changed: datetime | None = None
+    # The last states of the job's pods deleted while disrupted, lately (fleet.py): a
+    # preempted worker may be gone before a turn saw its preemption.
+    gone: Sequence[Mapping[str, Any]] = ()
     # The pod of higher priority (<namespace>/<name>) that preempted each pod, by the
     # victim's UID, from the scheduler's Preempted Events (preemptors.py); None: this
     # controller may not read Events.

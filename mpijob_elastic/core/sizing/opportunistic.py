@@ -53,7 +53,7 @@ from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.sizing import preemptors
 from mpijob_elastic.core.spec.model import JobSpec
 from mpijob_elastic.core.times import format_time, parse_time
-from mpijob_elastic.core.workers import Worker
+from mpijob_elastic.core.workers import Worker, worker_index
 
 GROWTH_STEP = 2
 BACKOFF_SECONDS = 10.0
@@ -139,7 +139,7 @@ def grow(turn: Turn, spec: JobSpec, workers: Sequence[Worker], baseline: int, he
     ours = [w for w in workers if w.opportunistic and not turn.gone(w.uid)]
     refused = [w for w in ours if not w.terminating and unschedulable(w)]
     staying = [w for w in ours if not w.terminating and not w.marked and w not in refused]
-    state, victims = _failed(turn, spec, ours, refused, state)
+    state, victims = _failed(turn, spec, [*ours, *_gone(turn, spec, ours)], refused, state)
     cause = state.why.partition(": ")[2] if _wave(state) else ""
     waiting = preemptors.parse_pending(turn.state.get(names.ANN_PREEMPTED))
     waiting = preemptors.announce(turn, waiting, victims, cause, state.retry_at or turn.now)
@@ -162,6 +162,18 @@ def grow(turn: Turn, spec: JobSpec, workers: Sequence[Worker], baseline: int, he
     else:
         extra = have + _step(turn, state, room, have)
     return Growth(extra, refused, replace(state, workers=len(staying)), waiting.format())
+
+
+def _gone(turn: Turn, spec: JobSpec, ours: Sequence[Worker]) -> list[Worker]:
+    """The job's opportunistic workers preempted and gone before a turn saw them go."""
+    known = {w.uid for w in ours}
+    gone = []
+    for pod in turn.observed.gone:
+        index = worker_index(spec.name, str(pod["metadata"].get("name")))
+        worker = Worker(index, dict(pod)) if index is not None else None
+        if worker is not None and worker.opportunistic and worker.uid not in known:
+            gone.append(worker)
+    return gone
 
 
 def _failed(
