@@ -38,6 +38,9 @@ def hostfile_hosts(text: str) -> list[str]:
 
 # kubexec.sh's reports of each remote shell's start, its first commit after a reset and,
 # once the remote command has ended, its exit code (ranks.py), around the v1 exec line.
+# Horovod's start-up interface probe (``horovod.runner.task_fn``) is no rank: only its start
+# is reported, as ``probe``, which says that the driver has started and its first ranks
+# come next (host_rules.py, the driver's first reset).
 # They never hold up or fail the remote shell: each is a background kubectl, retried twice,
 # its output and errors discarded, and the script's exit status is still kubectl exec's
 # own. No `--request-timeout`: given any connection flag, kubectl no longer falls back to
@@ -61,16 +64,16 @@ def hostfile_hosts(text: str) -> list[str]:
 # untouched.
 COMMITTED_MARKER: Final = "mpijob-elastic: committed after reset"
 KUBEXEC_REPORT: Final = """\
-{{ R=${{POD_NAME}}_$$_$(date +%s)
-case "$*" in *horovod.runner.task_fn*) R=;; esac
+{{ R=${{POD_NAME}}_$$_$(date +%s) S=start
+case "$*" in *horovod.runner.task_fn*) S=probe;; esac
 report() {{
-  [ -n "$R" ] || return 0
   /bin/sh -c 'for t in 1 2 3; do "$0" patch configmap "$1" --type=merge -p "$2" \\
     && break; sleep 1; done' {kubectl} {ranks} "{{\\"data\\":{{\\"$R$1\\":\\"$2\\"}}}}" \\
     </dev/null >/dev/null 2>&1 3>&- 4>&- &
 }}
 committed() {{
   M=$R
+  [ $S = start ] || M=
   [ -n "$M" ] || ! command -v cat >/dev/null || exec cat
   while IFS= read -r l; do
     printf '%s\\n' "$l"
@@ -79,9 +82,9 @@ committed() {{
   done
   printf '%s' "$l"
 }}
-report "" start; exec 4>&1; }} 2>/dev/null
+report "" $S; exec 4>&1; }} 2>/dev/null
 """
-KUBEXEC_EXIT: Final = "{ report _exit $rc; exit $rc; } 2>/dev/null\n"
+KUBEXEC_EXIT: Final = "{ [ $S = probe ] || report _exit $rc; exit $rc; } 2>/dev/null\n"
 
 
 def kubexec(kubectl: str, container: str | None, ranks: str) -> str:

@@ -15,7 +15,7 @@ from mpijob_elastic.core.hosts.host_rules import (
     rank_holders,
     reset_bound,
 )
-from mpijob_elastic.core.inputs.ranks import RankSnapshot
+from mpijob_elastic.core.inputs.ranks import RankSnapshot, pushed
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 LONG_AGO = NOW - timedelta(hours=1)
@@ -276,3 +276,31 @@ def test_a_reused_name_waits_for_its_new_pods_ranks() -> None:
     crashed = dataclasses.replace(snap, started={w(0): NOW - timedelta(seconds=1), w(1): LONG_AGO})
     got = rules([w(1), w(2)], listed, hosts, crashed, NOW, added_at=added)
     assert w(0) not in got.waiting
+
+
+def test_a_change_waits_while_the_driver_s_first_ranks_start_unreported() -> None:
+    """Seen on kind: a growth written 2 s after the driver started, while its first ranks
+    were starting and not yet reported, was lost; the grown workers stayed idle. The
+    driver's start-up probe (reported by ``kubexec.sh``) says its first ranks come next."""
+    hosts = {w(i): host(i) for i in range(4)}
+    listed = [w(0), w(1)]
+    wanted = [w(0), w(1), w(2), w(3)]
+    probe_at = NOW - timedelta(seconds=2)
+    data = {f"{w(0)}_7_{int(probe_at.timestamp())}": "probe"}
+    starting = pushed(data, NOW)
+    assert starting.hosts == frozenset()
+    assert starting.probed == probe_at
+    got = rules(wanted, listed, hosts, starting, NOW)
+    assert got.hosts == tuple(listed)
+    assert got.recheck == SETTLE_SECONDS - 2
+    # Once its ranks are reported, the rules of any reset judge them.
+    ranks = {**data, **{f"{w(i)}_{i + 8}_{int(NOW.timestamp())}": "start" for i in (0, 1)}}
+    started = pushed(ranks, NOW)
+    assert started.hosts == frozenset(listed)
+    assert rules(wanted, listed, hosts, started, NOW).hosts == tuple(listed)
+    # A driver whose ranks never came holds nothing past the bound.
+    late = NOW + BOUND
+    assert rules(wanted, listed, hosts, pushed(data, late), late).hosts == tuple(wanted)
+    # Without a probe (a driver given --network-interface, or none at all): nothing to
+    # wait for.
+    assert rules(wanted, listed, hosts, pushed({}, NOW), NOW).hosts == tuple(wanted)

@@ -181,12 +181,20 @@ def test_kubexec_without_the_marker_reports_no_commit(tmp_path: Path) -> None:
     assert not any("_committed" in p for p in patches)
 
 
-def test_kubexec_does_not_report_horovods_interface_probe(tmp_path: Path) -> None:
-    probe = "python -m horovod.runner.task_fn 0 2 abc def || true"
+def test_kubexec_reports_only_the_start_of_horovods_interface_probe(tmp_path: Path) -> None:
+    """Its start says the driver's first ranks come next; it is no rank, so neither its
+    end nor any marker in its output is reported."""
+    marker = formats.COMMITTED_MARKER
+    probe = f"python -m horovod.runner.task_fn 0 2 abc def || echo '{marker}'; exit 3"
     done = run_kubexec(tmp_path, "ok", "job-worker-0", probe)
-    assert done.returncode == 0
+    assert done.returncode == 3
+    assert done.stdout == f"{marker}\n"
+    (patch,) = reports(tmp_path, 1)
     time.sleep(1)
-    assert not (tmp_path / "patches").exists()
+    assert len((tmp_path / "patches").read_text().splitlines()) == 1
+    ((key, value),) = json.loads(patch.split(" -p ")[1])["data"].items()
+    assert re.fullmatch(r"job-worker-0_[0-9]+_[0-9]+", key)
+    assert value == "probe"
 
 
 def test_kubexec_runs_the_remote_shell_whatever_its_reports_meet(tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ rule is a way the real driver (0.28.1, reference section 4a) ends or stalls the 
    (``ranks.py``), or the reset bound has passed since the latest of them started (the
    Gloo timeout, past which every rank of an unfinished reset aborts and the job has
    failed anyway, plus ``RESET_MARGIN_SECONDS``); an added host whose ranks never start
-   holds the list the bound from when it was listed. After a rewrite that removed hosts,
+   holds the list the bound from when it was listed. The driver's first reset counts
+   from its start-up probe until its first ranks are reported. After a rewrite that removed hosts,
    nothing changes until their ranks have left, and a removed host a scale-out takes
    back is not listed again before then (the driver judges an exit by host at exit
    time). Only hosts that can no longer be listed and run no rank (gone, failed,
@@ -189,8 +190,8 @@ def _pending(
     if seen is None or not seen & set(listed):
         # Without the signal nothing tells a reset under way; rule 2 still waits, on time.
         # A launcher that reaches none of the listed hosts runs no ranks on them (not yet,
-        # or no more): there is no reset to wait for.
-        return waiting, recheck
+        # or no more): there is no reset to wait for, unless its driver is starting them.
+        return _first_reset(snapshot, hosts, listed, bound, now)
     assert snapshot is not None
     for name in sorted(listed):
         h = hosts.get(name)
@@ -219,6 +220,29 @@ def _pending(
         if name in seen if snapshot.at >= mark else now < mark + _FLOOR:
             waiting.append(name)
     return waiting, recheck
+
+
+def _first_reset(
+    snapshot: RankSnapshot | None,
+    hosts: Mapping[str, Host],
+    listed: Collection[str],
+    bound: timedelta,
+    now: datetime,
+) -> tuple[list[str], float | None]:
+    """The listed hosts while the driver's first ranks may be starting unreported: its
+    start-up probe was reported and no rank's shell since. The driver started them on
+    the hosts its first discovery found, and a change made before they join is lost as in
+    any reset (seen on kind: a growth written 2 s after the driver started; the grown
+    workers stayed idle). Up to the bound from the probe: by then the ranks have joined
+    or the job has failed."""
+    probed = snapshot.probed if snapshot is not None else None
+    if snapshot is None or probed is None or probed + bound <= now:
+        return [], None
+    slack = probed - timedelta(seconds=1)  # reports name whole seconds
+    if any(start >= slack for start in snapshot.started.values()):
+        return [], None  # its ranks are reported: the rules above judge them
+    running = [n for n in sorted(listed) if (h := hosts.get(n)) and h.running_since is not None]
+    return running, ((probed + bound - now).total_seconds() if running else None)
 
 
 def _ended_since(snapshot: RankSnapshot, name: str, listed_at: datetime) -> bool:

@@ -22,8 +22,9 @@ training's ``report_commits`` hook): its first commit after the reset it joined,
 reset has ended (docs/membership.md). Separate keys because the reports are sent in the
 background and may arrive in any order. Horovod's start-up interface probe (``python -m
 horovod.runner.task_fn``, one shell per host before any rank starts) is not a rank:
-``kubexec.sh`` tells it by that module name in its command and does not report it, so its
-end is never read as ranks lost.
+``kubexec.sh`` tells it by that module name in its command and reports only its start, as
+``<worker>_<pid>_<epoch seconds>`` = ``probe``: the driver has started, and its first ranks
+come next (``probed``). Its end is never read as ranks lost.
 
 A shell killed by a signal (horovodrun stopping every rank after a failure, or the
 launcher's container ending) does not report its exit on purpose: the run ends then, its
@@ -61,6 +62,8 @@ PROBE_COMMAND = ("/bin/sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null; exit 0"
 PROBE_TIMEOUT_SECONDS = 5.0
 # The ranks ConfigMap's keys: see the module docstring.
 REPORT_SEPARATOR = "_"
+# The value of a start-up probe's key (the module docstring).
+PROBE_VALUE = "probe"
 EXIT_SUFFIX = "_exit"
 COMMITTED_SUFFIX = "_committed"
 # Past this many keys the controller drops the reports of shells that ended before a later
@@ -110,6 +113,9 @@ class RankSnapshot:
     # The next snapshot judges a loss by shell, against these.
     shells: frozenset[str] = frozenset()
     running_shells: frozenset[str] = frozenset()
+    # From the reports: when the driver's start-up probe last started (the latest probe
+    # shell's start), None without one. Its first ranks come next.
+    probed: datetime | None = None
 
 
 def pushed(
@@ -124,14 +130,16 @@ def pushed(
     the commit marker's report.
     """
     suffixes = (EXIT_SUFFIX, COMMITTED_SUFFIX)
-    started = {key for key in data if not key.endswith(suffixes)}
+    shells = {key for key in data if not key.endswith(suffixes)}
+    probes = {key for key in shells if data[key] == PROBE_VALUE}
+    started = shells - probes
     codes = {key[: -len(EXIT_SUFFIX)]: data[key] for key in data if key.endswith(EXIT_SUFFIX)}
     marked = {key[: -len(COMMITTED_SUFFIX)] for key in data if key.endswith(COMMITTED_SUFFIX)}
 
     def host(key: str) -> str:
         return key.split(REPORT_SEPARATOR, 1)[0]
 
-    when = {key: _started_at(key.rsplit(REPORT_SEPARATOR, 1)[-1], at) for key in started}
+    when = {key: _started_at(key.rsplit(REPORT_SEPARATOR, 1)[-1], at) for key in shells}
     since: dict[str, datetime] = {}
     latest: dict[str, datetime] = {}
     last: dict[str, datetime] = {}
@@ -159,6 +167,7 @@ def pushed(
         started=last,
         shells=frozenset(started),
         running_shells=frozenset(started - codes.keys()),
+        probed=max((when[key] for key in probes), default=None),
     )
 
 
