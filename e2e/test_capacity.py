@@ -219,9 +219,7 @@ def place_filler(run: ElasticRun, name: str, node: str, resource: str, amount: s
     """A pod of priority 0 holding ``amount`` of the room, Running before the job is made:
     else the job's workers take the room and it preempts them later. Deleted once the
     job trains at its baseline, it makes the job's growth a reset of a running job, not
-    part of its first start (a host-list change during the driver's first reset is lost
-    when the launcher's remote shells have reached no host yet: docs/membership.md,
-    "What is left")."""
+    part of its first start (which has a case of its own: the driver's first reset)."""
     pod = higher_priority_pod(name, node, resource, amount)
     run.kubectl("apply", "-f", "-", input=json.dumps(pod))
 
@@ -340,6 +338,54 @@ def test_grows_into_idle_capacity_and_gives_it_back_to_higher_priority(
         run.kubectl("delete", "pod", filler, *high, "--ignore-not-found", check=False)
         run.close()
         # Its workers fill the node: the next test needs the room.
+        run.kubectl("delete", "mpijob", run.job, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_growth_into_room_there_from_the_start_joins_the_first_ranks(
+    cluster: Cluster,
+    e2e_namespace: str,
+    controller: ControllerProcess | None,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Issue 30, the driver's first reset: the idle room comes as the driver starts (on
+    kind it was there from the job's creation, and the growth came 2 s after the driver
+    started), so the growth is written while the driver's first ranks start, which take
+    ``STEP_START`` to join. Written during that reset, the change was lost: the grown
+    workers stayed idle until the next change. It must wait for the reset to end, and no
+    host update may be lost."""
+    node = colocation_node(cluster)
+    resource, share = room(cluster, node)
+    args = mock_driver_args(DRIVER_ARGS, rank_start_seconds=STEP_START, commit_marker=True)
+    run = ElasticRun(
+        cluster,
+        e2e_namespace,
+        opportunistic_job("first-reset", node, resource, share, args),
+        tmp_path_factory.mktemp("first-reset"),
+        driver_args=args,
+        in_cluster=IN_CLUSTER,
+    )
+    filler = "filler-first-reset"
+    try:
+        place_filler(run, filler, node, resource, _times(share, MAXIMUM - BASELINE))
+        run.submit()
+        run.start_launcher()
+        wait_for(lambda: run.driver_events(ev.PROBE_STARTED), 120, "the driver's start-up probe")
+        run.kubectl("delete", "pod", filler, "--wait=false")
+        run.wait_for_size(MAXIMUM, timeout=240)
+        nothing_fatal(run)
+        (first, *_) = run.driver_events(ev.JOB_STARTED)
+        (joined, *_) = run.driver_events(ev.RANK_RUNNING)
+        grown = [e for e in run.driver_events(ev.DISCOVERY) if len(e["hosts"]) > BASELINE]
+        assert grown, "the driver never saw the growth"
+        assert grown[0]["ts"] >= joined["ts"], "the growth was listed during the first reset"
+        print(
+            f"\nFIGURE first reset: job started at 0, first rank joined at "
+            f"{joined['ts'] - first['ts']:.1f} s, growth seen by the driver at "
+            f"{grown[0]['ts'] - first['ts']:.1f} s"
+        )
+    finally:
+        run.kubectl("delete", "pod", filler, "--ignore-not-found", check=False)
+        run.close()
         run.kubectl("delete", "mpijob", run.job, "--ignore-not-found", "--wait=false", check=False)
 
 

@@ -9,8 +9,10 @@ import shlex
 
 # What the interface probe runs on each host, through the remote shell: a short-lived shell
 # that is not a rank (Horovod's task service, which ends once the driver has its answer).
+# Its command names the module the real one runs (``python -m horovod.runner.task_fn``), as
+# a remote shell tells a probe from a rank by it.
 PROBE_MARKER = "mockhorovod-probe"
-PROBE_COMMAND = f"echo {PROBE_MARKER} && sleep 1"
+PROBE_COMMAND = f": python -m horovod.runner.task_fn; echo {PROBE_MARKER} && sleep 1"
 
 # How kubectl exec reports the remote command's exit: a real kubelet makes kubectl print
 # this and exit with the same code; KWOK's local exec makes kubectl exit 1 with an internal

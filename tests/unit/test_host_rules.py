@@ -15,7 +15,7 @@ from mpijob_elastic.core.hosts.host_rules import (
     rank_holders,
     reset_bound,
 )
-from mpijob_elastic.core.inputs.ranks import RankSnapshot, pushed
+from mpijob_elastic.core.inputs.ranks import RankSnapshot, pushed, signal
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 LONG_AGO = NOW - timedelta(hours=1)
@@ -290,6 +290,8 @@ def test_a_change_waits_while_the_driver_s_first_ranks_start_unreported() -> Non
     starting = pushed(data, NOW)
     assert starting.hosts == frozenset()
     assert starting.probed == probe_at
+    # The reports are the job's signal from the probe on, though they name no rank yet.
+    assert signal(starting, None) is starting
     got = rules(wanted, listed, hosts, starting, NOW)
     assert got.hosts == tuple(listed)
     assert got.recheck == SETTLE_SECONDS - 2

@@ -230,9 +230,11 @@ def reported(host: str, reports: RankSnapshot | None) -> bool:
 
 
 def signal(reports: RankSnapshot | None, read: RankSnapshot | None) -> RankSnapshot | None:
-    """The rank signal for the whole job: the reports once they name any host, else the
-    last exec read (a launcher that reports nothing reaches its hosts some other way)."""
-    return reports if reports is not None and reports.known else read
+    """The rank signal for the whole job: the reports once they name any host or the
+    driver's start-up probe, else the last exec read (a launcher that reports nothing
+    reaches its hosts some other way)."""
+    reporting = reports is not None and (reports.known or reports.probed is not None)
+    return reports if reporting else read
 
 
 def seen_by(
