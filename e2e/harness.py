@@ -341,7 +341,19 @@ class ElasticRun:
             listed = set(self.discovered())
             return listed if len(listed) == n and self.ranks_running_on() == listed else None
 
-        found: set[str] = wait_for(settled, timeout, f"ranks on {n} listed workers")
+        try:
+            found: set[str] = wait_for(settled, timeout, f"ranks on {n} listed workers")
+        except AssertionError as exc:
+            # What the driver last saw and did, for a failure in CI that cannot be rerun.
+            seen = [
+                {k: e.get(k) for k in ("ts", "event", "hosts", "host", "commit", "reason")}
+                for e in self.driver_events()
+                if e.get("event") not in (ev.CHECKPOINT_SAVED, ev.COMMIT_MARKER_PRINTED)
+            ]
+            raise AssertionError(
+                f"{exc}; listed {sorted(self.discovered())}, ranks on "
+                f"{sorted(self.ranks_running_on())}; the driver's last events: {seen[-15:]}"
+            ) from exc
         return found
 
     def hosts(self, n: int) -> list[str]:
