@@ -32,6 +32,12 @@ Obj = dict[str, Any]
 # Its own name among the caches: not the kind of the Events the controller writes.
 KIND = "PreemptedEvent"
 FIELDS = "reason=Preempted,involvedObject.kind=Pod"
+# The API server serves Events without its watch cache by default (kube-apiserver's
+# DefaultWatchCacheSizes sets events to 0), so their watches get no bookmarks. A quiet one
+# was cut as dead at the informer's idle bound, with a warning every 65 s in a quiet
+# cluster (issue 33); ended by the server first, it starts again quietly: one watch
+# request a minute per watched namespace.
+WATCH_SECONDS = 50.0
 
 
 # The note the scheduler writes (pkg/scheduler/framework/preemption, 1.34).
@@ -109,8 +115,14 @@ async def watch(
         caches.add(
             KIND,
             ns,
-            Informer(watch_api, "/api/v1", "events", on_event, namespace=ns, transform=slim).narrow(
-                FIELDS
-            ),
+            Informer(
+                watch_api,
+                "/api/v1",
+                "events",
+                on_event,
+                namespace=ns,
+                transform=slim,
+                watch_timeout_seconds=WATCH_SECONDS,
+            ).narrow(FIELDS),
         )
     return True

@@ -27,7 +27,10 @@ server timeoutSeconds would reconnect every quiet watch every few tens of second
 per watched namespace) to get the same bound. The price here is one extra watch request
 when a bookmark comes late, resumed from the last resourceVersion, never a relist; a
 server without a watch cache sends no bookmarks, and its quiet watches are reconnected
-once per ``WATCH_IDLE_SECONDS`` with a warning that says why.
+once per ``WATCH_IDLE_SECONDS`` with a warning that says why. Events are served without
+one by default (kube-apiserver disables the watch cache for them): an informer of Events
+sets a server timeout under ``WATCH_IDLE_SECONDS``, so that its quiet watches end cleanly
+and start again instead (app/preemptions.py).
 
 The HTTP is done through the ApiClient (so its authentication, including refreshed tokens,
 applies) with ``_preload_content=False``, and the JSON is parsed here: kubernetes_asyncio's

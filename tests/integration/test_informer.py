@@ -23,8 +23,10 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.config import new_client_from_config
 
+from mpijob_elastic.app import preemptions
 from mpijob_elastic.app.render import render_children
 from mpijob_elastic.core.settings import Settings
+from mpijob_elastic.machinery import informer as informer_module
 from mpijob_elastic.machinery.informer import WATCH_IDLE_SECONDS, EventHandler, Informer, Obj
 from mpijob_elastic.machinery.store import LAST_APPLIED
 from tests.cluster import Cluster
@@ -663,3 +665,46 @@ async def test_cached_objects_lose_only_write_bookkeeping(
         print(
             f"cached pod {name}: {before} -> {after} bytes of JSON ({1 - after / before:.0%} less)"
         )
+
+
+async def test_a_quiet_watch_of_events_ends_cleanly_under_the_idle_bound(
+    namespace: str,
+    aio_client: ApiClient,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Events are served without the watch cache (kube-apiserver's default): their watches
+    get no bookmarks, and a quiet one was cut as dead at the idle bound with a warning
+    every 65 s (issue 33, 5 runs of 6). The scheduler's Preempted Events are watched with a
+    server timeout under the idle bound (app/preemptions.py). The same at a small scale,
+    the idle bound made 4 s: a server timeout of 2 s ends each quiet watch cleanly; beside
+    it, one of 8 s is cut as dead, as before."""
+    assert preemptions.WATCH_SECONDS * 1.1 < WATCH_IDLE_SECONDS
+    monkeypatch.setattr(informer_module, "WATCH_IDLE_SECONDS", 4.0)
+    caplog.set_level(logging.DEBUG, logger="mpijob_elastic.machinery.informer")
+
+    async def quiet_for(seconds: float, server_timeout: float) -> tuple[int, list[str]]:
+        """How many watches a quiet Events informer made, and the warnings it logged."""
+        caplog.clear()
+        informer = Informer(
+            aio_client,
+            "/api/v1",
+            "events",
+            Recorder(),
+            namespace=namespace,
+            watch_timeout_seconds=server_timeout,
+        ).narrow(preemptions.FIELDS)
+        informer.start()
+        try:
+            await asyncio.wait_for(informer.synced.wait(), TIMEOUT)
+            await asyncio.sleep(seconds)
+        finally:
+            await informer.stop()
+        warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        return records(caplog, "watching from"), warned
+
+    watches, warned = await quiet_for(9, 2)
+    assert watches >= 3
+    assert warned == []
+    _, warned = await quiet_for(6, 8)
+    assert [m for m in warned if "taking the connection for dead" in m], warned
