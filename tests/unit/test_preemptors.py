@@ -140,3 +140,34 @@ def test_the_cache_keeps_the_victim_and_the_preemptor_of_the_schedulers_event() 
     legacy = {**event, "related": None, "message": f"Preempted by pod {uid} on node w"}
     assert preemptions.preemptor(preemptions.slim(legacy)) == f"pod {uid}"
     assert preemptions.preemptor(preemptions.slim({**legacy, "message": "other"})) is None
+
+
+def test_a_victim_named_by_two_preemptors_is_credited_to_the_first() -> None:
+    """Issue 33: the scheduler chose a terminating victim again for the next preemptor and
+    recorded a second Event on it; the job's Event credited both victims to the second
+    preemptor (4 of 6 runs). The room each freed went to the first that took it."""
+
+    def event(victim: str, by: str, at: str | None) -> dict[str, object]:
+        return preemptions.slim(
+            {
+                "metadata": {"name": f"{victim}.{by}", "namespace": "t"},
+                "involvedObject": {"kind": "Pod", "name": victim, "uid": victim},
+                "related": {"kind": "Pod", "namespace": "t", "name": by},
+                "eventTime": at,
+            }
+        )
+
+    # In the cache's order, the later Event on "a" comes first; one without a readable
+    # time never wins over one with.
+    found = preemptions.first_preemptors(
+        [
+            event("a", "p2", "2026-12-06T02:00:01.500000Z"),
+            event("a", "p1", "2026-12-06T02:00:01.200000Z"),
+            event("b", "p2", "2026-12-06T02:00:01.500000Z"),
+            event("b", "p3", None),
+        ]
+    )
+    assert found == {"a": "t/p1", "b": "t/p2"}
+    victims = (("a", "job-worker-6"), ("b", "job-worker-7"))
+    text = message(victims, found, "", datetime(2026, 12, 6, tzinfo=UTC))
+    assert "job-worker-6 preempted by t/p1; job-worker-7 preempted by t/p2" in text
