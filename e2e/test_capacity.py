@@ -341,6 +341,28 @@ def test_grows_into_idle_capacity_and_gives_it_back_to_higher_priority(
         run.kubectl("delete", "mpijob", run.job, "--ignore-not-found", "--wait=false", check=False)
 
 
+def slow_run(
+    cluster: Cluster,
+    namespace: str,
+    name: str,
+    node: str,
+    resource: str,
+    share: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> ElasticRun:
+    """An opportunistic job whose ranks take ``STEP_START`` to join and print the commit
+    marker."""
+    args = mock_driver_args(DRIVER_ARGS, rank_start_seconds=STEP_START, commit_marker=True)
+    return ElasticRun(
+        cluster,
+        namespace,
+        opportunistic_job(name, node, resource, share, args),
+        tmp_path_factory.mktemp(name),
+        driver_args=args,
+        in_cluster=IN_CLUSTER,
+    )
+
+
 def test_growth_into_room_there_from_the_start_joins_the_first_ranks(
     cluster: Cluster,
     e2e_namespace: str,
@@ -355,15 +377,7 @@ def test_growth_into_room_there_from_the_start_joins_the_first_ranks(
     host update may be lost."""
     node = colocation_node(cluster)
     resource, share = room(cluster, node)
-    args = mock_driver_args(DRIVER_ARGS, rank_start_seconds=STEP_START, commit_marker=True)
-    run = ElasticRun(
-        cluster,
-        e2e_namespace,
-        opportunistic_job("first-reset", node, resource, share, args),
-        tmp_path_factory.mktemp("first-reset"),
-        driver_args=args,
-        in_cluster=IN_CLUSTER,
-    )
+    run = slow_run(cluster, e2e_namespace, "first-reset", node, resource, share, tmp_path_factory)
     filler = "filler-first-reset"
     try:
         place_filler(run, filler, node, resource, _times(share, MAXIMUM - BASELINE))
@@ -404,14 +418,8 @@ def test_a_growth_step_preempted_while_its_ranks_start_costs_no_failure(
     the growth step is a reset of a running job, not part of its first start."""
     node = colocation_node(cluster)
     resource, share = room(cluster, node)
-    args = mock_driver_args(DRIVER_ARGS, rank_start_seconds=STEP_START, commit_marker=True)
-    run = ElasticRun(
-        cluster,
-        e2e_namespace,
-        opportunistic_job("growth-preempted", node, resource, share, args),
-        tmp_path_factory.mktemp("growth-preempted"),
-        driver_args=args,
-        in_cluster=IN_CLUSTER,
+    run = slow_run(
+        cluster, e2e_namespace, "growth-preempted", node, resource, share, tmp_path_factory
     )
     idle = MAXIMUM - BASELINE
     filler, high = "filler-growth", "high-growth"
