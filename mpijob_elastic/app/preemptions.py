@@ -48,7 +48,8 @@ NOTE = re.compile(r"Preempted by pod ([0-9a-fA-F-]{1,64}) on node")
 def slim(event: Obj) -> Obj:
     """What the cache keeps of one: its key, the victim's name and UID, the preemptor (by
     name, or by the UID of the scheduler's note where ``related`` is missing), and when it
-    was first recorded (``eventTime`` from events.k8s.io, else ``firstTimestamp``)."""
+    was first recorded (``eventTime`` from events.k8s.io, else ``firstTimestamp``, else its
+    creation)."""
     meta = event.get("metadata") or {}
     victim = event.get("involvedObject") or {}
     related = event.get("related") or {}
