@@ -22,7 +22,6 @@ three higher-priority pods deleted over half a second, 1 GPU idle for 10 s).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -33,7 +32,7 @@ import aiohttp
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.sizing.opportunistic import BACKOFF_SECONDS
-from mpijob_elastic.machinery import watch_stream
+from mpijob_elastic.machinery import decoding, watch_stream
 from mpijob_elastic.machinery.kubeclient import ApiClient
 
 log = logging.getLogger("mpijob_elastic.machinery.capacity_watch")
@@ -153,7 +152,7 @@ class CapacityWatch:
         """The resourceVersion to watch from: one item's list (the rest is not needed)."""
         response = await self._get(path, ACCEPT_LIST, [("limit", 1)])
         async with response:
-            found = json.loads(await response.read())
+            found = decoding.loads(await response.read())
         return str(found["metadata"]["resourceVersion"])
 
     async def _watch(self, path: str, resource_version: str) -> str | None:
@@ -170,7 +169,7 @@ class CapacityWatch:
         response = await self._get(path, ACCEPT_WATCH, query)
         try:
             async for line in watch_stream.lines(response.content):
-                event = json.loads(line)
+                event = decoding.loads(line)
                 if event.get("type") == "ERROR":
                     raise ConnectionError(str(event.get("object"))[:300])
                 if event.get("type") == "DELETED":

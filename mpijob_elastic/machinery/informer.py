@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import json
 import logging
 import random
 import time
@@ -51,7 +50,7 @@ from typing import cast
 
 import aiohttp
 
-from mpijob_elastic.machinery import metrics, watch_stream
+from mpijob_elastic.machinery import decoding, metrics, watch_stream
 from mpijob_elastic.machinery.kube import StatusError, kind_of
 from mpijob_elastic.machinery.kubeclient import ApiClient
 from mpijob_elastic.machinery.store import (
@@ -288,7 +287,7 @@ class Informer:
             finally:
                 response.release()
             try:
-                status = json.loads(body)
+                status = decoding.loads(body)
             except ValueError:
                 status = body.decode(errors="replace")
             verb = "watch" if ("watch", "true") in query else "list"
@@ -308,7 +307,7 @@ class Informer:
         while True:
             response = await self._request(query, timeout)
             async with response:
-                page = json.loads(await response.read())
+                page = decoding.loads(await response.read())
             # Items in a list come without kind and apiVersion, unlike watch events; fill
             # them in so that every cached object looks the same to the controller.
             kind, meta = page["kind"].removesuffix("List"), page["metadata"]
@@ -349,7 +348,7 @@ class Informer:
             async with aclosing(watch_stream.lines(response.content)) as lines:
                 async for line in lines:
                     self._last_contact = time.monotonic()
-                    self._handle_watch_event(json.loads(line))
+                    self._handle_watch_event(decoding.loads(line))
                     self._watch_progressed = True
         except TimeoutError as err:
             raise ConnectionError(

@@ -7,7 +7,6 @@ server's status code and message, so callers can tell a conflict from a rejected
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -16,7 +15,7 @@ from urllib.parse import urlencode
 
 import aiohttp
 
-from mpijob_elastic.machinery import metrics
+from mpijob_elastic.machinery import decoding, metrics
 from mpijob_elastic.machinery.clients import FIELD_MANAGER
 from mpijob_elastic.machinery.kubeclient import ApiClient
 from mpijob_elastic.machinery.write_health import WriteHealth
@@ -157,7 +156,7 @@ class Kube:
         finally:
             self.writes.finished(token, answered, time.monotonic())
         try:
-            data = json.loads(raw) if raw else {}
+            data = decoding.loads(raw) if raw else {}
         except ValueError:
             if 200 <= response.status < 300:
                 raise

@@ -40,6 +40,11 @@ LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
 # Strings up to this long are interned in cached objects: names, label values, phases.
 INTERNED_MAX_LENGTH = 64
+# How deep a cached object nests: what lies deeper is held as TOO_DEEP. A real object nests
+# about 20 levels; the API server takes 10,000, and Python's recursion (the decoder, copies
+# of a template) gives up near 1,000 (issue 31; decoding.py).
+MAX_DEPTH = 128
+TOO_DEEP = f"(nested deeper than {MAX_DEPTH} levels: not read)"
 # The pod conditions the controller reads: an eviction about to come, an unschedulable pod.
 POD_CONDITIONS_READ = ("DisruptionTarget", "PodScheduled")
 
@@ -105,18 +110,22 @@ def slim(obj: Obj) -> Obj:
     return {**obj, "metadata": meta}
 
 
-def interned(value: Any) -> Any:
-    """``value`` rebuilt with every key and short string interned.
+def interned(value: Any, depth: int = 1) -> Any:
+    """``value`` rebuilt with every key and short string interned, and anything nested
+    deeper than MAX_DEPTH levels (``value`` itself at ``depth``) held as TOO_DEEP.
 
     The JSON parser shares keys only within one document, and every watch event is a
     document of its own: a thousand pods held a thousand copies of "containerStatuses",
     of their namespace, their labels' values, "Running". Long strings (scripts, messages)
-    are rarely repeated and are kept as they are.
+    are rarely repeated and are kept as they are. The bound is kept in the same pass, so
+    no reader of a cache meets a depth its own recursion cannot take.
     """
+    if isinstance(value, dict | list) and depth > MAX_DEPTH:
+        return TOO_DEEP
     if isinstance(value, dict):
-        return {sys.intern(k): interned(v) for k, v in value.items()}
+        return {sys.intern(k): interned(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list):
-        return [interned(v) for v in value]
+        return [interned(v, depth + 1) for v in value]
     if isinstance(value, str) and len(value) <= INTERNED_MAX_LENGTH:
         return sys.intern(value)
     return value
