@@ -5,8 +5,10 @@ back only once its pods are gone."""
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -416,6 +418,48 @@ def test_kueue_admits_resumes_on_flavor_and_releases_quota_after_pods(
         "the Workload's admission cleared",
     )
     wait_for(lambda: reason(job, "QueueAdmitted") == "Evicted", 30, "QueueAdmitted=Evicted")
+
+
+@pytest.mark.usefixtures("kueue")
+def test_kueue_evicts_a_job_whose_tenant_wrote_what_once_froze_it(
+    cluster: Cluster,
+    namespace: str,
+    queues: Queues,
+    start_controller: StartController,
+    tmp_path: Path,
+) -> None:
+    # Issue 31: a launcher's report with a start in the year 10000 (and one of 20 digits),
+    # and a state annotation of 5000 digits, each raised in every turn before its writes, so
+    # a Kueue eviction never stopped the job while it kept its quota. Written with the
+    # tenant's rights: the launcher's patch on <job>-ranks, anyone's on <job>-config.
+    start_controller(namespace)
+    job = Job(cluster, namespace, "frozen")
+    job.create(gpu_job(job.name, 2))
+    wait_for(lambda: any(map(admitted, queues.workloads(job))), 30, "Workload admitted")
+    job.wait_hosts(2)
+    kubeconfig = cluster.service_account_kubeconfig(
+        namespace, names.launcher_name(job.name), tmp_path / "launcher.kubeconfig"
+    )
+    worker = names.worker_name(job.name, 0)
+    report = {"data": {f"{worker}_1_253402300800": "start", f"{worker}_2_{'9' * 20}": "start"}}
+    cluster.kubectl(
+        "--kubeconfig", kubeconfig, "patch", "configmap", names.ranks_name(job.name),
+        "-n", namespace, "--type=merge", "-p", json.dumps(report),
+    )  # fmt: skip
+    cluster.kubectl(
+        "annotate", "configmap", names.config_map_name(job.name), "-n", namespace,
+        "--overwrite", f"{names.ANN_RETIRED_WORKERS}={'9' * 5000}",
+    )  # fmt: skip
+    (workload,) = queues.workloads(job)
+    name = workload["metadata"]["name"]
+    cluster.raw(
+        "PATCH", f"{KUEUE}/namespaces/{namespace}/workloads/{name}", {"spec": {"active": False}}
+    )
+    eviction = Eviction(queues, job)
+    wait_for(eviction.gone, 60, "the evicted job's pods gone")
+    eviction.check()
+    wait_for(lambda: reason(job, "QueueAdmitted") == "Evicted", 30, "QueueAdmitted=Evicted")
+    assert (job.condition("TurnFailed") or {}).get("status") != "True"
 
 
 def workers_of(workload: dict[str, Any]) -> int:
