@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from mpijob_elastic.app.preflight import REVIEWS_PATH, SCHEDULER_EVENTS, review
@@ -50,9 +50,7 @@ def slim(event: Obj) -> Obj:
     name, or by the UID of the scheduler's note where ``related`` is missing), and when it
     was first recorded (``eventTime`` from events.k8s.io, else ``firstTimestamp``, else its
     creation)."""
-    meta = event.get("metadata") or {}
-    victim = event.get("involvedObject") or {}
-    related = event.get("related") or {}
+    meta, victim, related = (_map(event.get(k)) for k in ("metadata", "involvedObject", "related"))
     note = NOTE.search(str(event.get("message") or ""))
     return {
         "apiVersion": event.get("apiVersion"),
@@ -65,6 +63,12 @@ def slim(event: Obj) -> Obj:
         or event.get("firstTimestamp")
         or meta.get("creationTimestamp"),
     }
+
+
+def _map(value: object) -> Mapping[str, Any]:
+    # The server types an Event's fields; the cache's transform must not raise all the
+    # same, or one Event would fail every relist of its namespace's Events (issue 31).
+    return value if isinstance(value, Mapping) else {}
 
 
 def preemptor(event: Obj) -> str | None:

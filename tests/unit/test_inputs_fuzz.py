@@ -9,8 +9,11 @@ quantities of the spec (container resources, ``schedulingPolicy.minResources``),
 with a gang scheduler so the PodGroup's sum is made, and (d) Kueue's Workloads, the
 Nodes' notices and Volcano's PodGroup phase. Each case runs ``observe`` and
 ``plan_writes`` as the controller calls them; a seeded generator, so a failure names its
-case and replays; ``CASES`` per surface in every ``make test``. The core reads no Event
-(app/preemptions.py does) and no node allocatable or Workload usage.
+case and replays; ``CASES`` per surface in every ``make test``. The core reads no Event:
+(e) the scheduler's Preempted Events are read by app/preemptions.py, as its cache's
+transform (which must not raise, or one Event would fail every relist) and then by victim;
+their names reach an opportunistic job's plan. No node allocatable or Workload usage is
+read.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from mpijob_elastic.app import preemptions
 from mpijob_elastic.app.render import render_children
 from mpijob_elastic.core import names, nodes, numbers, quantity
 from mpijob_elastic.core.actions import Writes, WriteStatus
@@ -489,3 +493,43 @@ def test_what_others_write_plans_without_raising(surface: str) -> None:
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     # Where a case can end either way, both do, so neither side was tested by chance alone.
     assert min(outcomes.values()) > CASES // 20, outcomes
+
+
+def scheduler_event(rng: random.Random) -> Obj:
+    """A Preempted Event as the scheduler writes it, with its fields hostile by chance."""
+    fields: Obj = {
+        "metadata": {"name": word(rng), "namespace": "ns", "creationTimestamp": time(rng)},
+        "involvedObject": {"kind": "Pod", "name": word(rng), "uid": rng.choice(WORDS)},
+        "related": {"namespace": word(rng), "name": word(rng)},
+        "message": rng.choice(
+            ("Preempted by pod 0a1b-2c on node n1", f"Preempted by pod {junk(rng)} on node", "")
+        ),
+        "eventTime": time(rng),
+        "firstTimestamp": time(rng),
+    }
+    for key in rng.sample(sorted(fields), rng.randint(0, 3)):
+        fields[key] = rng.choice(HOSTILE)
+    return fields
+
+
+def test_the_schedulers_events_read_without_raising() -> None:
+    rng = random.Random("issue-31-events")
+    job = make_job(2)
+    job["metadata"]["annotations"].update(
+        {names.ANN_OPPORTUNISTIC: "true", names.ANN_MAX_REPLICAS: "4"}
+    )
+    named = 0
+    for case in range(CASES // 10):
+        events = [scheduler_event(rng) for _ in range(10)]
+        try:
+            found = preemptions.first_preemptors(map(preemptions.slim, events))
+            observed = observe(
+                job, lambda kind: Listed(()), lambda kind: Listed(()), JobMemory(), 0.0
+            )
+            plan_writes(dataclasses.replace(observed, preemptors=found), SETTINGS, NOW)
+        except Exception as err:
+            raise AssertionError(f"case {case}: {str(events)[:2000]}") from err
+        assert all(isinstance(who, str) for who in found.values()), found
+        named += len(found)
+    # Many batches name preemptors (of at most 8 victims each): read, not all refused.
+    assert named > CASES // 5, named
