@@ -3,9 +3,10 @@
 refusal naming the field, so the job can still be stopped and /metrics still answers.
 
 Each attack is the issue's own, and one found on the way: a job nested deeper than
-Python's decoder goes, which the API server stores. Before the inputs were read totally (core/numbers.py), the
-first left a suspended job's pods running for as long as the launcher ran, the second gave
-the job no condition and no Event, and turned the scrape it was part of into a 500.
+Python's decoder goes, which the API server stores. Before the inputs were read totally
+(core/numbers.py), the first left a suspended job's pods running for as long as the
+launcher ran, the second gave the job no condition and no Event, and turned the scrape it
+was part of into a 500.
 """
 
 from __future__ import annotations
