@@ -360,7 +360,9 @@ class World:
             raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {uid}")
         self._check_version(current, body["metadata"].get("resourceVersion"))
         if subresource == "status":
-            new["status"] = copy.deepcopy(body["status"])
+            # A merge patch: what the body leaves out stays, what it sets to null goes.
+            merged = {**(new.get("status") or {}), **copy.deepcopy(body["status"])}
+            new["status"] = {k: v for k, v in merged.items() if v is not None}
         else:
             for part in ("annotations", "labels"):
                 values = new["metadata"].setdefault(part, {})

@@ -24,7 +24,7 @@ from mpijob_elastic.core.actions import (
 from mpijob_elastic.core.inputs.observe import Observed
 from mpijob_elastic.core.planning.desired import desired
 from mpijob_elastic.core.planning.plan import plan_writes
-from mpijob_elastic.core.queueing import kueue
+from mpijob_elastic.core.queueing import charges, kueue
 from mpijob_elastic.core.queueing.kueue import Queue, Standing
 from mpijob_elastic.core.queueing.kueue_writes import workload_writes
 from mpijob_elastic.core.settings import Settings
@@ -422,3 +422,99 @@ def test_a_workload_name_someone_else_holds_is_reported_and_not_written_again() 
     refused = condition(c.job, "WriteRefused")
     assert (refused["status"], refused["reason"]) == ("True", "AlreadyExists")
     assert refused["message"].startswith(f"Workload {name} already exists and is not this job's")
+
+
+def gpus(j: dict[str, Any], n: int) -> dict[str, Any]:
+    """``j`` with each worker asking for ``n`` GPUs (as a limit: the request it stands for)."""
+    edited = copy.deepcopy(j)
+    (container,) = edited["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    container["resources"] = {"limits": {"nvidia.com/gpu": str(n)}}
+    return edited
+
+
+def test_a_pod_is_charged_as_kueue_counts_it() -> None:
+    template = {
+        "spec": {
+            "containers": [
+                {"resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "2", "memory": "1Gi"}}},
+                {"resources": {"requests": {"cpu": "500m"}}},
+            ],
+            "initContainers": [{"resources": {"requests": {"cpu": "2", "memory": "512Mi"}}}],
+            "overhead": {"cpu": "100m"},
+        }
+    }
+    charge = {k: str(v) for k, v in charges.pod_charge(template).items()}
+    # cpu: max(1 + 0.5, 2) + 0.1; memory: the limit stands for the request, above the init's.
+    assert charge == {"cpu": "2100m", "memory": "1Gi"}
+    assert charges.pod_charge({"spec": {"containers": "x", "overhead": 7}}) == {}
+
+
+def test_an_admitted_job_edited_to_ask_for_more_stops_and_is_queued_again() -> None:
+    j = gpus(job(replicas=2, low=None), 1)
+    admitted = workload(j, 2, admitted=2)
+    edited = gpus(j, 8)
+    queue = Queue(True, [admitted], FLAVOR)
+    # Never more than Kueue admitted: held at once, and told why.
+    assert kueue.gate(edited, queue)["spec"]["runPolicy"]["suspend"] is True
+    standing = kueue.standing(edited, queue)
+    assert (standing.admitted, standing.reason) == (False, "WorkloadOutdated")
+    assert "worker: nvidia.com/gpu 8 > 1" in standing.message
+    # The quota is held while any pod is there, then the Workload goes with it, and the
+    # next one is written for the templates as they are now.
+    assert workload_writes(edited, queue, worker_pods(2, "Running"), NOW) == []
+    (write,) = workload_writes(edited, queue, (), NOW)
+    assert isinstance(write, DeleteObject)
+    assert write.name == admitted["metadata"]["name"]
+    (write,) = workload_writes(edited, Queue(True, [], FLAVOR), (), NOW)
+    worker = next(p for p in obj(write)["spec"]["podSets"] if p["name"] == "worker")
+    assert worker["template"]["spec"]["containers"][0]["resources"]["limits"] == {
+        "nvidia.com/gpu": "8"
+    }
+    # Asking for less than was admitted is within it: the job runs on.
+    fewer = gpus(j, 0)
+    assert "suspend" not in kueue.gate(fewer, queue)["spec"].get("runPolicy", {})
+    assert kueue.standing(fewer, queue).reason == "Admitted"
+
+
+def test_a_waiting_workload_follows_an_edit_of_what_a_pod_requests() -> None:
+    j = gpus(job(replicas=2, low=None), 1)
+    waiting = workload(j, 2)
+    assert workload_writes(j, Queue(True, [waiting], FLAVOR), (), NOW) == []
+    (write,) = workload_writes(gpus(j, 4), Queue(True, [waiting], FLAVOR), (), NOW)
+    assert verb(write) == "replace"
+    worker = next(p for p in obj(write)["spec"]["podSets"] if p["name"] == "worker")
+    assert worker["template"]["spec"]["containers"][0]["resources"]["limits"] == {
+        "nvidia.com/gpu": "4"
+    }
+
+
+def test_a_workload_that_charges_less_than_the_pods_request_admits_nothing() -> None:
+    # A Workload the controller did not write (a tenant allowed to create Workloads, owned
+    # by its job) admitted for less than the job's pods ask: the job stays held.
+    j = gpus(job(replicas=2, low=None), 4)
+    forged = workload(gpus(j, 0), 2, admitted=2)
+    assert kueue.gate(j, Queue(True, [forged], FLAVOR))["spec"]["runPolicy"]["suspend"] is True
+
+
+def test_a_running_job_edited_beyond_its_admission_gets_its_notice_and_stops() -> None:
+    c = _Queued()
+    c.apply(c.plan())
+    name = kueue.workload_name(c.job)
+    admitted = workload(c.job, 2, admitted=2)
+    stored = c.objects[(kueue.WORKLOAD, name)]
+    stored["status"] = admitted["status"]
+    c.converge()
+    c.run_pods()
+    c.converge()
+    assert len([p for p in c.pods if p["metadata"]["name"].startswith("job-worker")]) == 2
+    edited = gpus(c.job, 8)
+    c.objects[(names.KIND, c.job["metadata"]["name"])]["spec"] = edited["spec"]
+    c.apply(c.plan())
+    assert condition(c.job, "QueueAdmitted")["reason"] == "WorkloadOutdated"
+    notices = {
+        p["metadata"]["name"]: (p["metadata"].get("annotations") or {}).get(names.ANN_NOTICE, "")
+        for p in c.pods
+    }
+    assert notices
+    assert all(" queue-requeued " in n for n in notices.values()), notices
+    assert any(e.reason == "QueueWorkloadOutdated" for e in c.events)

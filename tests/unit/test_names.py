@@ -130,7 +130,7 @@ def test_the_docs_table_lists_exactly_the_user_annotations() -> None:
 # Call sites whose reason is not a string the source spells, with the reasons each sends.
 # A new one fails the test below until it is listed here.
 STANDINGS = {"Admitted", "Pending", "Evicted", "KueueNotInstalled", "KueueNotPermitted"}
-STANDINGS |= {"WorkloadRefused"}
+STANDINGS |= {"WorkloadRefused", "WorkloadOutdated"}
 DYNAMIC = {
     # desired.py's _queue: Kueue missing or not granted as themselves, the rest with
     # "Queue" before, but for a refused Workload write (conditions.py's WriteRefused says it).
@@ -139,6 +139,7 @@ DYNAMIC = {
         "QueueAdmitted",
         "QueuePending",
         "QueueEvicted",
+        "QueueWorkloadOutdated",
     },
     # Turn.event itself, which sends what its callers (read above) give it.
     ("core/outputs/turn.py", "reason"): set(),

@@ -14,7 +14,9 @@ The format (docs/formats.md), one line, the annotation absent when there is no n
 
 * kind ``job-stopping`` (every pod of the job gets it): ``below-min`` (a suspension for
   capacity, after the checkpoint window, run_policy.py), ``queue-evicted`` (Kueue evicted
-  the job's Workload: after the checkpoint window too), ``suspend`` (runPolicy.suspend),
+  the job's Workload: after the checkpoint window too), ``queue-requeued`` (its pods
+  would request more than Kueue admitted: at once, queued again; kueue.overcharged),
+  ``suspend`` (runPolicy.suspend),
   ``launcher-node-leaving``, ``launcher-evicted``, ``launcher-preempted``,
   ``active-deadline``;
 * kind ``worker-leaving`` (that worker only): ``scale-in``, ``node-leaving``,
@@ -130,6 +132,9 @@ def queue_stop_due(turn: Turn, spec: JobSpec) -> bool:
 def suspended(turn: Turn, spec: JobSpec, launcher: Mapping[str, Any] | None) -> Stop:
     """The notice of a job stopped as suspended: Kueue's eviction (its window is over), or
     runPolicy.suspend, which is not delayed: the pods' grace periods are all it gives."""
+    standing = turn.queue
+    if standing is not None and standing.reason == "WorkloadOutdated":
+        return Stop("queue-requeued", standing.message)
     return queue_evicted(turn, spec, launcher) or Stop("suspend", "runPolicy.suspend is true")
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from mpijob_elastic.core import names, numbers
 from mpijob_elastic.core.actions import Refusal
+from mpijob_elastic.core.queueing import charges
 from mpijob_elastic.core.times import parse_time
 
 Obj = dict[str, Any]
@@ -81,6 +82,10 @@ def _map(value: Any) -> Mapping[str, Any]:
     """A mapping, or an empty one where the job has something else (an invalid spec,
     which parse.py reports; nothing here may raise on it)."""
     return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def queue_name(job: Mapping[str, Any]) -> str | None:
@@ -166,6 +171,26 @@ def admitted_workers(workload: Mapping[str, Any]) -> int | None:
     )
     count = _int(assigned.get("count"), _int(spec.get("count"), 0))
     return min(count, _int(spec.get("count"), count))
+
+
+def overcharged(job: Mapping[str, Any], workload: Mapping[str, Any]) -> str:
+    """What the job's pods would now request beyond what ``workload`` charges for them
+    (charges.py), as ``role: resource wanted > charged``; "" if nothing. Its templates may
+    have been edited since the Workload was written, and a Workload the controller did not
+    write may charge less: either way Kueue never admitted the difference."""
+    sets = {
+        p.get("name"): _map(p.get("template"))
+        for p in _list(_map(workload.get("spec")).get("podSets"))
+        if isinstance(p, Mapping)
+    }
+    found = [
+        f"{pod_set}: {what}"
+        for role, pod_set in (("Launcher", LAUNCHER), ("Worker", WORKER))
+        for what in charges.beyond(
+            charges.pod_charge(_template(job, role)), charges.pod_charge(sets.get(pod_set, {}))
+        )
+    ]
+    return ", ".join(found)
 
 
 def elastic(job: Mapping[str, Any], queue: Queue) -> bool:
@@ -321,6 +346,14 @@ def standing(job: Mapping[str, Any], queue: Queue, refused: Refusal | None = Non
     if workload is None:
         return Standing(False, "Pending", "the job's Workload is being created")
     wl = workload["metadata"]["name"]
+    beyond = overcharged(job, workload) if reserved(workload) else ""
+    if beyond:
+        return Standing(
+            False,
+            "WorkloadOutdated",
+            f"the pods would request more than Workload {wl} was admitted for ({beyond}): "
+            "the job stops and is queued again with a new Workload",
+        )
     if is_true(workload, "Evicted"):
         evicted = condition(workload, "Evicted") or {}
         message = f"Kueue evicted Workload {wl}: {evicted.get('message', '')}"
@@ -347,9 +380,14 @@ def gate(job: Obj, queue: Queue) -> Obj:
     workload = current(queue) if queue.installed else None
     # Evicted but still holding the quota: the job runs on, as admitted, until run_policy.py
     # stops it at the end of its checkpoint window; then the admission is cleared.
-    admitted = workload is not None and (
-        (is_true(workload, "Admitted") and not is_true(workload, "Evicted"))
-        or (is_true(workload, "Evicted") and reserved(workload))
+    admitted = (
+        workload is not None
+        and (
+            (is_true(workload, "Admitted") and not is_true(workload, "Evicted"))
+            or (is_true(workload, "Evicted") and reserved(workload))
+        )
+        # Never more than Kueue admitted, in the eviction's window too (docs/scheduling.md).
+        and not overcharged(job, workload)
     )
     gated = copy.deepcopy(dict(job))
     spec = gated.setdefault("spec", {})

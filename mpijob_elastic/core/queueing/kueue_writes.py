@@ -16,6 +16,7 @@ from typing import Any
 
 from mpijob_elastic.core import names, numbers
 from mpijob_elastic.core.actions import Action, Create, DeleteObject, PatchStatus, Replace
+from mpijob_elastic.core.queueing.charges import pod_charge
 from mpijob_elastic.core.queueing.kueue import (
     API_VERSION,
     WORKER,
@@ -28,6 +29,7 @@ from mpijob_elastic.core.queueing.kueue import (
     finished,
     is_true,
     min_replicas,
+    overcharged,
     pending,
     render_workload,
     replicas,
@@ -63,8 +65,8 @@ def workload_writes(
             for w in (workload, *pending(queue))
             if not is_true(w, "Finished")
         ]
-    if is_true(workload, "Evicted"):
-        return _evicted(job, queue, workload, pods, now)
+    if is_true(workload, "Evicted") or (reserved(workload) and overcharged(job, workload)):
+        return _stopped(job, queue, workload, pods, now)
     if not reserved(workload) and not pending(queue):
         return _follow(job, queue, workload)
     if reserved(workload) and is_true(workload, "Admitted"):
@@ -109,29 +111,35 @@ def _started(
 
 def _follow(job: Mapping[str, Any], queue: Queue, workload: Mapping[str, Any]) -> list[Action]:
     """A Workload waiting in the queue follows the job's edits, as Kueue's own integrations
-    do; an admitted one changes only as ``_resize`` says. The counts are compared, not the
-    templates, which the server may default."""
+    do; an admitted one changes only as ``_resize`` says. The counts and what one pod of
+    each set charges are compared, not the whole templates, which the server may default."""
     first = min_replicas(job) if elastic(job, queue) else replicas(job)
     wanted = render_workload(job, queue, first or replicas(job))["spec"]["podSets"]
-    if _counts(workload.get("spec") or {}) == _counts({"podSets": wanted}):
+    if _counts(workload.get("spec") or {}) == _counts({"podSets": wanted}) and _charges(
+        workload.get("spec") or {}
+    ) == _charges({"podSets": wanted}):
         return []
     return [_replace_pod_sets(workload, wanted)]
 
 
-def _evicted(
+def _stopped(
     job: Mapping[str, Any],
     queue: Queue,
     workload: Mapping[str, Any],
     pods: Sequence[Mapping[str, Any]],
     now: str,
 ) -> list[Action]:
-    """The job stops (run_policy.py, after its notice and checkpoint window); slices asking
-    to grow it are withdrawn; once its last pod is gone an elastic Workload asks for
-    min-replicas again, then the admission is cleared, which gives the quota back and
-    requeues it."""
+    """Evicted: the job stops (run_policy.py, after its notice and checkpoint window);
+    slices asking to grow it are withdrawn; once its last pod is gone an elastic Workload
+    asks for min-replicas again, then the admission is cleared, which gives the quota back
+    and requeues it. Admitted for less than its pods would now request: the job stops at
+    once (kueue.gate), and once its last pod is gone the Workload goes with its quota; the
+    next turn writes one for the templates as they are now."""
     writes = [_delete(w) for w in pending(queue)]
     if pods or not reserved(workload):
         return writes
+    if overcharged(job, workload):
+        return [*writes, _delete(workload)]
     low = min_replicas(job)
     if elastic(job, queue) and low is not None and _count(workload) > low:
         return [*writes, _replace(workload, low)]
@@ -183,6 +191,13 @@ def _resize(
 
 def _counts(spec: Mapping[str, Any]) -> list[tuple[Any, Any, Any]]:
     return [(p.get("name"), p.get("count"), p.get("minCount")) for p in spec.get("podSets") or []]
+
+
+def _charges(spec: Mapping[str, Any]) -> list[tuple[Any, dict[str, Any]]]:
+    return [
+        (p.get("name"), {k: v.value for k, v in pod_charge(p.get("template") or {}).items()})
+        for p in spec.get("podSets") or []
+    ]
 
 
 def _count(workload: Mapping[str, Any]) -> int:
