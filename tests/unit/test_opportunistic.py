@@ -21,6 +21,8 @@ from mpijob_elastic.core.inputs.observe import Observed
 from mpijob_elastic.core.inputs.ranks import RankSnapshot
 from mpijob_elastic.core.objects.render import disruption_budget
 from mpijob_elastic.core.planning.plan import plan_writes
+from mpijob_elastic.core.queueing import kueue
+from mpijob_elastic.core.queueing.kueue import Queue
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.sizing.opportunistic import next_backoff
 from mpijob_elastic.core.spec.parse import InvalidSpec, parse
@@ -28,6 +30,7 @@ from mpijob_elastic.core.times import format_precise_time
 from mpijob_elastic.core.workers import Worker
 from mpijob_elastic.machinery.kube import ApiError
 from tests.unit.simulation import Cluster, discovered, make_job, running_status
+from tests.unit.test_kueue import workload
 
 SETTINGS = Settings()
 UNSCHEDULABLE = {
@@ -625,3 +628,21 @@ def test_the_grew_event_goes_out_once_the_host_list_landed_not_at_the_turns_end(
     # Right behind the host list it reports, before the writes that may still conflict.
     before = steps[: steps.index("ConfigMap events")]
     assert before[-1] in ("ConfigMap", "ranks ConfigMap"), steps
+
+
+def test_a_job_of_a_kueue_queue_runs_only_what_kueue_admitted() -> None:
+    # Kueue charges what the Workload asks for: growth into idle room would run workers
+    # the ClusterQueue never saw (issue 32). The job grows through Kueue instead.
+    c = job()
+    c.job["metadata"]["labels"] = {kueue.QUEUE_LABEL: "q"}
+    # Admitted, its pods once ready (no Workload write is left to make).
+    queue = Queue(True, [workload(c.job, 2, admitted=2, conditions=(("PodsReady", "Started"),))])
+    run(c, 8, 60, queue=queue)
+    assert len(workers(c)) == 2
+    assert opportunistic(c) == []
+    warnings = next(x for x in c.job["status"]["conditions"] if x["type"] == "SpecWarnings")
+    assert f"[{names.ANN_OPPORTUNISTIC}]: ignored for a job labelled" in warnings["message"]
+    # The same job without the label grows into the room.
+    free = job()
+    run(free, 8, 60)
+    assert len(workers(free)) > 2

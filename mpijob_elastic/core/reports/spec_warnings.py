@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mpijob_elastic.core import names
+from mpijob_elastic.core.queueing.kueue import QUEUE_LABEL, queue_name
 from mpijob_elastic.core.reports import launcher_command
 from mpijob_elastic.core.shapes import FieldError
 from mpijob_elastic.core.spec.model import JobSpec
@@ -60,6 +61,14 @@ def check(job: Mapping[str, Any], spec: JobSpec | None) -> list[FieldError]:
     if not isinstance(job, Mapping):
         return []
     found = _annotations(job) + _unknown_fields(job)
+    if spec is not None and spec.opportunistic and queue_name(job):
+        found.append(
+            FieldError(
+                f"metadata.annotations[{names.ANN_OPPORTUNISTIC}]",
+                f"ignored for a job labelled {QUEUE_LABEL}: it runs only the workers Kueue "
+                "admitted, and grows through Kueue",
+            )
+        )
     if spec is not None:
         found += launcher_command.check(spec)
     return found

@@ -132,8 +132,9 @@ def next_backoff(state: GrowthState, now: datetime, cap: float, why: str) -> Gro
 def grow(turn: Turn, spec: JobSpec, workers: Sequence[Worker], baseline: int, held: bool) -> Growth:
     """The opportunistic workers the job wants above ``baseline``; ``held``: the baseline
     pauses (failures, a scale-out backoff), so capacity is not there to grow into."""
-    if not spec.opportunistic or spec.bounds.max is None:
-        # Any opportunistic worker left is surplus: scale-ins take them first.
+    if not spec.opportunistic or spec.bounds.max is None or turn.queue is not None:
+        # Any opportunistic worker left is surplus: scale-ins take them first. A job of a
+        # Kueue queue runs only what Kueue admitted (kueue.gate): it grows through Kueue.
         return Growth(0, (), GrowthState())
     state = parse_growth(turn.state.get(names.ANN_GROWTH))
     ours = [w for w in workers if w.opportunistic and not turn.gone(w.uid)]
