@@ -462,6 +462,64 @@ def test_kueue_evicts_a_job_whose_tenant_wrote_what_once_froze_it(
     assert (job.condition("TurnFailed") or {}).get("status") != "True"
 
 
+@pytest.mark.usefixtures("kueue")
+def test_kueue_a_job_edited_to_ask_for_more_than_admitted_is_stopped_and_queued_again(
+    cluster: Cluster, namespace: str, queues: Queues, start_controller: StartController
+) -> None:
+    # Issue 32: the templates edited after admission ran at the new requests, above what
+    # Kueue charged (the ClusterQueue counted 2 GPUs while the pods asked for 4).
+    start_controller(namespace)
+    job = Job(cluster, namespace, "edited")
+    job.create(gpu_job(job.name, 2))
+    wait_for(lambda: any(map(admitted, queues.workloads(job))), 30, "Workload admitted")
+    job.wait_hosts(2)
+    (first,) = queues.workloads(job)
+    # KWOK removes a deleted pod at once: a finalizer keeps each terminating, to be read.
+    held = {**job.pods(), **job.pods(names.ROLE_LAUNCHER)}
+    for name in held:
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+        cluster.raw("PATCH", path, {"metadata": {"finalizers": ["example.com/hold"]}})
+    worker = job.get()["spec"]["mpiReplicaSpecs"]["Worker"]
+    (container,) = worker["template"]["spec"]["containers"]
+    container["resources"] = {"requests": {"cpu": "1", GPU: "2"}, "limits": {GPU: "2"}}
+    job.patch({"spec": {"mpiReplicaSpecs": {"Worker": {"template": worker["template"]}}}})
+    wait_for(lambda: reason(job, "QueueAdmitted") == "WorkloadOutdated", 30, "WorkloadOutdated")
+    # Every pod told why before it went; none at the new requests meanwhile.
+    wait_for(
+        lambda: all(p["metadata"].get("deletionTimestamp") for p in job.pods().values()),
+        30,
+        "every worker deleted",
+    )
+    pods = {**job.pods(), **job.pods(names.ROLE_LAUNCHER)}
+    assert set(pods) == set(held)
+    for name, pod in pods.items():
+        found = parse_notice((pod["metadata"].get("annotations") or {}).get(names.ANN_NOTICE))
+        assert found is not None, pod["metadata"]
+        assert found[2] == "queue-requeued", found
+        assert pod["spec"]["containers"][0]["resources"].get("limits", {}).get(GPU, "1") == "1"
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+        cluster.raw("PATCH", path, {"metadata": {"finalizers": None}})
+
+    # Requeued under a new Workload that charges the new requests, admitted (4 of 6 GPUs),
+    # and run at them.
+    def second() -> dict[str, Any] | None:
+        return next(
+            (
+                w
+                for w in queues.workloads(job)
+                if w["metadata"]["uid"] != first["metadata"]["uid"] and admitted(w)
+            ),
+            None,
+        )
+
+    wait_for(second, 60, "a new Workload admitted")
+    assert all(w["metadata"]["uid"] != first["metadata"]["uid"] for w in queues.workloads(job))
+    job.wait_hosts(2, timeout=60)
+    for pod in job.pods().values():
+        assert pod["spec"]["containers"][0]["resources"]["limits"][GPU] == "2"
+    wait_for(lambda: queues.gpus_used() == 4, 30, "4 GPUs reserved")
+
+
 def workers_of(workload: dict[str, Any]) -> int:
     return int(next(p["count"] for p in workload["spec"]["podSets"] if p["name"] == "worker"))
 
