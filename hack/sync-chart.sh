@@ -22,6 +22,7 @@ copies=(
   admission/policy.yaml:templates/admission-policy.yaml
   admission/scale-policy.yaml:templates/admission-scale-policy.yaml
   admission/ranks-policy.yaml:templates/admission-ranks-policy.yaml
+  admission/queue-policy.yaml:templates/admission-queue-policy.yaml
   rbac/service_account.yaml:templates/rbac-service-account.yaml
   rbac/role.yaml:templates/rbac-role.yaml
   rbac/nodes.yaml:templates/rbac-nodes.yaml

@@ -31,6 +31,7 @@ ADMISSION_FILES = (
     CONFIG / "admission" / "policy.yaml",
     CONFIG / "admission" / "scale-policy.yaml",
     CONFIG / "admission" / "ranks-policy.yaml",
+    CONFIG / "admission" / "queue-policy.yaml",
 )
 ADMISSION_LABEL = "mpijob-elastic.io/test-admission"
 ADMISSION_ENFORCED = "enforced"

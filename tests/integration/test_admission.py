@@ -561,3 +561,41 @@ def test_the_launcher_changes_only_the_data_of_its_ranks_config_map(
     assert cm["data"] == {"job-worker-0_1_1795900000": "start"}
     assert not cm.get("immutable")
     assert not cm["metadata"].get("finalizers")
+
+
+def test_an_admitted_job_keeps_its_queue_label_until_suspended(
+    cluster: Cluster, admission_namespace: str
+) -> None:
+    """Issue 32: the queue label removed from an admitted job that runs took it out of
+    Kueue's path while its Workload kept the quota. queue-policy.yaml keeps the label
+    while the job's QueueAdmitted condition is True and it is not suspended."""
+    ns = admission_namespace
+    job = mpijob("queued", 2)
+    job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "gpus"}
+    cluster.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(job))
+    path = f"/apis/{names.API_VERSION}/namespaces/{ns}/{names.PLURAL}/queued"
+
+    def relabel(labels: dict[str, Any]) -> Any:
+        patch = json.dumps({"metadata": {"labels": labels}})
+        return cluster.kubectl(
+            "patch", "mpijob", "queued", "-n", ns, "--type=merge", "-p", patch, check=False
+        )
+
+    # Not admitted yet: the label may change (the Workload follows it).
+    assert relabel({"kueue.x-k8s.io/queue-name": "cpus"}).returncode == 0
+    admitted = {"type": "QueueAdmitted", "status": "True", "reason": "Admitted", "message": ""}
+    cluster.raw("PATCH", f"{path}/status", {"status": {"conditions": [admitted]}})
+    by = "ValidatingAdmissionPolicy 'mpijob-elastic-queue-label'"
+    deadline = time.monotonic() + POLICY_READY_TIMEOUT
+    while by not in (refused := relabel({"kueue.x-k8s.io/queue-name": None})).stderr:
+        assert refused.returncode != 0, "the label removed: the policy is not enforced"
+        assert time.monotonic() < deadline, refused.stderr
+        time.sleep(0.5)
+    assert "label of a job Kueue admitted stays cpus while the job runs" in refused.stderr
+    moved = relabel({"kueue.x-k8s.io/queue-name": "gpus"})
+    assert by in moved.stderr, moved.stderr
+    # Other edits go through; once suspended, the label may go.
+    assert relabel({"team": "a"}).returncode == 0
+    cluster.raw("PATCH", path, {"spec": {"runPolicy": {"suspend": True}}})
+    removed = relabel({"kueue.x-k8s.io/queue-name": None})
+    assert removed.returncode == 0, removed.stderr

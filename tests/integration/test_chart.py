@@ -93,7 +93,7 @@ def test_default_values_render_config_default(helm: str, kubectl: str) -> None:
     assert ("Deployment", SYSTEM_NAMESPACE, "mpijob-elastic") in ours
     assert ("PodDisruptionBudget", SYSTEM_NAMESPACE, "mpijob-elastic") in ours
     assert ("CustomResourceDefinition", "", "mpijobs.kubeflow.org") in ours
-    assert len(ours) == 28
+    assert len(ours) == 30
 
 
 def test_watch_namespaces_render_config_namespaced(helm: str, kubectl: str) -> None:

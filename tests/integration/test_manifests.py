@@ -63,6 +63,8 @@ def test_kustomize_default_renders_every_object(cluster: Cluster) -> None:
         ("ValidatingAdmissionPolicyBinding", "mpijob-elastic-scale-bounds"),
         ("ValidatingAdmissionPolicy", "mpijob-elastic-ranks-reports"),
         ("ValidatingAdmissionPolicyBinding", "mpijob-elastic-ranks-reports"),
+        ("ValidatingAdmissionPolicy", "mpijob-elastic-queue-label"),
+        ("ValidatingAdmissionPolicyBinding", "mpijob-elastic-queue-label"),
         ("Namespace", SYSTEM_NAMESPACE),
         ("ServiceAccount", "mpijob-elastic"),
         ("ClusterRole", "mpijob-elastic-controller"),
