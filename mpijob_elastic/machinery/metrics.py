@@ -29,11 +29,12 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Emit
+from mpijob_elastic.core.outputs import goodput
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec.parse import InvalidSpec, parse
 from mpijob_elastic.core.times import parse_time
@@ -96,6 +97,12 @@ DRAIN_SECONDS = Histogram(
     f"{PREFIX}_drain_duration_seconds",
     "From a worker's drain mark to the accepted delete of its pod.",
     buckets=_SLOW,
+)
+RECOVERY_SECONDS = Histogram(
+    f"{PREFIX}_job_recovery_seconds",
+    "From a loss (fewer workers training than the job's target, the target unchanged) "
+    "to the job training at its target again (docs/operations.md, Goodput).",
+    buckets=(5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200, 3600),
 )
 RUNNING_TO_LISTED_SECONDS = Histogram(
     f"{PREFIX}_running_to_listed_seconds",
@@ -288,7 +295,7 @@ class _JobDetails(Collector):
         # The controller's, so a job reads here as its turns read it (core/lifecycle/run_policy.py).
         self.settings = Settings()
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         conditions = GaugeMetricFamily(
             f"{PREFIX}_job_conditions",
             "MPIJobs this controller manages with a condition True, by namespace, condition "
@@ -302,26 +309,39 @@ class _JobDetails(Collector):
             "only). The job's label is mpijob: Prometheus keeps job for the scrape job.",
             labels=["namespace", "mpijob", "count"],
         )
+        seconds = CounterMetricFamily(
+            f"{PREFIX}_job_seconds",
+            "Seconds each job spent in each state since it was created (docs/operations.md, "
+            "Goodput): training_full (at its target), training_reduced, resetting, waiting "
+            "(for capacity or admission), stopped (suspended by the user).",
+            labels=["namespace", "mpijob", "state"],
+        )
+        now = datetime.now(UTC)
         tally: Tally[tuple[str, str, str]] = Tally()
         for job in self._jobs.jobs():
             try:
                 ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
-                true = _true(job.get("status"))
+                status = job.get("status")
+                true = _true(status)
                 found = (
                     []
                     if {"Succeeded", "Failed", "Suspended"} & true.keys()
                     else self._workers(job, ns, name)
                 )
+                spent = goodput.totals((status or {}).get("goodput"), now)
             except Exception:  # one job must not cost every other job its series
                 skipped(job)
                 continue
             tally.update((ns, t, reason) for t, reason in true.items())
             for count, value in found:
                 workers.add_metric([ns, name, count], value)
+            for state, spent_seconds in sorted(spent.items()):
+                seconds.add_metric([ns, name, state], spent_seconds)
         for labels, n in sorted(tally.items()):
             conditions.add_metric(list(labels), n)
         yield conditions
         yield workers
+        yield seconds
 
     def _workers(self, job: Mapping[str, Any], ns: str, name: str) -> list[tuple[str, int]]:
         s = self.settings
@@ -403,6 +423,9 @@ def status_written(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> Non
         _SCALED[direction].inc()
     for step in transitions(old, new):
         _TRANSITIONS[step].inc()
+    back = goodput.recovered((old or {}).get("goodput"), new.get("goodput"))
+    if back is not None:
+        RECOVERY_SECONDS.observe(back)
 
 
 def observe_write(written: Mapping[str, Any], latency: HostListLatency) -> None:

@@ -279,7 +279,7 @@ def test_dashboard_queries_and_rules_on_a_scraped_controller(
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert scrape.value(family(metrics.BUILD_INFO), version=version) == 1
     held_refused = {"namespace": namespace, "type": "WriteRefused", "reason": "AlreadyExists"}
-    conditions, _ = families(metrics.JOB_DETAILS)
+    conditions, _, _ = families(metrics.JOB_DETAILS)
     assert scrape.value(conditions, **held_refused) == 1
 
     # Prometheus has scraped all of it...

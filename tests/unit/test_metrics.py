@@ -310,7 +310,7 @@ def test_job_details_count_conditions_and_the_workers_of_running_jobs() -> None:
     details._jobs.jobs = lambda: [elastic, fixed, finished, broken]
     maps = {"a-config": config_map("a-worker-0", "a-worker-1")}
     details.config_map = lambda _ns, name: maps.get(name)
-    found_conditions, workers = details.collect()
+    found_conditions, workers, _ = details.collect()
     counted = {tuple(s.labels.values()): s.value for s in found_conditions.samples}
     assert counted == {
         ("ns", "Created", "MPIJobCreated"): 3,
@@ -350,7 +350,7 @@ def test_job_details_read_a_job_with_the_controllers_settings() -> None:
     details._jobs.jobs = lambda: [big]
     assert not list(details.collect())[1].samples
     details.settings = Settings(max_workers_per_job=Settings().max_workers_per_job + 1)
-    _, workers = details.collect()
+    _, workers, _ = details.collect()
     assert {s.labels["count"]: s.value for s in workers.samples}["desired"] == (
         Settings().max_workers_per_job + 1
     )
@@ -378,7 +378,7 @@ def test_a_job_whose_reading_raises_is_left_out_of_a_scrape_and_counted() -> Non
     skipped = total(metrics.SKIPPED_JOBS)
     before = sample(skipped)
     with mock.patch.object(metrics, "parse", side_effect=buggy):
-        found_conditions, workers = details.collect()
+        found_conditions, workers, _ = details.collect()
         (jobs,) = states.collect()
     assert sample(skipped) == before + 3  # bad's details, odd's details and odd's state
     assert {s.labels["mpijob"] for s in workers.samples} == {"a"}
@@ -386,3 +386,22 @@ def test_a_job_whose_reading_raises_is_left_out_of_a_scrape_and_counted() -> Non
         ("ns", "Created", "MPIJobCreated")
     ]
     assert {s.labels["state"]: s.value for s in jobs.samples} == {"Created": 1, "Pending": 1}
+
+
+def test_job_seconds_add_the_time_since_the_last_change_at_each_scrape() -> None:
+    job = make_job(2, name="a")
+    since = datetime.now(UTC) - timedelta(seconds=30)
+    job["status"] = {
+        "goodput": {
+            "state": "training_full",
+            "since": since.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "target": 2,
+            "seconds": {"waiting": 12.5},
+        }
+    }
+    details = metrics._JobDetails(metrics._JobStates())
+    details._jobs.jobs = lambda: [job]
+    _, _, seconds = details.collect()
+    found = {s.labels["state"]: s.value for s in seconds.samples if s.name.endswith("_total")}
+    assert found["waiting"] == 12.5
+    assert 30 <= found["training_full"] < 40

@@ -50,6 +50,7 @@ from mpijob_elastic.core.lifecycle import notices, run_policy
 from mpijob_elastic.core.lifecycle.notices import Stop
 from mpijob_elastic.core.lifecycle.run_policy import Restarts, Suspension
 from mpijob_elastic.core.objects import children, podgroups, render
+from mpijob_elastic.core.outputs import goodput
 from mpijob_elastic.core.outputs.status import QUEUE_ADMITTED
 from mpijob_elastic.core.outputs.turn import BUDGET, GANG, POD_WRITES_PER_TURN, Turn
 from mpijob_elastic.core.queueing import kueue
@@ -151,6 +152,7 @@ def _decide(turn: Turn) -> Desired:
     conditions.unsupported(turn, spec)
     restarts = run_policy.launcher_restarts(turn, spec, launcher)
     if run_policy.finished(turn, spec, launcher, restarts):
+        _goodput(turn, goodput.ENDED, spec.worker.replicas)
         expired = run_policy.expired(turn, spec)
         # A finished job's clean-up may take more pods than one turn writes.
         deletes = run_policy.clean_up(turn, spec, workers, launcher)
@@ -162,6 +164,11 @@ def _decide(turn: Turn) -> Desired:
     if run_policy.suspended_by_user(turn, spec):
         # Kueue's eviction waited out its checkpoint window; runPolicy.suspend is not delayed.
         stop = notices.suspended(turn, spec, launcher)
+        # Held by Kueue (queued, evicted, requeued) is waiting for capacity; the user's own
+        # runPolicy.suspend is a stop.
+        queue = turn.queue
+        held = queue is not None and (not queue.admitted or queue.evicted_at is not None)
+        _goodput(turn, goodput.WAITING if held else goodput.STOPPED, spec.worker.replicas)
         return _stopped(turn, spec, workers, launcher, {}, stop)
     return _scale(turn, spec, workers, launcher, restarts)
 
@@ -363,6 +370,9 @@ def _children(
     conditions.scaling(turn, spec, size.wanted, listed, victims, backoff, size.goal.moving)
     conditions.waiting_for_ranks(turn, members.hosts.rules.waiting, size.goal.moving)
     driver_down = restarts.now or (launcher is not None and Worker(-1, launcher).phase == "Failed")
+    rules = members.hosts.rules
+    trains = goodput.training(len(rules.holders), len(rules.committed), size.replicas)
+    _goodput(turn, goodput.WAITING if driver_down else trains, size.replicas)
     turn.status.fields["elastic"] = {
         # The files still name them, but no driver trains on them.
         "listed": 0 if driver_down else len(listed),
@@ -391,6 +401,11 @@ def _children(
         ranks=render.ranks_config_map(spec),
         notices=notices.running(turn, spec, launcher, m, victims, members.stop),
     )
+
+
+def _goodput(turn: Turn, state: str, target: int) -> None:
+    before = turn.status.observed.get("goodput")
+    turn.status.fields["goodput"] = goodput.account(before, state, target, turn.now)
 
 
 def _bounds(spec: JobSpec) -> dict[str, int]:
