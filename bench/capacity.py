@@ -49,7 +49,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config, watch
 
-from bench.cluster import cluster_up, kubectl_binary, machine
+from bench.cluster import cluster_up, goodput_between, job_seconds, kubectl_binary, machine
 from e2e.harness import ElasticRun, mock_driver_args
 from e2e.mockhorovod import events as ev
 from mpijob_elastic.core import names
@@ -257,6 +257,9 @@ class Result:
     failures: int
     blacklists: int
     resets: int
+    # The share of the trace's time the job trained at its target (docs/operations.md,
+    # "Goodput"), as the controller counts it; None if it counted none.
+    goodput: float | None
 
 
 def run_trace(
@@ -296,6 +299,7 @@ def run_trace(
         # The opportunistic job grows at once: wait for the baseline's ranks at least.
         wait_for(lambda: len(run.ranks_running_on()) >= BASELINE, 120, "ranks on the baseline")
         begin_wall, begin = time.time(), time.monotonic()
+        seconds_before = job_seconds(cluster_, namespace, "cap")
         # The baseline's own creates, seen as the watch started, are not churn.
         created, deleted = churn.created, churn.deleted
         usable = [(begin_wall, pool.usable())]
@@ -316,6 +320,7 @@ def run_trace(
                 break
             usable.append((time.time(), pool.usable()))
         end_wall = time.time()
+        share = goodput_between(seconds_before, job_seconds(cluster_, namespace, "cap"))
         records = run.driver_events(
             ev.RANK_RUNNING, ev.RANK_STOPPED, ev.RANK_EXITED, ev.RANK_FAILED
         )
@@ -334,6 +339,7 @@ def run_trace(
             failures,
             blacklists,
             resets,
+            share,
         )
     finally:
         churn.stop()
@@ -352,14 +358,15 @@ def table(results: list[Result], host: dict[str, Any]) -> str:
         "compressed).",
         "",
         "| trace | job | harvest | higher-priority wait p50 / max | churn (creates, deletes "
-        "per hour) | resets | failures | blacklists |",
-        "|---|---|---|---|---|---|---|---|",
+        "per hour) | goodput | resets | failures | blacklists |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         wait = f"{statistics.median(r.waits):.1f} s / {max(r.waits):.1f} s" if r.waits else "none"
         rows.append(
             f"| {r.trace} | {r.variant} | harvest {r.harvest:.0%} | {wait} | "
-            f"{r.created / r.hours:.0f}, {r.deleted / r.hours:.0f} | {r.resets} | "
+            f"{r.created / r.hours:.0f}, {r.deleted / r.hours:.0f} | "
+            f"{'-' if r.goodput is None else f'{r.goodput:.0%}'} | {r.resets} | "
             f"failures {r.failures} | "
             f"blacklists {r.blacklists} |"
         )

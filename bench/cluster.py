@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from mpijob_elastic.core import names
+from mpijob_elastic.core.outputs import goodput
+from tests.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_CLUSTER = "mpijob-elastic-bench"
@@ -134,6 +136,21 @@ def job_manifest(name: str, workers: int, max_workers: int, min_workers: int = 1
             }
         },
     }
+
+
+def job_seconds(api: Cluster, namespace: str, job: str) -> dict[str, float]:
+    """The seconds the job spent in each state so far, as /metrics counts them from its
+    status (docs/operations.md, "Goodput")."""
+    found = api.raw("GET", f"/apis/{names.API_VERSION}/namespaces/{namespace}/{names.PLURAL}/{job}")
+    return goodput.totals(((found or {}).get("status") or {}).get("goodput"), datetime.now(UTC))
+
+
+def goodput_between(before: dict[str, float], after: dict[str, float]) -> float | None:
+    """The share of the time between two ``job_seconds`` readings spent training at the
+    job's target; None if no time was counted."""
+    spent = {s: after.get(s, 0.0) - before.get(s, 0.0) for s in after}
+    total = sum(spent.values())
+    return spent.get(goodput.FULL, 0.0) / total if total > 0 else None
 
 
 def free_port() -> int:
