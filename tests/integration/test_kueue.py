@@ -5,7 +5,6 @@ back only once its pods are gone."""
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,6 +16,7 @@ from mpijob_elastic.core import names
 from mpijob_elastic.core.lifecycle.notices import parse_notice
 from mpijob_elastic.core.queueing import kueue
 from mpijob_elastic.core.times import parse_time
+from tests import hostile
 from tests.cluster import Cluster
 from tests.controller import StartController, wait_for
 from tests.integration.test_controller import Job
@@ -420,6 +420,15 @@ def test_kueue_admits_resumes_on_flavor_and_releases_quota_after_pods(
     wait_for(lambda: reason(job, "QueueAdmitted") == "Evicted", 30, "QueueAdmitted=Evicted")
 
 
+def running_admitted(cluster: Cluster, namespace: str, queues: Queues, name: str) -> Job:
+    """A job of 2 workers of one GPU each, admitted and listed."""
+    job = Job(cluster, namespace, name)
+    job.create(gpu_job(job.name, 2))
+    wait_for(lambda: any(map(admitted, queues.workloads(job))), 30, "Workload admitted")
+    job.wait_hosts(2)
+    return job
+
+
 @pytest.mark.usefixtures("kueue")
 def test_kueue_evicts_a_job_whose_tenant_wrote_what_once_froze_it(
     cluster: Cluster,
@@ -433,23 +442,9 @@ def test_kueue_evicts_a_job_whose_tenant_wrote_what_once_froze_it(
     # a Kueue eviction never stopped the job while it kept its quota. Written with the
     # tenant's rights: the launcher's patch on <job>-ranks, anyone's on <job>-config.
     start_controller(namespace)
-    job = Job(cluster, namespace, "frozen")
-    job.create(gpu_job(job.name, 2))
-    wait_for(lambda: any(map(admitted, queues.workloads(job))), 30, "Workload admitted")
-    job.wait_hosts(2)
-    kubeconfig = cluster.service_account_kubeconfig(
-        namespace, names.launcher_name(job.name), tmp_path / "launcher.kubeconfig"
-    )
-    worker = names.worker_name(job.name, 0)
-    report = {"data": {f"{worker}_1_253402300800": "start", f"{worker}_2_{'9' * 20}": "start"}}
-    cluster.kubectl(
-        "--kubeconfig", kubeconfig, "patch", "configmap", names.ranks_name(job.name),
-        "-n", namespace, "--type=merge", "-p", json.dumps(report),
-    )  # fmt: skip
-    cluster.kubectl(
-        "annotate", "configmap", names.config_map_name(job.name), "-n", namespace,
-        "--overwrite", f"{names.ANN_RETIRED_WORKERS}={'9' * 5000}",
-    )  # fmt: skip
+    job = running_admitted(cluster, namespace, queues, "frozen")
+    hostile.report_out_of_range(cluster, namespace, job.name, tmp_path)
+    hostile.state_of_5000_digits(cluster, namespace, job.name)
     (workload,) = queues.workloads(job)
     name = workload["metadata"]["name"]
     cluster.raw(
@@ -469,10 +464,7 @@ def test_kueue_a_job_edited_to_ask_for_more_than_admitted_is_stopped_and_queued_
     # Issue 32: the templates edited after admission ran at the new requests, above what
     # Kueue charged (the ClusterQueue counted 2 GPUs while the pods asked for 4).
     start_controller(namespace)
-    job = Job(cluster, namespace, "edited")
-    job.create(gpu_job(job.name, 2))
-    wait_for(lambda: any(map(admitted, queues.workloads(job))), 30, "Workload admitted")
-    job.wait_hosts(2)
+    job = running_admitted(cluster, namespace, queues, "edited")
     (first,) = queues.workloads(job)
     # KWOK removes a deleted pod at once: a finalizer keeps each terminating, to be read.
     held = {**job.pods(), **job.pods(names.ROLE_LAUNCHER)}

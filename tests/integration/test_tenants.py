@@ -11,13 +11,13 @@ was part of into a 500.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
 
 from mpijob_elastic.core import names
+from tests import hostile
 from tests.cluster import Cluster
 from tests.controller import StartController, free_port, wait_for
 from tests.integration.test_controller import Job, elastic_job
@@ -47,17 +47,7 @@ def test_a_launchers_report_out_of_range_does_not_freeze_its_job(
 ) -> None:
     start_controller(namespace)
     job = running(cluster, namespace, "frozen")
-    # With the launcher's own right: its patch on <job>-ranks. A start second in the year
-    # 10000, and one of 20 digits (OverflowError).
-    kubeconfig = cluster.service_account_kubeconfig(
-        namespace, names.launcher_name(job.name), tmp_path / "launcher.kubeconfig"
-    )
-    worker = names.worker_name(job.name, 0)
-    report = {"data": {f"{worker}_1_253402300800": "start", f"{worker}_2_{'9' * 20}": "start"}}
-    cluster.kubectl(
-        "--kubeconfig", kubeconfig, "patch", "configmap", names.ranks_name(job.name),
-        "-n", namespace, "--type=merge", "-p", json.dumps(report),
-    )  # fmt: skip
+    hostile.report_out_of_range(cluster, namespace, job.name, tmp_path)
     stops_when_suspended(job)
     assert (job.condition("TurnFailed") or {}).get("status") != "True"
 
@@ -67,11 +57,7 @@ def test_a_state_annotation_of_5000_digits_does_not_freeze_its_job(
 ) -> None:
     start_controller(namespace)
     job = running(cluster, namespace, "digits")
-    # Any user who may edit ConfigMaps in the namespace may edit the job's.
-    cluster.kubectl(
-        "annotate", "configmap", names.config_map_name(job.name), "-n", namespace,
-        "--overwrite", f"{names.ANN_RETIRED_WORKERS}={'9' * 5000}",
-    )  # fmt: skip
+    hostile.state_of_5000_digits(cluster, namespace, job.name)
     stops_when_suspended(job)
 
 
