@@ -518,3 +518,14 @@ def test_a_running_job_edited_beyond_its_admission_gets_its_notice_and_stops() -
     assert notices
     assert all(" queue-requeued " in n for n in notices.values()), notices
     assert any(e.reason == "QueueWorkloadOutdated" for e in c.events)
+
+
+def test_a_requeued_job_leaves_no_workload_behind_that_would_keep_a_new_one_from_it() -> None:
+    j = gpus(job(), 1)
+    replaced = workload(j, 2, 0, admitted=2, conditions=(("Finished", "WorkloadSliceReplaced"),))
+    admitted = workload(j, 3, 1, admitted=3, replaces="ns/x")
+    queue = Queue(True, [replaced, admitted], FLAVOR, slices=True)
+    writes = workload_writes(gpus(j, 2), queue, (), NOW)
+    assert sorted(w.name for w in writes if isinstance(w, DeleteObject)) == sorted(
+        w["metadata"]["name"] for w in (replaced, admitted)
+    )

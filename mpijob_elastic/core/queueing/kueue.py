@@ -346,7 +346,8 @@ def standing(job: Mapping[str, Any], queue: Queue, refused: Refusal | None = Non
     if workload is None:
         return Standing(False, "Pending", "the job's Workload is being created")
     wl = workload["metadata"]["name"]
-    beyond = overcharged(job, workload) if reserved(workload) else ""
+    held = reserved(workload) or is_true(workload, "Admitted")
+    beyond = overcharged(job, workload) if held else ""
     if beyond:
         return Standing(
             False,

@@ -139,7 +139,9 @@ def _stopped(
     if pods or not reserved(workload):
         return writes
     if overcharged(job, workload):
-        return [*writes, _delete(workload)]
+        # Every one of the job's Workloads, the slices it replaced too: a job with any left
+        # is given no new one (``workload_writes``).
+        return [_delete(w) for w in queue.workloads]
     low = min_replicas(job)
     if elastic(job, queue) and low is not None and _count(workload) > low:
         return [*writes, _replace(workload, low)]
