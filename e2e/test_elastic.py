@@ -198,6 +198,8 @@ def test_worker_deleted_with_a_grace_period_leaves_gracefully_and_is_replaced(
 def test_crashed_rank_is_one_failure_and_blacklists_its_host(run: ElasticRun) -> None:
     victim = names.worker_name(run.job, 2)
     (rank_id,) = run.rank_ids_on(victim)
+    wait_for(lambda: goodput(run).get("state") == "training_full", 90, "training at 3")
+    before = goodput(run)["seconds"]
     run.crash_rank(victim, rank_id)
     failures = wait_for(lambda: run.driver_events(ev.RANK_FAILED), 20, "the rank failure")
     assert [(f["host"], f["rank_id"], f["exit_code"]) for f in failures] == [
@@ -218,6 +220,20 @@ def test_crashed_rank_is_one_failure_and_blacklists_its_host(run: ElasticRun) ->
     wait_for(lambda: set(run.worker_pods()) == want, 30, "the crashed worker's pod gone")
     assert run.driver_events(ev.EXEC_FAILED) == []
     assert [b["host"] for b in run.driver_events(ev.HOST_BLACKLISTED)] == [victim]
+    # Goodput (docs/operations.md): the loss and the time back at the target, counted.
+    wait_for(lambda: goodput(run).get("state") == "training_full", 90, "training at 3 again")
+    spent = goodput(run)["seconds"]
+
+    def short(seconds: dict[str, float]) -> float:
+        return sum(v for s, v in seconds.items() if s != "training_full")
+
+    assert short(spent) > short(before), (before, spent)
+    assert "lostAt" not in goodput(run)
+
+
+def goodput(run: ElasticRun) -> dict[str, Any]:
+    path = f"/apis/{names.API_VERSION}/namespaces/{run.namespace}/{names.PLURAL}/{run.job}"
+    return dict(((run.cluster.raw("GET", path) or {}).get("status") or {}).get("goodput") or {})
 
 
 def test_out_of_range_edit_is_refused_with_the_policy_message(run: ElasticRun) -> None:
