@@ -46,6 +46,7 @@ from mpijob_elastic.core.actions import (
     Writes,
     WriteStatus,
 )
+from mpijob_elastic.core.outputs.status import merge_patch
 from mpijob_elastic.core.planning.write_order import BULK, HOST_LIST, STEP
 from mpijob_elastic.core.times import format_precise_time
 from mpijob_elastic.core.workers import discovered_hosts
@@ -356,7 +357,8 @@ class Writer:
         meta = job["metadata"]
         # The resourceVersion makes the merge patch conditional: a status computed from a
         # stale job is refused (409) and recomputed, never written over a newer one.
-        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        patch = merge_patch(job.get("status") or {}, status)
+        body = {"metadata": {"resourceVersion": resource_version}, "status": patch}
         updated = await self.kube.patch(names.KIND, meta["namespace"], meta["name"], body, "status")
         metrics.status_written(job.get("status"), status)
         self._cache({**updated, "kind": names.KIND})

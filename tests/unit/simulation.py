@@ -205,6 +205,20 @@ def observe(
     )
 
 
+def merge_patch(target: Any, patch: Any) -> Any:
+    """``target`` after a JSON merge patch (RFC 7386), as the API server applies one: what
+    the patch leaves out stays, at every level; a null removes its key; a list replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    merged = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = merge_patch(merged.get(key), value)
+    return merged
+
+
 class Violation(AssertionError):
     """A safety invariant broke, or the world did not converge."""
 
@@ -360,9 +374,7 @@ class World:
             raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {uid}")
         self._check_version(current, body["metadata"].get("resourceVersion"))
         if subresource == "status":
-            # A merge patch: what the body leaves out stays, what it sets to null goes.
-            merged = {**(new.get("status") or {}), **copy.deepcopy(body["status"])}
-            new["status"] = {k: v for k, v in merged.items() if v is not None}
+            new["status"] = merge_patch(new.get("status"), body["status"])
         else:
             for part in ("annotations", "labels"):
                 values = new["metadata"].setdefault(part, {})

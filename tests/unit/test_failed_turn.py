@@ -38,7 +38,7 @@ from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.machinery import metrics
 from mpijob_elastic.machinery.kube import Kube
 from mpijob_elastic.machinery.kubeclient import ApiClient
-from tests.unit.simulation import SETTINGS, Cluster, make_job
+from tests.unit.simulation import SETTINGS, Cluster, make_job, merge_patch
 from tests.unit.test_kueue import FLAVOR, NOW, job, workload
 
 BUG = Failure("KeyError", "'containers'")
@@ -231,7 +231,7 @@ class _Server(Kube):
             self.job = {
                 **self.job,
                 "metadata": {**self.job["metadata"], "resourceVersion": version},
-                "status": patch["status"],
+                "status": merge_patch(self.job.get("status"), patch["status"]),
             }
             return self.job
         return {"kind": kind, "metadata": {"name": name, "namespace": namespace}}

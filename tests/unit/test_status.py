@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mpijob_elastic.core.outputs.status import merge_patch
 from tests.unit.simulation import Cluster, make_job
 
 
@@ -24,3 +25,16 @@ def test_without_a_generation_none_is_claimed() -> None:
     c = Cluster(job)
     c.converge()
     assert "observedGeneration" not in c.job["status"]
+
+
+def test_a_status_is_written_as_the_merge_patch_from_the_one_it_was_planned_from() -> None:
+    old = {"elastic": {"listed": 2, "workerFailures": 1}, "goodput": {"lostAt": "t"}, "x": 1}
+    new = {"elastic": {"listed": 2}, "goodput": {}, "y": [1]}
+    patch = merge_patch(old, new)
+    assert patch == {
+        "x": None,
+        "elastic": {"workerFailures": None},
+        "goodput": {"lostAt": None},
+        "y": [1],
+    }
+    assert merge_patch(old, old) == {}

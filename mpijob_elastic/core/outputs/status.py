@@ -149,3 +149,20 @@ class StatusBuilder:
 
         status["conditions"] = sorted(self.conditions.values(), key=position)
         return status
+
+
+def merge_patch(old: Any, new: Any) -> Any:
+    """The JSON merge patch (RFC 7386) that turns ``old`` into ``new``: a key ``new`` no
+    longer has is sent as null, at every level. A status is written as a merge patch, which
+    keeps whatever the patch leaves out: sent whole, a key the turn dropped (a count back
+    to none, a time cleared) would stay on the server, and the status would differ from
+    the turn's again at every turn."""
+    if not (isinstance(old, Mapping) and isinstance(new, Mapping)):
+        return new
+    patch: Obj = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        if key not in old:
+            patch[key] = value
+        elif old[key] != value:
+            patch[key] = merge_patch(old[key], value)
+    return patch
