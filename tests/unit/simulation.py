@@ -50,7 +50,7 @@ from mpijob_elastic.core.actions import (
     WriteStatus,
 )
 from mpijob_elastic.core.hosts.drain import DRAIN_FLOOR_SECONDS
-from mpijob_elastic.core.inputs.observe import HANDOVER_KINDS, Listed, Observed
+from mpijob_elastic.core.inputs.observe import HANDOVER_KINDS, Gathered, Listed, Observed
 from mpijob_elastic.core.inputs.observe import observe as observe_caches
 from mpijob_elastic.core.inputs.ranks import RankSnapshot
 from mpijob_elastic.core.objects.render import requests_gpu
@@ -199,9 +199,7 @@ def observe(
         lambda kind: Listed(handover.get(kind, ())),
         memory,
         seconds,
-        ranks=reports,
-        ranks_read=ranks,
-        leaving_nodes=leaving,
+        Gathered(ranks=reports, ranks_read=ranks, leaving_nodes=leaving),
     )
 
 
