@@ -617,18 +617,17 @@ def runs_before_admission(job: Any, _queue: Any) -> Any:
     return job
 
 
+real_gate = kueue.gate
+
+
 def runs_its_replicas(job: Any, queue: Any) -> Any:
     """Kueue's gate that holds the job until admitted but then runs every worker it asks
     for, not the fewer Kueue admitted."""
     gated = real_gate(job, queue)
     if not gated["spec"]["runPolicy"].get("suspend"):
-        gated["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = job["spec"]["mpiReplicaSpecs"][
-            "Worker"
-        ]["replicas"]
+        workers = gated["spec"]["mpiReplicaSpecs"]["Worker"]
+        workers["replicas"] = job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]
     return gated
-
-
-real_gate = kueue.gate
 
 
 def grows_past_max(*_: Any) -> int:
