@@ -1660,9 +1660,11 @@ class Sim:
         opportunistic job from its replicas up to max-replicas; a queued job's replicas,
         at most as many as Kueue admitted. Not max-replicas exactly for the opportunistic
         job, though the simulated cluster always has room: a fresh seed found one scaled
-        in from 2 to 1 while its growth backed off after preemptions rest at 2 workers of
-        3 with the backoff over and no turn due (its status said baseline 2); whether it
-        should grow again is the growth rules' question, not the safety invariants'."""
+        in from 2 to 1 while its growth backed off after a preemption rest at 2 workers
+        of 3 with the backoff over: the worker the scale-in left, not opportunistic, fills
+        the one worker a probe after a failure adds, so no probe is ever bound and the
+        backoff never ends. Whether it should grow again is the growth rules' question,
+        not the safety invariants'."""
         job = self.world.job(name)
         annotations = job["metadata"].get("annotations") or {}
         if annotations.get(names.ANN_OPPORTUNISTIC) == "true":
