@@ -139,6 +139,41 @@ step = st.one_of(
     # the others: they replay in the world they were found in.
     beside=st.just(True),
 )
+# Found by the opportunistic and queued jobs' first fresh seeds: a Workload's release of
+# the quota refused (403) after an eviction, and the job started again under that quota
+# while the next turn's release gave it back (invariant (k)).
+@example(
+    steps=[
+        ("wait", "", 4),
+        ("scale", "job", 1),
+        ("evict", "queued", 0),
+        ("scale", "queued", 4),
+        ("evict", "queued", 0),
+        ("restart", "", 0),
+        ("preempt", "opp", 1),
+        ("restart", "", 0),
+        ("wait", "", 8),
+        ("restart", "", 0),
+        ("wait", "", 8),
+        ("scale", "job", 2),
+        ("restart", "", 0),
+        ("fail", "queued", 2),
+        ("scale", "job", 2),
+        ("wait", "", 1),
+        ("evict", "queued", 0),
+        ("evict", "queued", 0),
+        ("fail", "opp", 2),
+        ("scale", "job", 3),
+        ("preempt", "opp", 1),
+        ("wait", "", 8),
+    ],
+    seed=4193873836,
+    failure=0.3,
+    kill=0.0,
+    lag=0.0,
+    drain=3,
+    beside=True,
+)
 # Found by the property: a turn whose ConfigMap write (carrying the failure count) landed
 # and whose delete of the failed worker did not counted the same failure again on every
 # retry, and the job paused its replacement for five minutes.
