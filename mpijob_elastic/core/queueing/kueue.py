@@ -310,9 +310,10 @@ def standing(job: Mapping[str, Any], queue: Queue, refused: Refusal | None = Non
         # An eviction stands through it: the refused write may be the one that gives the
         # quota back, and the job must stay stopped meanwhile (the simulation's invariant
         # (k) found a job started again under the quota it was giving back).
-        workload = current(queue) if queue.installed else None
-        evicted = _evicted_at(workload) if workload is not None else None
-        return Standing(False, "WorkloadRefused", f"{refused.write}: {refused.message}", evicted)
+        held = current(queue) if queue.installed else None
+        message = f"{refused.write}: {refused.message}"
+        evicted_at = _evicted_at(held) if held is not None else None
+        return Standing(False, "WorkloadRefused", message, evicted_at)
     if queue.denied:
         return Standing(False, "KueueNotPermitted", f"Kueue's API is served, but {queue.denied}")
     if not queue.installed:
