@@ -11,7 +11,6 @@ every event rate-limited).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -35,7 +34,13 @@ from mpijob_elastic.app.watches import (
 )
 from mpijob_elastic.core import names, nodes
 from mpijob_elastic.core.actions import Failure
-from mpijob_elastic.core.inputs.observe import Observed, observe
+from mpijob_elastic.core.inputs.observe import (
+    Gathered,
+    Observed,
+    launcher_report,
+    observe,
+    reads_fleet,
+)
 from mpijob_elastic.core.inputs.ranks import PROBE_COMMAND, PROBE_TIMEOUT_SECONDS
 from mpijob_elastic.core.objects import podgroups
 from mpijob_elastic.core.planning.fallback import stop_only
@@ -292,39 +297,38 @@ class Controller:
 
     # -- reconcile --------------------------------------------------------------------------
 
-    def observe(self, job: Obj) -> Observed:
+    def gathered(self, job: Obj) -> Gathered:
+        """What the turn reads besides the caches of the job's children, as plain values:
+        ``observe`` takes what applies to the job."""
         meta = job["metadata"]
         ns = meta["namespace"]
         key = (ns, meta["name"])
-        observed = observe(
+        # The launcher's reports (ranks.py), kept per job so that losses add up.
+        report, running = launcher_report(job, lambda kind: self.caches.pick(kind, ns))
+        pushed = self.probes.pushed(key, report, running, datetime.now(UTC))
+        return Gathered(
+            ranks=pushed,
+            ranks_read=self.probes.answer(key),
+            leaving_nodes=self.routes.leaving_nodes,
+            fleet=self.fleet.others(key),
+            capacity_changed=self.fleet.capacity_changed,
+            gone=self.fleet.gone(key),
+            preemptors=preemptions.preemptors(self.caches.pick(preemptions.KIND, ns), ns)
+            if self.preemptions and reads_fleet(job)
+            else None,
+            queue=self.kueue.queue(job) if kueue.queue_name(job) else None,
+        )
+
+    def observe(self, job: Obj) -> Observed:
+        ns = job["metadata"]["namespace"]
+        return observe(
             job,
             lambda kind: self.caches.pick(kind, ns),
             lambda kind: self.handover.pick(kind, ns),
-            self.writer.of(key),
+            self.writer.of((ns, job["metadata"]["name"])),
             time.monotonic(),
-            ranks_read=self.probes.answer(key),
-            leaving_nodes=self.routes.leaving_nodes,
+            self.gathered(job),
         )
-        # The launcher's reports (ranks.py), kept per job so that losses add up.
-        launcher = names.launcher_name(meta["name"])
-        running = any(
-            p["metadata"]["name"] == launcher
-            and not p["metadata"].get("deletionTimestamp")
-            and (p.get("status") or {}).get("phase") == "Running"
-            for p in observed.pods
-        )
-        pushed = self.probes.pushed(key, observed.ranks_report, running, datetime.now(UTC))
-        if (meta.get("annotations") or {}).get(names.ANN_OPPORTUNISTIC) == "true":
-            observed = dataclasses.replace(
-                observed,
-                fleet=self.fleet.others(key),
-                capacity_changed=self.fleet.capacity_changed,
-                gone=self.fleet.gone(key),
-                preemptors=preemptions.preemptors(self.caches.pick(preemptions.KIND, ns), ns)
-                if self.preemptions
-                else None,
-            )
-        return dataclasses.replace(observed, ranks=pushed)
 
     async def reconcile(self, key: Key) -> float | None:
         """One turn for one job; raises if a write failed, so the queue backs off."""
@@ -338,9 +342,6 @@ class Controller:
         await self.writer.recheck(key, job)
         try:
             observed = self.observe(job)
-            if kueue.queue_name(job):
-                # The core sees the job through its admission and plans its Workloads' writes.
-                observed = dataclasses.replace(observed, queue=self.kueue.queue(job))
             writes = plan_writes(observed, self.settings)
         except Exception as err:
             await self._stop_only(key, job, err)
@@ -368,12 +369,14 @@ class Controller:
         memory = self.writer.of(key)
         # The writer's memory too: a delete it saw accepted is not made again, and a name
         # someone else holds stays reported (WriteRefused, read back by held_names).
-        observed = Observed(
-            job, pods, deleting=memory.deleting(pods, time.monotonic()), conflicts=memory.taken()
-        )
         try:
-            if kueue.queue_name(job):
-                observed = dataclasses.replace(observed, queue=self.kueue.queue(job))
+            observed = Observed(
+                job,
+                pods,
+                deleting=memory.deleting(pods, time.monotonic()),
+                conflicts=memory.taken(),
+                queue=self.kueue.queue(job) if kueue.queue_name(job) else None,
+            )
             failure = Failure(type(err).__name__, str(err))
             await self.writer.run(
                 job, stop_only(observed, self.settings, datetime.now(UTC), failure)

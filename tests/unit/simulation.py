@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import heapq
 import itertools
 import random
@@ -35,6 +36,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from unittest import mock
 
+from mpijob_elastic.app.fleet import GONE_SECONDS
 from mpijob_elastic.app.predicates import job_signature
 from mpijob_elastic.core import formats, names, nodes
 from mpijob_elastic.core.actions import (
@@ -45,16 +47,19 @@ from mpijob_elastic.core.actions import (
     DeleteObject,
     DeletePod,
     Emit,
+    PatchStatus,
     Replace,
     Writes,
     WriteStatus,
 )
 from mpijob_elastic.core.hosts.drain import DRAIN_FLOOR_SECONDS
-from mpijob_elastic.core.inputs.observe import HANDOVER_KINDS, Listed, Observed
+from mpijob_elastic.core.inputs.growth_state import share
+from mpijob_elastic.core.inputs.observe import HANDOVER_KINDS, Gathered, Listed, Observed
 from mpijob_elastic.core.inputs.observe import observe as observe_caches
 from mpijob_elastic.core.inputs.ranks import RankSnapshot
 from mpijob_elastic.core.objects.render import requests_gpu
 from mpijob_elastic.core.planning.plan import plan_writes
+from mpijob_elastic.core.queueing.kueue import QUEUE_LABEL, WORKLOAD, Queue
 from mpijob_elastic.core.settings import KubectlDelivery, Settings
 from mpijob_elastic.core.sizing.capacity import WORKER_BACKOFF_MAX_SECONDS
 from mpijob_elastic.core.workers import worker_index
@@ -81,6 +86,12 @@ RANK_COMMIT_SECONDS = 1.0
 SETTINGS = Settings(kubectl_delivery=KubectlDelivery.NONE, default_drain_seconds=30)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 NAMESPACE = "ns"
+# How the writer's memory names a holder it could not read (held_names.learn).
+UNREAD_HOLDER = "owner unknown"
+# The most workers Kueue admits a Workload with (partial admission: at least its minCount).
+MAX_ADMITTED = 3
+# The Workload conditions an admission sets.
+ADMISSION_CONDITIONS = ("QuotaReserved", "Admitted", "Evicted")
 
 
 def make_job(
@@ -139,6 +150,42 @@ def _controller_uid(obj: Mapping[str, Any]) -> str | None:
     return None
 
 
+def job_of(obj: Mapping[str, Any]) -> str:
+    return str((obj["metadata"].get("labels") or {}).get(names.LABEL_JOB, ""))
+
+
+def _true(obj: Mapping[str, Any], type_: str) -> bool:
+    return any(
+        c.get("type") == type_ and c.get("status") == "True"
+        for c in (obj.get("status") or {}).get("conditions") or []
+    )
+
+
+def _admitted_workers(workload: Mapping[str, Any]) -> int:
+    """What Kueue charges the job for its workers: the admitted count, or the Workload's
+    own once shrunk in place below it."""
+    assigned = {a["name"]: a["count"] for a in workload["status"]["admission"]["podSetAssignments"]}
+    asked = {p["name"]: p["count"] for p in workload["spec"]["podSets"]}
+    return int(min(assigned.get("worker", 0), asked.get("worker", 0)))
+
+
+def _disrupted(pod: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def waits_for_kueue(type_: str, obj: Mapping[str, Any]) -> bool:
+    """A Workload Kueue would queue: one that holds no quota and is not finished."""
+    return (
+        type_ != "DELETED"
+        and obj["kind"] == WORKLOAD
+        and (obj.get("status") or {}).get("admission") is None
+        and not _true(obj, "Finished")
+    )
+
+
 def _rv(obj: Mapping[str, Any]) -> int:
     return int(obj["metadata"].get("resourceVersion") or 0)
 
@@ -166,6 +213,7 @@ def observe(
     seconds: float,
     ranks: RankSnapshot | None = None,
     reports: RankSnapshot | None = None,
+    beside: Gathered | None = None,
 ) -> Observed:
     """What the controller's caches hold for one job, read by the controller's own
     ``observe``: ``objects`` stand for the caches, each object through its cache's
@@ -173,35 +221,62 @@ def observe(
 
     ``ranks``: the last exec read of the launcher; ``reports``: what its reports say
     (ranks.py). The simulated worlds send no reports, so their drains end through exec
-    reads, the fallback path; a test may set ``Cluster.reports``."""
+    reads, the fallback path; a test may set ``Cluster.reports``. The rest is what the
+    controller's shell gathers beside the caches (``Controller.gathered``): the fleet's
+    shares and Kueue's view are read from ``objects`` as its caches would hold them;
+    ``beside`` brings the rest (the pods gone, the preemptors, when capacity changed)."""
     main: dict[str, list[Obj]] = {}
     handover: dict[str, list[Obj]] = {}
+    uid = job["metadata"]["uid"]
     for (kind, _), obj in sorted(objects.items()):
-        if kind in (names.KIND, "Node"):
+        # Every cache read of ``observe`` is by controller owner: the other jobs' objects
+        # would only cost the copies.
+        if kind in (names.KIND, "Node") or _controller_uid(obj) != uid:
             continue
         # The API server names the namespace of everything it holds; a test's hand-made
         # object may leave it out.
         obj = {**obj, "metadata": {"namespace": NAMESPACE, **obj["metadata"]}}
-        # The PodGroups are watched whole (watches.POD_GROUP_SELECTOR).
+        # The PodGroups are watched whole (watches.POD_GROUP_SELECTOR). Each transform
+        # leaves its argument as it is and builds every level anew, as a cache's copy.
         if _ours(obj) or kind == "PodGroup":
             transform = slim_pod if kind == "Pod" else compact
-            main.setdefault(kind, []).append(transform(copy.deepcopy(obj)))
+            main.setdefault(kind, []).append(transform(obj))
         elif _handed_over(obj):
-            handover.setdefault(kind, []).append(metadata_only(copy.deepcopy(obj)))
+            handover.setdefault(kind, []).append(metadata_only(obj))
     leaving = {
         name: why
         for (kind, name), node in objects.items()
         if kind == "Node" and (why := nodes.leaving(node, SETTINGS.leaving_node_taints))
     }
+    uids = {
+        o["metadata"]["name"]: o["metadata"]["uid"]
+        for (k, _), o in objects.items()
+        if k == names.KIND
+    }
+    shares = [
+        found
+        for (kind, name), obj in sorted(objects.items())
+        if kind == "ConfigMap"
+        and name.endswith(names.config_map_name(""))
+        and (other := name[: -len(names.config_map_name(""))]) != job["metadata"]["name"]
+        and _controller_uid(obj) == uids.get(other)
+        and (found := share(f"{NAMESPACE}/{other}", compact(obj))) is not None
+    ]
+    queue = Queue(True, main.get(WORKLOAD, ()), slices=False)
     return observe_caches(
         copy.deepcopy(job),
         lambda kind: Listed(main.get(kind, ())),
         lambda kind: Listed(handover.get(kind, ())),
         memory,
         seconds,
-        ranks=reports,
-        ranks_read=ranks,
-        leaving_nodes=leaving,
+        dataclasses.replace(
+            copy.deepcopy(beside or Gathered()),
+            ranks=reports,
+            ranks_read=ranks,
+            leaving_nodes=leaving,
+            fleet=shares,
+            queue=queue,
+        ),
     )
 
 
@@ -236,6 +311,14 @@ class Acting:
     # Workers the controller's view showed able to take ranks and wanted: the most a host
     # list may name when the controller cannot know better (the world may be ahead).
     listable: set[str]
+    # The pods the view showed, terminating ones too.
+    seen: set[str] = field(default_factory=set)
+    # The writer's memory has a name whose holder could not be read: taken for someone
+    # else's, it may be the job's own object, and the job then makes one worker more
+    # than it wants, under the next name, until a read succeeds (a known gap a fresh seed
+    # showed through (l): a 409 on a create that had timed out after it was applied, the
+    # read of the holder refused, a 2 s watch lag). (k) and (l) do not hold it to them.
+    guessing: bool = False
 
 
 class World:
@@ -253,7 +336,7 @@ class World:
         it failed, no sooner than the job's drain after the host list last stopped naming
         it, or than the drain floor once its ranks have left (``RANK_LEAVE_SECONDS``
         after it stopped being named). A pod that was named and never dropped is a breach;
-        one never named may go.
+        one never named may go. Not for a job being stopped as a whole (``stopping``).
     (c) A host list the controller writes names only pods that exist and are not being
         deleted, and that its view showed running and wanted (it cannot know better).
     (d) No pod gets another delete once the controller was told one succeeded.
@@ -269,7 +352,19 @@ class World:
         while the launcher runs (no driver, no ranks; a terminating launcher's run is
         ending); a terminating one may stay listed when it is the last (c's one exception).
     (j) Once the job listed min-replicas workers, no host-list write lists fewer while a
-        worker it drops could have stayed (exists, runs, is not terminating).
+        worker it drops could have stayed (exists, runs, is not terminating). Neither (i)
+        nor (j) holds for a job being stopped as a whole.
+    (k) A job labelled for a Kueue queue has no live pod (not terminating, not finished)
+        while none of its Workloads holds quota, and never more live workers than the
+        Workload holding it admitted: Kueue charges what the Workload says, so the job
+        never runs more than that. Checked at each pod created and each Workload written.
+    (l) An opportunistic job never has more live workers than its max-replicas.
+    Neither (k) nor (l) holds a turn that guesses who holds a name (``Acting.guessing``).
+
+    The world also plays Kueue's part for those Workloads: ``admit`` reserves quota for
+    one, ``evict`` takes it back (the controller then stops the job and clears the
+    admission); and the scheduler's: ``preempt`` marks a pod preempted and deletes it,
+    recording its preemptor as the scheduler's Event would (``preemptors``).
 
     (e), convergence, is ``Sim.settle``'s.
     """
@@ -302,6 +397,10 @@ class World:
         self._reached_min: set[str] = set()
         # Per job: worker names Horovod would have blacklisted.
         self.blacklisted: dict[str, set[str]] = {}
+        # The preemptor of each preempted pod, by the victim's UID (the scheduler's Events).
+        self.preemptors: dict[str, str] = {}
+        # When room last came free: a pod that was not preempted went.
+        self.capacity_changed: datetime | None = None
         for job in jobs:
             self.objects[(names.KIND, job["metadata"]["name"])] = job
 
@@ -352,6 +451,8 @@ class World:
             new["status"] = {"phase": "Pending"}
             self._pod_created(new)
         self._put(new)
+        if new["kind"] in ("Pod", WORKLOAD):
+            self._check_size(job_of(new), new)
         return copy.deepcopy(new)
 
     def replace(self, obj: Mapping[str, Any]) -> Obj:
@@ -361,20 +462,27 @@ class World:
         self._check_version(current, obj["metadata"].get("resourceVersion"))
         new = copy.deepcopy(dict(obj))
         new["metadata"]["uid"] = current["metadata"]["uid"]
+        if new["kind"] == WORKLOAD:
+            # Its status is a subresource: a replace leaves it as it is.
+            new["status"] = copy.deepcopy(current.get("status") or {})
         self._put(new)
+        if new["kind"] == WORKLOAD:
+            self._check_size(job_of(new), new)
         return copy.deepcopy(new)
 
     def patch(self, kind: str, name: str, body: Mapping[str, Any], subresource: str = "") -> Obj:
         current = self._existing(kind, name)
         new = copy.deepcopy(current)
-        owner = current["metadata"]["uid"] if subresource == "status" else _controller_uid(current)
+        own_status = subresource == "status" and kind == names.KIND
+        owner = current["metadata"]["uid"] if own_status else _controller_uid(current)
         self._check_for(owner, kind, name)
         uid = body["metadata"].get("uid")
         if uid and uid != current["metadata"]["uid"]:
             raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {uid}")
         self._check_version(current, body["metadata"].get("resourceVersion"))
         if subresource == "status":
-            new["status"] = merge_patch(new.get("status"), body["status"])
+            # A merge patch, the job's own and a Workload's alike (merge_patch).
+            new["status"] = merge_patch(current.get("status"), body["status"])
         else:
             for part in ("annotations", "labels"):
                 values = new["metadata"].setdefault(part, {})
@@ -384,6 +492,8 @@ class World:
                     else:
                         values[k] = v
         self._put(new)
+        if kind == WORKLOAD:
+            self._check_size(job_of(new), new)
         return copy.deepcopy(new)
 
     def delete(self, kind: str, name: str, uid: str, resource_version: str | None = None) -> Obj:
@@ -456,8 +566,17 @@ class World:
             self._running_at[pod["metadata"]["uid"]] = self.clock
 
     def _ranks_die(self, pod: Obj) -> None:
+        """Horovod's driver blacklists a listed host whose ranks die. The blacklist is the
+        driver's, in the launcher: it goes with the launcher's pod, and a job started again
+        (Kueue evicted it, then admitted it again) starts with none (a fresh seed)."""
         job = pod["metadata"]["labels"].get(names.LABEL_JOB, "")
-        if pod["metadata"]["name"] in self._listed.get(job, set()):
+        launcher = names.launcher_name(job)
+        if pod["metadata"]["name"] == launcher:
+            self.blacklisted.pop(job, None)
+        elif (
+            pod["metadata"]["name"] in self._listed.get(job, set())
+            and ("Pod", launcher) in self.objects
+        ):
             self.blacklisted.setdefault(job, set()).add(pod["metadata"]["name"])
 
     def rank_hosts(self, job: str) -> frozenset[str]:
@@ -494,11 +613,100 @@ class World:
             self._remove(("Pod", name))
 
     def vanish(self, name: str) -> None:
-        """A terminating pod's grace period ends and it is gone."""
+        """A terminating pod's grace period ends and it is gone; its room is free again,
+        unless a preemptor took it."""
         pod = self.objects.get(("Pod", name))
         if pod and pod["metadata"].get("deletionTimestamp"):
             self._ranks_die(pod)
             self._remove(("Pod", name))
+            if pod["metadata"]["uid"] not in self.preemptors:
+                self.capacity_changed = self.now
+
+    def preempt(self, name: str, by: str = f"{NAMESPACE}/urgent") -> None:
+        """The scheduler preempts the pod for ``by``: marks it a disruption target, records
+        its Event and deletes it (the kubelet removes it after its grace)."""
+        pod = copy.deepcopy(self.objects[("Pod", name)])
+        if pod["metadata"].get("deletionTimestamp"):
+            return
+        stamp = self.now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        condition = {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "PreemptionByScheduler",
+            "message": f"{by}: preempting to accommodate a higher priority pod",
+            "lastTransitionTime": stamp,
+        }
+        status = pod["status"]
+        status["conditions"] = [*(status.get("conditions") or []), condition]
+        pod["metadata"]["deletionTimestamp"] = stamp
+        self.preemptors[pod["metadata"]["uid"]] = by
+        self._put(pod)
+
+    # -- Kueue -----------------------------------------------------------------------------
+
+    def workloads(self, job: str) -> list[Obj]:
+        uid = self.job(job)["metadata"]["uid"]
+        return [
+            o for (k, _), o in self.objects.items() if k == WORKLOAD and _controller_uid(o) == uid
+        ]
+
+    def admit(self, name: str, uid: str, workers: int) -> None:
+        """Kueue reserves quota for the Workload, ``workers`` workers at most (partial
+        admission: from its minCount up) on flavor ``default``, and admits it."""
+        workload = self.objects.get((WORKLOAD, name))
+        if workload is None or workload["metadata"]["uid"] != uid:
+            return
+        status = workload.get("status") or {}
+        if status.get("admission") is not None or _true(workload, "Finished"):
+            return
+        spec = {p["name"]: p for p in workload["spec"]["podSets"]}
+        low = spec["worker"].get("minCount", spec["worker"]["count"])
+        count = min(max(workers, low), spec["worker"]["count"])
+        stamp = self.now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        kept = [c for c in status.get("conditions") or [] if c["type"] not in ADMISSION_CONDITIONS]
+        new = copy.deepcopy(workload)
+        new["status"] = {
+            **status,
+            "admission": {
+                "clusterQueue": "cq",
+                "podSetAssignments": [
+                    {"name": "launcher", "count": 1, "flavors": {"cpu": "default"}},
+                    {"name": "worker", "count": count, "flavors": {"cpu": "default"}},
+                ],
+            },
+            "conditions": [
+                *kept,
+                *(
+                    {"type": t, "status": v, "reason": r, "lastTransitionTime": stamp}
+                    for t, v, r in (
+                        ("QuotaReserved", "True", "QuotaReserved"),
+                        ("Admitted", "True", "Admitted"),
+                        # Kueue turns an eviction's condition off once quota is reserved again.
+                        ("Evicted", "False", "QuotaReserved"),
+                    )
+                ),
+            ],
+        }
+        self._put(new)
+
+    def evict(self, job: str) -> bool:
+        """Kueue preempts the job's admitted Workload: it keeps its quota until the job's
+        controller clears the admission. Whether there was one to evict."""
+        for workload in self.workloads(job):
+            if (workload.get("status") or {}).get("admission") is None or _true(
+                workload, "Evicted"
+            ):
+                continue
+            stamp = self.now.strftime("%Y-%m-%dT%H:%M:%SZ")
+            new = copy.deepcopy(workload)
+            conditions = [c for c in new["status"]["conditions"] if c["type"] != "Evicted"]
+            evicted = {"type": "Evicted", "status": "True", "reason": "Preempted"}
+            message = "Preempted to accommodate a workload of higher priority"
+            conditions.append({**evicted, "message": message, "lastTransitionTime": stamp})
+            new["status"]["conditions"] = conditions
+            self._put(new)
+            return True
+        return False
 
     # -- invariants -------------------------------------------------------------------------
 
@@ -560,6 +768,22 @@ class World:
             >= RANK_JOIN_SECONDS
         }
 
+    def joining(self, job: str) -> set[str]:
+        """The listed hosts whose ranks may not have joined and committed yet."""
+        launcher = self.objects.get(("Pod", names.launcher_name(job)))
+        driver = (
+            self._running_at.get(launcher["metadata"]["uid"], self.clock)
+            if launcher is not None
+            else self.clock
+        )
+        return {
+            n
+            for n in self._listed.get(job, set())
+            if (pod := self.objects.get(("Pod", n))) is not None
+            and self.clock - max(self._listed_at.get(pod["metadata"]["uid"], self.clock), driver)
+            < RANK_JOIN_SECONDS + RANK_COMMIT_SECONDS
+        }
+
     def _config_written(self, config_map: Obj) -> None:
         job = config_map["metadata"]["labels"][names.LABEL_JOB]
         hosts = set(discovered(config_map))
@@ -582,17 +806,29 @@ class World:
         acting = self.acting
         if acting is None:
             return
+        # What the launcher's reports show its ranks reaching: a host there the controller
+        # keeps may stay, though the driver started too lately for ``rank_holders`` (a fresh
+        # seed: a worker preempted 0.9 s after a restarted launcher ran). So may one whose
+        # reset may still run, until its ranks have joined and committed (rule 1; fresh
+        # seeds: workers preempted 0.4 s and 0.9 s after they were listed).
+        reached = self.rank_hosts(job) | self.joining(job)
         for name in sorted(hosts):
             pod = self.objects.get(("Pod", name))
             # (c) a listed host exists, is not being deleted, runs and is wanted; but a
             # rank-holder already listed may stay, unwanted or terminating: the last one
             # (rule 2), or one whose reset may still run (rule 1: unlisted then, the notice
-            # would be lost).
+            # would be lost). A pod someone else ended (the scheduler preempted it) is what
+            # the controller could not know while its view showed the pod running, or, for
+            # one listed before, still there (fresh seeds: an opportunistic worker preempted
+            # 2 s into a 2 s watch lag; a preempted rank-holder kept, gone by the write).
             terminating = pod is not None and pod["metadata"].get("deletionTimestamp")
-            kept = name in before and name in holders
-            if pod is None or (terminating and not kept):
+            kept = name in before and (name in holders or name in reached)
+            unseen = name in acting.listable or (
+                pod is None and name in before and name in acting.seen
+            )
+            if (pod is None and not unseen) or (terminating and not kept and not unseen):
                 self._violate(f"(c) discover_hosts.sh names {name}, which is gone or terminating")
-            elif name not in acting.listable and not kept:
+            elif not unseen and not kept:
                 self._violate(
                     f"(c) discover_hosts.sh names {name}, which the controller's view did not "
                     "show running and wanted"
@@ -606,7 +842,10 @@ class World:
         A host the write keeps, that the turn's view showed running while the world has it
         failed already, is the rank-holder the controller kept: its failure had not reached
         the caches (a fresh seed failed worker-0 0.13 s before a scale-in to 1 kept it and
-        dropped worker-1). No controller can know what its watch has not delivered."""
+        dropped worker-1). No controller can know what its watch has not delivered. A job
+        being stopped ends its training as a whole: neither applies."""
+        if self.stopping(job):
+            return
         acting = self.acting
         unknown = {
             n
@@ -641,6 +880,61 @@ class World:
                     f"min-replicas {minimum}, and dropped {sorted(could_stay)}"
                 )
 
+    def stopping(self, job: str) -> bool:
+        """Whether the job is being stopped as a whole, Horovod's driver with it: Kueue
+        evicted it (or never admitted it)."""
+        spec = self.objects[(names.KIND, job)]
+        if not (spec["metadata"].get("labels") or {}).get(QUEUE_LABEL):
+            return False
+        return not any(
+            (w.get("status") or {}).get("admission") is not None and not _true(w, "Evicted")
+            for w in self.workloads(job)
+        )
+
+    def _check_size(self, job: str, written: Obj) -> None:
+        """(k) no more live pods than Kueue admitted; (l) an opportunistic job within
+        max-replicas: at the write that could break them (a pod created, a Workload
+        written; the worker counts only at a worker created or a Workload written).
+        Written from the rules, not with the planner's helpers."""
+        spec = self.objects.get((names.KIND, job))
+        if spec is None or (self.acting is not None and self.acting.guessing):
+            return
+        counts = (
+            written["kind"] == WORKLOAD
+            or worker_index(job, written["metadata"]["name"]) is not None
+        )
+        live = [
+            p
+            for p in self.pods
+            if job_of(p) == job
+            and not p["metadata"].get("deletionTimestamp")
+            and (p.get("status") or {}).get("phase") not in ("Failed", "Succeeded")
+        ]
+        workers = sorted(
+            p["metadata"]["name"]
+            for p in live
+            if worker_index(job, p["metadata"]["name"]) is not None
+        )
+        labels = spec["metadata"].get("labels") or {}
+        annotations = spec["metadata"].get("annotations") or {}
+        if labels.get(QUEUE_LABEL):
+            admitted = [
+                _admitted_workers(w)
+                for w in self.workloads(job)
+                if (w.get("status") or {}).get("admission") is not None and not _true(w, "Finished")
+            ]
+            if not admitted and live:
+                found = sorted(p["metadata"]["name"] for p in live)
+                self._violate(f"(k) {job} has pods {found} while no Workload holds quota")
+            elif counts and admitted and len(workers) > max(admitted):
+                self._violate(
+                    f"(k) {job} has workers {workers}, more than the {max(admitted)} Kueue admitted"
+                )
+        if annotations.get(names.ANN_OPPORTUNISTIC) == "true":
+            high = int(annotations[names.ANN_MAX_REPLICAS])
+            if counts and len(workers) > high:
+                self._violate(f"(l) {job} has workers {workers}, above max-replicas {high}")
+
     def _pod_deleted(self, pod: Obj) -> None:
         meta = pod["metadata"]
         name, uid = meta["name"], meta["uid"]
@@ -648,7 +942,7 @@ class World:
             self._violate(f"(d) pod {name} deleted again after an accepted delete")
         self.deletions.append((name, self.now, pod["status"]["phase"]))
         job = meta["labels"][names.LABEL_JOB]
-        if worker_index(job, name) is None or meta.get("deletionTimestamp"):
+        if worker_index(job, name) is None or meta.get("deletionTimestamp") or self.stopping(job):
             return
         drain = self.drain_seconds(job)
         if name in self._listed.get(job, set()):
@@ -859,6 +1153,8 @@ class Faults:
     # How long a pod takes to start, and a terminating one to go.
     pod_start: tuple[float, float] = (0.2, 2.0)
     grace: tuple[float, float] = (0.2, 2.0)
+    # How long Kueue takes to admit a Workload that waits.
+    admission: tuple[float, float] = (0.5, 3.0)
 
 
 CALM = Faults()
@@ -880,6 +1176,7 @@ Fault = ApiError | str
 @dataclass(order=True)
 class _Timer:
     """Something the world does at ``at``: "start" or "vanish" the pod (name, uid),
+    "admit" the Workload (name, uid),
     "watch": deliver world change ``index`` to the cache of controller ``process``, or
     "user": call ``action``."""
 
@@ -970,6 +1267,8 @@ class Sim:
         self._signatures = {name: job_signature(self.world.job(name)) for name in self.jobs}
         self._backoff: ItemBackoff[str] = ItemBackoff(60.0)
         self._ranks: dict[str, RankSnapshot] = {}
+        # Per job, the preempted pods the watch saw go, with when (``Fleet.gone``).
+        self._gone: dict[str, list[tuple[float, Obj]]] = {}
         self.due = {name: self.world.clock + delay for name in self.jobs}
 
     def _queue(self, name: str, at: float) -> None:
@@ -1040,6 +1339,8 @@ class Sim:
         uid = obj["metadata"]["uid"]
         if type_ == "DELETED":
             self._seen_deleted.add(uid)
+            if obj["kind"] == "Pod" and _disrupted(obj):
+                self._gone.setdefault(job_of(obj), []).append((self.world.clock, obj))
             if current is not None and current["metadata"]["uid"] == uid:
                 del self.view[key]
         elif current is None or _rv(obj) > _rv(current):
@@ -1097,6 +1398,10 @@ class Sim:
         # A request outside the plan made once the plan's writes go out (the read of who
         # holds a taken name) is part of the write that made it: of the latest phase sent
         # (found by a fresh seed). One before them stops the turn: no write may follow.
+        # An Event is sent in the background, in no order: one that fails stops nothing
+        # (an opportunistic job's Events go out while its turn's writes do).
+        if request.kind == "Event":
+            return
         if phase is None:
             phase = -1 if self._sending is None else self._sending
         self._failed = phase
@@ -1169,9 +1474,17 @@ class Sim:
             return
         memory = self.writer.of((NAMESPACE, name))
         observed = observe(
-            self.view, job, memory, self.world.clock, self._ranks.get(name), self.reports(name)
+            self.view,
+            job,
+            memory,
+            self.world.clock,
+            self._ranks.get(name),
+            self.reports(name),
+            self.beside(name),
         )
-        self.world.acting = Acting(name, job["metadata"]["uid"], listable(observed))
+        seen = {p["metadata"]["name"] for p in observed.pods}
+        guessing = any(h.startswith(UNREAD_HOLDER) for h in memory.conflicts.values())
+        self.world.acting = Acting(name, job["metadata"]["uid"], listable(observed), seen, guessing)
         the_plan = self.planner(observed, self.settings, self.world.now)
         self._phase_of = phase_requests(the_plan, name)
         self._sent = Counter()
@@ -1205,6 +1518,19 @@ class Sim:
         if self.world.violations:
             raise Violation("\n".join(self.world.violations))
 
+    def beside(self, name: str) -> Gathered:
+        """What the controller's shell gathers beside the caches: its memory of the pods
+        preempted lately (``fleet.GONE_SECONDS``), the scheduler's Events, and when room
+        came free (seen by the watch as soon as it happened, which is what the fleet's
+        own watch promises)."""
+        clock = self.world.clock
+        recent = [p for at, p in self._gone.get(name, []) if clock - at < GONE_SECONDS]
+        return Gathered(
+            gone=recent,
+            preemptors=dict(self.world.preemptors),
+            capacity_changed=self.world.capacity_changed,
+        )
+
     def _probe(self, name: str) -> None:
         """The reconciler's read of the launcher: answered after one latency, then the job
         is queued, as ``RankProbes`` does."""
@@ -1233,6 +1559,16 @@ class Sim:
                     self._timer(at + self.rng.uniform(*self.faults.grace), "vanish", obj)
                 elif obj["status"]["phase"] == "Pending":
                     self._timer(at + self.rng.uniform(*self.faults.pod_start), "start", obj)
+            if waits_for_kueue(type_, obj):
+                self._push(
+                    _Timer(
+                        at + self.rng.uniform(*self.faults.admission),
+                        next(self._seq),
+                        "admit",
+                        meta["name"],
+                        meta["uid"],
+                    )
+                )
             kind = obj["kind"]
             deliver = max(
                 self._delivered.get(kind, 0.0), at + self.rng.uniform(0, self.faults.max_lag)
@@ -1279,6 +1615,10 @@ class Sim:
                     _, type_, obj = self.world.changes[t.index]
                     self._watch(type_, copy.deepcopy(obj))
                 continue
+            if t.what == "admit":
+                workers = self.rng.randint(1, MAX_ADMITTED)
+                self.world.admit(t.name, t.uid, workers)
+                continue
             pod = self.world.get_obj("Pod", t.name)
             if pod is not None and pod["metadata"]["uid"] == t.uid:
                 (self.world.start if t.what == "start" else self.world.vanish)(t.name)
@@ -1313,8 +1653,10 @@ class Sim:
         hosts = discovered(self.world.get_obj("ConfigMap", names.config_map_name(name)))
         role = exec_names(self.world.get_obj("Role", names.launcher_name(name)))
         problems = []
-        if len(have) != replicas(job):
-            problems.append(f"{name} has worker pods {have}, wants {replicas(job)}")
+        low, high = self.wanted(name)
+        if not low <= len(have) <= high:
+            wants = low if low == high else f"{low} to {high}"
+            problems.append(f"{name} has worker pods {have}, wants {wants}")
         idle = [w for w in have if w not in set(hosts)]
         if idle:
             problems.append(f"{name}'s discover_hosts.sh does not name {idle}")
@@ -1332,13 +1674,37 @@ class Sim:
             problems.append(f"{name} has no launcher")
         memory = self.writer.of((NAMESPACE, name))
         left = self.planner(
-            observe(self.world.objects, job, memory, self.world.clock),
+            observe(self.world.objects, job, memory, self.world.clock, beside=self.beside(name)),
             self.settings,
             self.world.now,
         )
         if left.actions or not resting(left, self.world.pods):
             problems.append(f"{name} still plans {left}")
         return problems
+
+    def wanted(self, name: str) -> tuple[int, int]:
+        """The fewest and the most workers a job may end with: its replicas; an
+        opportunistic job from its replicas up to max-replicas; a queued job's replicas,
+        at most as many as Kueue admitted. Not max-replicas exactly for the opportunistic
+        job, though the simulated cluster always has room: a fresh seed found one scaled
+        in from 2 to 1 while its growth backed off after a preemption rest at 2 workers
+        of 3 with the backoff over: the worker the scale-in left, not opportunistic, fills
+        the one worker a probe after a failure adds, so no probe is ever bound and the
+        backoff never ends. Whether it should grow again is the growth rules' question,
+        not the safety invariants'."""
+        job = self.world.job(name)
+        annotations = job["metadata"].get("annotations") or {}
+        if annotations.get(names.ANN_OPPORTUNISTIC) == "true":
+            return replicas(job), int(annotations[names.ANN_MAX_REPLICAS])
+        if (job["metadata"].get("labels") or {}).get(QUEUE_LABEL):
+            held = [
+                _admitted_workers(w)
+                for w in self.world.workloads(name)
+                if (w.get("status") or {}).get("admission") is not None
+            ]
+            admitted = min(replicas(job), max(held, default=0))
+            return admitted, admitted
+        return replicas(job), replicas(job)
 
 
 def _request(action: Action, job: str) -> Request | None:
@@ -1354,6 +1720,8 @@ def _request(action: Action, job: str) -> Request | None:
         return Request("delete", action.kind, action.name)
     if isinstance(action, Claim):
         return Request("patch", action.kind, action.name)
+    if isinstance(action, PatchStatus):
+        return Request("patch", action.obj["kind"], action.obj["metadata"]["name"])
     if isinstance(action, WriteStatus):
         return Request("patch", names.KIND, job)
     return None  # an Event: sent in the background, in no order

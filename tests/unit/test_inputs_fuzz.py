@@ -33,7 +33,7 @@ from mpijob_elastic.core import names, nodes, numbers, quantity
 from mpijob_elastic.core.actions import Writes, WriteStatus
 from mpijob_elastic.core.hosts.membership import parse_indexes
 from mpijob_elastic.core.inputs.growth_state import parse_growth
-from mpijob_elastic.core.inputs.observe import Listed, observe
+from mpijob_elastic.core.inputs.observe import Gathered, Listed, observe
 from mpijob_elastic.core.inputs.ranks import RankSnapshot, pushed
 from mpijob_elastic.core.lifecycle.notices import parse_notice
 from mpijob_elastic.core.lifecycle.run_policy import parse_suspension
@@ -166,8 +166,7 @@ def plan(
         lambda _: None,
         JobMemory(),
         0.0,
-        ranks=ranks,
-        leaving_nodes=leaving,
+        Gathered(ranks=ranks, leaving_nodes=leaving or {}),
     )
     if queue is not None:
         observed = dataclasses.replace(observed, queue=queue)

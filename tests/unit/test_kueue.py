@@ -18,6 +18,7 @@ from mpijob_elastic.core.actions import (
     Create,
     DeleteObject,
     PatchStatus,
+    Refusal,
     Replace,
     Writes,
 )
@@ -263,6 +264,20 @@ def test_standing_reports_the_admitted_size() -> None:
     standing = kueue.standing(j, Queue(True, [workload(j, 2, admitted=2)], slices=True))
     assert standing == Standing(True, "Admitted", standing.message)
     assert "with 2 workers" in standing.message
+
+
+def test_a_refused_workload_write_does_not_hide_an_eviction() -> None:
+    """The refused write may be the one that gives the quota back: the job stays stopped
+    (found by the simulation's invariant (k): a job started again under that quota)."""
+    j = job(replicas=2, low=None)
+    evicted = workload(j, 2, admitted=2, conditions=(("Evicted", "Preempted"),))
+    evicted["status"]["conditions"][0]["lastTransitionTime"] = NOW
+    refused = Refusal("patch Workload w", "Forbidden", "no", kind=kueue.WORKLOAD)
+    standing = kueue.standing(j, Queue(True, [evicted], FLAVOR), refused)
+    assert (standing.reason, standing.evicted_at) == (
+        "WorkloadRefused",
+        datetime(2026, 11, 26, 0, 0, 1, tzinfo=UTC),
+    )
 
 
 def test_a_waiting_workload_follows_the_jobs_edits_an_admitted_one_does_not() -> None:

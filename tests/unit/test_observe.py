@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from mpijob_elastic.core import names
-from mpijob_elastic.core.inputs.observe import Listed, observe
+from mpijob_elastic.core.inputs.growth_state import Share
+from mpijob_elastic.core.inputs.observe import Gathered, Listed, observe
+from mpijob_elastic.core.queueing.kueue import QUEUE_LABEL, Queue
 from mpijob_elastic.machinery.job_memory import JobMemory
 from tests.unit.simulation import make_job
 
@@ -37,7 +41,7 @@ def test_children_strays_memory_and_nodes_are_read() -> None:
         handover.get,
         memory,
         11.0,
-        leaving_nodes={"n1": "cordoned"},
+        Gathered(leaving_nodes={"n1": "cordoned"}),
     )
     assert [p["metadata"]["name"] for p in observed.pods] == ["job-worker-0"]
     assert observed.role is relabelled
@@ -48,5 +52,35 @@ def test_children_strays_memory_and_nodes_are_read() -> None:
     assert observed.deleting == {"w0"}
     assert observed.leaving_nodes == {"n1": "cordoned"}
     # The memory runs on the clock passed in.
-    later = observe(job, main.get, handover.get, memory, 10.0 + 3600, leaving_nodes=None)
+    later = observe(job, main.get, handover.get, memory, 10.0 + 3600)
     assert later.deleting == frozenset()
+
+
+def test_what_the_shell_gathered_is_taken_only_where_it_applies() -> None:
+    """The fleet's values only for an opportunistic job, Kueue's only for a queue-labelled
+    one: the shell may pass them all, and the decisions of any other job never see them."""
+    fleet = [Share("ns/other", 2, None)]
+    gathered = Gathered(
+        fleet=fleet,
+        capacity_changed=datetime(2026, 1, 1, tzinfo=UTC),
+        gone=[_obj("Pod", "job-worker-3", "w3", "job-uid")],
+        preemptors={"w3": "ns/big"},
+        queue=Queue(True),
+    )
+    plain = make_job(2)
+    seen = observe(plain, lambda _: None, lambda _: None, JobMemory(), 0.0, gathered)
+    assert (seen.fleet, seen.capacity_changed, seen.gone, seen.preemptors, seen.queue) == (
+        (),
+        None,
+        (),
+        None,
+        None,
+    )
+    both = make_job(2, annotations={names.ANN_OPPORTUNISTIC: "true"})
+    both["metadata"]["labels"] = {QUEUE_LABEL: "q"}
+    seen = observe(both, lambda _: None, lambda _: None, JobMemory(), 0.0, gathered)
+    assert seen.fleet == fleet
+    assert seen.capacity_changed == gathered.capacity_changed
+    assert seen.gone == gathered.gone
+    assert seen.preemptors == {"w3": "ns/big"}
+    assert seen.queue == Queue(True)

@@ -1,10 +1,12 @@
 """The real planner and Writer under a world that lags, fails writes and kills the controller.
 
 Each run checks the safety invariants after every write (see ``simulation.World``) and
-ends by letting the world settle: every job must converge. The tests after the property
-show that the simulation catches what it must: a planner that deletes before rewriting
-the host lists, a planner that trusts a stale drain mark, and a Writer that remembers a
-delete the server never confirmed.
+ends by letting the world settle: every job must converge. Beside two elastic jobs run an
+opportunistic one and one labelled for a Kueue queue. The tests after the property show
+that the simulation catches what it must: a planner that deletes before rewriting the
+host lists, a planner that trusts a stale drain mark, a Writer that remembers a delete
+the server never confirmed, and a job that runs before Kueue admits it, more workers than
+Kueue admitted, or more than max-replicas.
 """
 
 from __future__ import annotations
@@ -36,11 +38,16 @@ from mpijob_elastic.core.inputs.observe import Observed
 from mpijob_elastic.core.planning.desired import desired
 from mpijob_elastic.core.planning.plan import plan_writes
 from mpijob_elastic.core.planning.write_order import diff
+from mpijob_elastic.core.queueing import kueue
+from mpijob_elastic.core.queueing.kueue import QUEUE_LABEL
 from mpijob_elastic.core.settings import Settings
+from mpijob_elastic.core.sizing import opportunistic
 from mpijob_elastic.machinery.writer import Key, Writer
+from tests.unit import simulation
 from tests.unit.simulation import (
     KILL,
     RANK_COMMIT_SECONDS,
+    SETTINGS,
     TIMEOUT_AFTER,
     TIMEOUT_BEFORE,
     FakeKube,
@@ -54,19 +61,35 @@ from tests.unit.simulation import (
 )
 
 JOBS = ("job", "other")
+# Beside them: an opportunistic job, and one labelled for a Kueue queue.
+OPPORTUNISTIC, QUEUED = "opp", "queued"
+BESIDE = (OPPORTUNISTIC, QUEUED)
+# Their max-replicas.
+BESIDE_MAX = 3
+# The opportunistic job's growth backoff capped well below the time ``Sim.settle`` waits:
+# preempted five times, it would pause 300 s by default before growing back.
+BESIDE_SETTINGS = dataclasses.replace(SETTINGS, growth_backoff_max_seconds=40.0)
 DRAIN = 3
 
 
-def world(replicas: int = 2, *, drain: float = DRAIN, jobs: tuple[str, ...] = JOBS) -> World:
+def world(
+    replicas: int = 2, *, drain: float = DRAIN, jobs: tuple[str, ...] = JOBS, beside: bool = False
+) -> World:
     annotations = {
         names.ANN_MIN_REPLICAS: "1",
         names.ANN_MAX_REPLICAS: "5",
         names.ANN_DRAIN_SECONDS: f"{drain:g}",
     }
     made = [make_job(replicas, name=j, annotations=dict(annotations)) for j in jobs]
+    if beside:
+        bounded = {**annotations, names.ANN_MAX_REPLICAS: str(BESIDE_MAX)}
+        opportunistic = {**bounded, names.ANN_OPPORTUNISTIC: "true"}
+        queued = make_job(min(replicas, BESIDE_MAX), name=QUEUED, annotations=bounded)
+        queued["metadata"]["labels"] = {QUEUE_LABEL: "q"}
+        made += [make_job(1, name=OPPORTUNISTIC, annotations=opportunistic), queued]
     for job in made:
         job["spec"]["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = "OnFailure"
-    for job in made[1:]:
+    for job in made[1:2]:
         # A launcher that is a host (listed, granted exec on itself) and runs as a
         # ServiceAccount named in its template, beside a job with neither.
         launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]
@@ -82,18 +105,29 @@ def settled(sim: Sim) -> bool:
 # -- the real controller holds every invariant, whatever happens -----------------------
 
 # (what, which job, how much). A scale is made after a short delay, so it may land in the
-# middle of a turn; a restart kills the controller between turns.
+# middle of a turn; a restart kills the controller between turns; the scheduler preempts
+# a worker of the opportunistic job, Kueue evicts the queued one.
 step = st.one_of(
-    st.tuples(st.just("scale"), st.sampled_from(JOBS), st.integers(min_value=1, max_value=5)),
+    st.tuples(
+        st.just("scale"), st.sampled_from(JOBS + BESIDE), st.integers(min_value=1, max_value=5)
+    ),
     st.tuples(st.just("wait"), st.just(""), st.sampled_from([0.05, 0.5, 1, 2, 4, 8])),
-    st.tuples(st.just("fail"), st.sampled_from(JOBS), st.integers(min_value=0, max_value=4)),
+    st.tuples(
+        st.just("fail"), st.sampled_from(JOBS + BESIDE), st.integers(min_value=0, max_value=4)
+    ),
     st.tuples(st.just("restart"), st.just(""), st.just(0)),
+    st.tuples(
+        st.just("preempt"),
+        st.just(OPPORTUNISTIC),
+        st.integers(min_value=0, max_value=BESIDE_MAX - 1),
+    ),
+    st.tuples(st.just("evict"), st.just(QUEUED), st.just(0)),
 )
 
 
 # Fresh examples on every run (a failure prints its example and the blob that replays it);
 # the examples below, each found by a fresh run, run every time.
-@settings(max_examples=200, deadline=None, print_blob=True)
+@settings(max_examples=100, deadline=None, print_blob=True)
 @given(
     steps=st.lists(step, max_size=30),
     seed=st.integers(min_value=0, max_value=2**32),
@@ -101,6 +135,44 @@ step = st.one_of(
     kill=st.sampled_from([0.0, 0.02, 0.1]),
     lag=st.sampled_from([0.0, 0.5, 2.0]),
     drain=st.sampled_from([0, DRAIN]),
+    # The examples below were found before the opportunistic and the queued job ran beside
+    # the others: they replay in the world they were found in.
+    beside=st.just(True),
+)
+# Found by the opportunistic and queued jobs' first fresh seeds: a Workload's release of
+# the quota refused (403) after an eviction, and the job started again under that quota
+# while the next turn's release gave it back (invariant (k)).
+@example(
+    steps=[
+        ("wait", "", 4),
+        ("scale", "job", 1),
+        ("evict", "queued", 0),
+        ("scale", "queued", 4),
+        ("evict", "queued", 0),
+        ("restart", "", 0),
+        ("preempt", "opp", 1),
+        ("restart", "", 0),
+        ("wait", "", 8),
+        ("restart", "", 0),
+        ("wait", "", 8),
+        ("scale", "job", 2),
+        ("restart", "", 0),
+        ("fail", "queued", 2),
+        ("scale", "job", 2),
+        ("wait", "", 1),
+        ("evict", "queued", 0),
+        ("evict", "queued", 0),
+        ("fail", "opp", 2),
+        ("scale", "job", 3),
+        ("preempt", "opp", 1),
+        ("wait", "", 8),
+    ],
+    seed=4193873836,
+    failure=0.3,
+    kill=0.0,
+    lag=0.0,
+    drain=3,
+    beside=True,
 )
 # Found by the property: a turn whose ConfigMap write (carrying the failure count) landed
 # and whose delete of the failed worker did not counted the same failure again on every
@@ -126,6 +198,7 @@ step = st.one_of(
     kill=0.0,
     lag=0.0,
     drain=0,
+    beside=False,
 )
 # Found by fresh seeds: a read of who holds a taken name timing out inside a phase; and a
 # create that timed out after the server applied it, retried.
@@ -136,6 +209,7 @@ step = st.one_of(
     kill=0.0,
     lag=0.5,
     drain=0,
+    beside=False,
 )
 @example(
     steps=[
@@ -153,6 +227,7 @@ step = st.one_of(
     kill=0.0,
     lag=0.5,
     drain=3,
+    beside=False,
 )
 # A blacklisted name reused: the simulated server took a stale notice patch; the real one 409s
 @example(
@@ -176,6 +251,7 @@ step = st.one_of(
     kill=0.02,
     lag=0.5,
     drain=0,
+    beside=False,
 )
 # Every rank-holder dropped, the checker said, 0.5 s after a restarted launcher ran (a GPU
 # launcher, listed itself): the checker took a worker listed before then for one whose ranks
@@ -215,6 +291,7 @@ step = st.one_of(
     kill=0.1,
     lag=2.0,
     drain=0,
+    beside=False,
 )
 # Every rank-holder dropped, the checker said, by a scale-in that kept worker-0, failed 0.13 s
 # earlier in a world the caches had not caught up with
@@ -231,6 +308,7 @@ step = st.one_of(
     kill=0.0,
     lag=0.5,
     drain=0,
+    beside=False,
 )
 # Every rank-holder dropped, the checker said, of a job whose launcher (no driver yet) was Pending
 @example(
@@ -240,6 +318,7 @@ step = st.one_of(
     kill=0.0,
     lag=0.5,
     drain=0,
+    beside=False,
 )
 # A 3 s drain ended 2.98 s after the drop: the drain mark carried the plan's time, not the send's
 @example(
@@ -277,6 +356,7 @@ step = st.one_of(
     kill=0.0,
     lag=2.0,
     drain=3,
+    beside=False,
 )
 def test_invariants_under_faults_lag_and_restarts(
     steps: list[tuple[str, str, float]],
@@ -285,19 +365,23 @@ def test_invariants_under_faults_lag_and_restarts(
     kill: float,
     lag: float,
     drain: float,
+    beside: bool,
 ) -> None:
-    w = world(drain=drain)
+    w = world(drain=drain, beside=beside)
     faults = Faults(failure=failure, kill=kill, max_lag=lag)
-    with Sim(w, seed=seed, faults=faults) as sim:
+    with Sim(w, seed=seed, faults=faults, settings=BESIDE_SETTINGS) as sim:
         for kind, job, arg in steps:
             if kind == "scale":
-                sim.later(sim.rng.uniform(0, 0.2), functools.partial(w.set_replicas, int(arg), job))
+                n = min(int(arg), BESIDE_MAX) if job in BESIDE else int(arg)
+                sim.later(sim.rng.uniform(0, 0.2), functools.partial(w.set_replicas, n, job))
             elif kind == "wait":
                 sim.advance(arg)
-            elif kind == "fail":
+            elif kind in ("fail", "preempt"):
                 pod = w.get_obj("Pod", names.worker_name(job, int(arg)))
                 if pod and pod["status"]["phase"] == "Running":
-                    w.fail(pod["metadata"]["name"])
+                    (w.fail if kind == "fail" else w.preempt)(pod["metadata"]["name"])
+            elif kind == "evict":
+                w.evict(job)
             else:
                 sim.restart()
         sim.settle()
@@ -542,3 +626,86 @@ def test_the_simulation_catches_a_list_without_rank_holders() -> None:
     ):
         replace_every_worker(sim)
     assert "(i) discover_hosts.sh of job dropped every rank-holder" in str(caught.value)
+
+
+# -- the opportunistic and the queued job: what Kueue admitted, and max-replicas ----------
+
+
+def beside_only() -> World:
+    return world(jobs=(), beside=True)
+
+
+def admitted_then_evicted(sim: Sim) -> None:
+    """The queued job waits for Kueue, runs as admitted, is evicted, stops, and is
+    admitted again; the opportunistic job grows beside it and loses a worker to a
+    preemption."""
+    w = sim.world
+    w.set_replicas(BESIDE_MAX, QUEUED)
+    sim.advance(20)
+    w.preempt(names.worker_name(OPPORTUNISTIC, BESIDE_MAX - 1))
+    assert w.evict(QUEUED)
+    sim.settle()
+
+
+def runs_before_admission(job: Any, _queue: Any) -> Any:
+    """Kueue's gate ignored: the job is seen as it was written, admitted or not."""
+    return job
+
+
+real_gate = kueue.gate
+
+
+def runs_its_replicas(job: Any, queue: Any) -> Any:
+    """Kueue's gate that holds the job until admitted but then runs every worker it asks
+    for, not the fewer Kueue admitted."""
+    gated = real_gate(job, queue)
+    if not gated["spec"]["runPolicy"].get("suspend"):
+        workers = gated["spec"]["mpiReplicaSpecs"]["Worker"]
+        workers["replicas"] = job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]
+    return gated
+
+
+def grows_past_max(*_: Any) -> int:
+    """The growth step without the room left: one worker more than max-replicas allows."""
+    return BESIDE_MAX
+
+
+BESIDE_CASES: Mapping[str, tuple[Any, str]] = {
+    "pods before Kueue admits the job": (
+        mock.patch.object(kueue, "gate", runs_before_admission),
+        f"(k) {QUEUED} has pods",
+    ),
+    "more workers than Kueue admitted": (
+        mock.patch.object(kueue, "gate", runs_its_replicas),
+        "more than the 1 Kueue admitted",
+    ),
+    "an opportunistic job past max-replicas": (
+        mock.patch.object(opportunistic, "_step", grows_past_max),
+        f"(l) {OPPORTUNISTIC} has workers",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BESIDE_CASES)
+def test_the_simulation_catches_a_broken_opportunistic_or_queued_job(case: str) -> None:
+    broken, violation = BESIDE_CASES[case]
+    with (
+        mock.patch.object(simulation, "MAX_ADMITTED", 1),
+        broken,
+        Sim(beside_only(), settings=BESIDE_SETTINGS) as sim,
+        pytest.raises(Violation) as caught,
+    ):
+        admitted_then_evicted(sim)
+    assert violation in str(caught.value), caught.value
+
+
+def test_the_real_controller_runs_what_kueue_admitted_and_max_replicas() -> None:
+    w = beside_only()
+    with mock.patch.object(simulation, "MAX_ADMITTED", 1), Sim(w, settings=BESIDE_SETTINGS) as sim:
+        admitted_then_evicted(sim)
+    assert len(w.workers(QUEUED)) == 1
+    assert BESIDE_MAX - 1 <= len(w.workers(OPPORTUNISTIC)) <= BESIDE_MAX
+    evicted = [c for wl in w.workloads(QUEUED) for c in wl["status"]["conditions"]]
+    assert {"type": "Requeued", "status": "True"}.items() <= next(
+        c for c in evicted if c["type"] == "Requeued"
+    ).items()

@@ -1,8 +1,10 @@
 """What the caches hold for one job, read into the planner's input, ``Observed``.
 
 One pure function used by the controller, the simulation and ``render``: the caches are
-passed in as views (``View``), the writer's memory of what landed as ``Memory``, and the
-clock as a value, so nothing here reads the time or does I/O.
+passed in as views (``View``), the writer's memory of what landed as ``Memory``, what the
+shell keeps beyond the job's children as plain values (``Gathered``), and the clock as a
+value, so nothing here reads the time or does I/O. Everything a decision reads enters
+here, so a simulated turn sees what a real one sees: opportunistic and queued jobs too.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Refusal
 from mpijob_elastic.core.inputs.growth_state import Share
 from mpijob_elastic.core.inputs.ranks import RankSnapshot
-from mpijob_elastic.core.queueing.kueue import Queue
+from mpijob_elastic.core.queueing.kueue import Queue, queue_name
 from mpijob_elastic.core.spec.parse import launcher_service_account
 
 Obj = dict[str, Any]
@@ -80,6 +82,30 @@ class Observed:
     queue: Queue | None = None
 
 
+@dataclass(frozen=True)
+class Gathered:
+    """What a turn reads besides the caches of the job's children, as the shell keeps it:
+    the fields of ``Observed`` of the same names. ``observe`` takes from it only what
+    applies to the job (``reads_fleet``, ``queue_name``), so a caller may pass all of it."""
+
+    ranks: RankSnapshot | None = None
+    ranks_read: RankSnapshot | None = None
+    leaving_nodes: Mapping[str, str] = field(default_factory=dict)
+    fleet: Sequence[Share] = ()
+    capacity_changed: datetime | None = None
+    gone: Sequence[Mapping[str, Any]] = ()
+    preemptors: Mapping[str, str] | None = None
+    queue: Queue | None = None
+
+
+def reads_fleet(job: Mapping[str, Any]) -> bool:
+    """Only an opportunistic job's decisions read the fleet, the capacity changes, its gone
+    pods and their preemptors (opportunistic.py); the shell need not gather them for
+    another (the preemptors cost a pass over the namespace's Preempted Events)."""
+    annotations = job["metadata"].get("annotations")
+    return isinstance(annotations, Mapping) and annotations.get(names.ANN_OPPORTUNISTIC) == "true"
+
+
 class View(Protocol):
     """One cache of one kind: its objects by controller owner, by name."""
 
@@ -111,10 +137,7 @@ def observe(
     handover: Caches,
     memory: Memory,
     now: float,
-    *,
-    ranks: RankSnapshot | None = None,
-    ranks_read: RankSnapshot | None = None,
-    leaving_nodes: Mapping[str, str] | None = None,
+    gathered: Gathered = Gathered(),
 ) -> Observed:
     """``caches`` hold the children carrying our labels, ``handover`` those that carry only
     another controller's (docs/handover.md); ``now``: the monotonic clock's reading, which
@@ -122,12 +145,8 @@ def observe(
     meta = job["metadata"]
     ns, uid = meta["namespace"], meta["uid"]
 
-    def owned(kind: str) -> list[Obj]:
-        cache = caches(kind)
-        return [o for o in cache.by_owner(uid) if o["metadata"]["namespace"] == ns] if cache else []
-
     def named(kind: str, name: str) -> Obj | None:
-        return next((o for o in owned(kind) if o["metadata"]["name"] == name), None)
+        return _named(job, caches, kind, name)
 
     def strays(kind: str) -> list[Obj]:
         """Hand-over candidates (handover.py): children of this job that only the
@@ -145,8 +164,9 @@ def observe(
                 found.append(obj)
         return found
 
-    pods = owned("Pod")
+    pods = _owned(job, caches, "Pod")
     launcher = names.launcher_name(meta["name"])
+    opportunistic = reads_fleet(job)
     return Observed(
         job=job,
         pods=pods,
@@ -160,12 +180,47 @@ def observe(
         conflicts=memory.taken(),
         in_use=memory.used(now),
         refused=memory.refused,
-        ranks=ranks,
+        ranks=gathered.ranks,
         ranks_report=named("ConfigMap", names.ranks_name(meta["name"])),
-        ranks_read=ranks_read,
-        leaving_nodes=dict(leaving_nodes or {}),
+        ranks_read=gathered.ranks_read,
+        leaving_nodes=dict(gathered.leaving_nodes),
         strays=[o for kind in HANDOVER_KINDS for o in strays(kind)],
+        fleet=gathered.fleet if opportunistic else (),
+        capacity_changed=gathered.capacity_changed if opportunistic else None,
+        gone=gathered.gone if opportunistic else (),
+        preemptors=gathered.preemptors if opportunistic else None,
+        queue=gathered.queue if queue_name(job) else None,
     )
+
+
+def launcher_report(job: Mapping[str, Any], caches: Caches) -> tuple[Obj | None, bool]:
+    """The job's ranks ConfigMap, if it is the job's, and whether its launcher runs: what
+    the launcher's reports are read from. The shell reads them before ``observe``, to keep
+    the reports across turns so that losses add up (rankprobe.py), and passes the snapshot
+    in as ``Gathered.ranks``."""
+    name = job["metadata"]["name"]
+    launcher = names.launcher_name(name)
+    running = any(
+        p["metadata"]["name"] == launcher
+        and not p["metadata"].get("deletionTimestamp")
+        and (p.get("status") or {}).get("phase") == "Running"
+        for p in _owned(job, caches, "Pod")
+    )
+    return _named(job, caches, "ConfigMap", names.ranks_name(name)), running
+
+
+def _owned(job: Mapping[str, Any], caches: Caches, kind: str) -> list[Obj]:
+    meta = job["metadata"]
+    ns, cache = meta["namespace"], caches(kind)
+    return (
+        [o for o in cache.by_owner(meta["uid"]) if o["metadata"]["namespace"] == ns]
+        if cache
+        else []
+    )
+
+
+def _named(job: Mapping[str, Any], caches: Caches, kind: str, name: str) -> Obj | None:
+    return next((o for o in _owned(job, caches, kind) if o["metadata"]["name"] == name), None)
 
 
 class Listed:

@@ -332,7 +332,13 @@ def standing(job: Mapping[str, Any], queue: Queue, refused: Refusal | None = Non
     """``refused``: the last write of the job the server refused (the writer's memory)."""
     if refused is not None and refused.kind == WORKLOAD:
         # Reported as every refusal is (WriteRefused, reports.py); here, why the job waits.
-        return Standing(False, "WorkloadRefused", f"{refused.write}: {refused.message}")
+        # An eviction stands through it: the refused write may be the one that gives the
+        # quota back, and the job must stay stopped meanwhile (the simulation's invariant
+        # (k) found a job started again under the quota it was giving back).
+        held = current(queue) if queue.installed else None
+        message = f"{refused.write}: {refused.message}"
+        evicted_at = _evicted_at(held) if held is not None else None
+        return Standing(False, "WorkloadRefused", message, evicted_at)
     if queue.denied:
         return Standing(False, "KueueNotPermitted", f"Kueue's API is served, but {queue.denied}")
     if not queue.installed:
@@ -346,8 +352,8 @@ def standing(job: Mapping[str, Any], queue: Queue, refused: Refusal | None = Non
     if workload is None:
         return Standing(False, "Pending", "the job's Workload is being created")
     wl = workload["metadata"]["name"]
-    held = reserved(workload) or is_true(workload, "Admitted")
-    beyond = overcharged(job, workload) if held else ""
+    holding = reserved(workload) or is_true(workload, "Admitted")
+    beyond = overcharged(job, workload) if holding else ""
     if beyond:
         return Standing(
             False,
@@ -358,11 +364,7 @@ def standing(job: Mapping[str, Any], queue: Queue, refused: Refusal | None = Non
     if is_true(workload, "Evicted"):
         evicted = condition(workload, "Evicted") or {}
         message = f"Kueue evicted Workload {wl}: {evicted.get('message', '')}"
-        # The window counts from the condition's time, which the API keeps in whole seconds
-        # (rounded down): a second later, so it is never shorter. Unreadable: at once.
-        since = parse_time(evicted.get("lastTransitionTime"))
-        at = since + timedelta(seconds=1) if since else datetime.min.replace(tzinfo=UTC)
-        return Standing(False, "Evicted", message, at if reserved(workload) else None)
+        return Standing(False, "Evicted", message, _evicted_at(workload))
     if is_true(workload, "Admitted"):
         cq = ((workload.get("status") or {}).get("admission") or {}).get("clusterQueue")
         count = admitted_workers(workload)
@@ -370,6 +372,16 @@ def standing(job: Mapping[str, Any], queue: Queue, refused: Refusal | None = Non
             True, "Admitted", f"Workload {wl} admitted by ClusterQueue {cq} with {count} workers"
         )
     return Standing(False, "Pending", f"Workload {wl} waits in LocalQueue {queue_name(job)}")
+
+
+def _evicted_at(workload: Mapping[str, Any]) -> datetime | None:
+    """When Kueue evicted the Workload, while it still holds its quota; else None."""
+    if not is_true(workload, "Evicted") or not reserved(workload):
+        return None
+    # The window counts from the condition's time, which the API keeps in whole seconds
+    # (rounded down): a second later, so it is never shorter. Unreadable: at once.
+    since = parse_time((condition(workload, "Evicted") or {}).get("lastTransitionTime"))
+    return since + timedelta(seconds=1) if since else datetime.min.replace(tzinfo=UTC)
 
 
 def gate(job: Obj, queue: Queue) -> Obj:
