@@ -36,16 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.cluster import (
-    ROOT,
-    Controller,
-    cluster,
-    goodput_between,
-    job_seconds,
-    kubectl_binary,
-    machine,
-    sh,
-)
+from bench.cluster import ROOT, Controller, cluster, kubectl_binary, machine, sh
 from mpijob_elastic.core import names
 from mpijob_elastic.core.lifecycle.notices import parse_notice
 from tests.cluster import Cluster
@@ -252,7 +243,6 @@ def row(kubeconfig: str, args: argparse.Namespace, notices: bool) -> dict[str, A
                 raise TimeoutError("the job never trained")
             time.sleep(0.5)
         thread.start()
-        seconds_before = job_seconds(api, ns, job)
         reclaims = trace(args.seed, args.rounds, args.gap)
         samples: list[bool] = []
         sampler_stop = threading.Event()
@@ -268,7 +258,6 @@ def row(kubeconfig: str, args: argparse.Namespace, notices: bool) -> dict[str, A
         play(k, reclaims, args.notice_seconds, args.down_seconds)
         time.sleep(args.settle)
         sampler_stop.set()
-        share = goodput_between(seconds_before, job_seconds(api, ns, job))
     finally:
         rank0.stop.set()
         controller.stop()
@@ -284,16 +273,11 @@ def row(kubeconfig: str, args: argparse.Namespace, notices: bool) -> dict[str, A
         "lost_max": max(stops, default=0),
         "steps": rank0.step,
         "suspended_s": sum(samples),
-        "goodput": share,
         "reclaims": sum(len(r.nodes) for r in reclaims),
         "below_min": sum(1 for r in reclaims if len(r.nodes) >= MIN),
         "load": load,
         "load_after": " ".join(f"{x:.1f}" for x in os.getloadavg()),
     }
-
-
-def _share(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
 
 
 def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
@@ -305,15 +289,14 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     )
     lines = [
         "| | stops (suspensions) | resumes | steps lost per stop (each) | mean / max "
-        "| time suspended | goodput | steps at the end | load before / after |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| time suspended | steps at the end | load before / after |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r['row']} (checkpoint-seconds {r['window']:g}) | {r['stops']} | {r['resumes']} "
             f"| {', '.join(map(str, r['lost'])) or '-'} | {r['lost_mean']} / {r['lost_max']} "
-            f"| {r['suspended_s']} s | {_share(r['goodput'])} | {r['steps']} "
-            f"| {r['load']} / {r['load_after']} |"
+            f"| {r['suspended_s']} s | {r['steps']} | {r['load']} / {r['load_after']} |"
         )
     return head + "\n".join(lines) + "\n"
 
