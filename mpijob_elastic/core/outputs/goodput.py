@@ -50,6 +50,13 @@ def _seconds(value: Any) -> float:
     return 0.0
 
 
+def _kept(raw: Any) -> dict[str, float]:
+    """The seconds per state the status holds, those it holds none of left out."""
+    if not isinstance(raw, Mapping):
+        return {}
+    return {s: v for s in STATES if (v := _seconds(raw.get(s)))}
+
+
 def account(previous: Any, state: str, target: int, now: datetime) -> Any:
     """The next ``status.goodput`` after ``previous`` (as the status holds it, any JSON),
     with the job in ``state`` of ``target`` workers now; ``previous`` itself when neither
@@ -60,9 +67,7 @@ def account(previous: Any, state: str, target: int, now: datetime) -> Any:
     if old_state == state and old_target == target:
         return previous
     since = parse_time(before.get("since"))
-    raw = before.get("seconds")
-    seconds = {s: _seconds(raw.get(s)) for s in STATES} if isinstance(raw, Mapping) else {}
-    seconds = {s: v for s, v in seconds.items() if v}
+    seconds = _kept(before.get("seconds"))
     if old_state in STATES and since is not None and now > since:
         seconds[str(old_state)] = seconds.get(str(old_state), 0.0) + (now - since).total_seconds()
     lost_at = parse_time(before.get("lostAt"))
@@ -96,9 +101,7 @@ def totals(goodput: Any, now: datetime) -> dict[str, float]:
     change in the state in force."""
     if not isinstance(goodput, Mapping):
         return {}
-    raw = goodput.get("seconds")
-    found = {s: _seconds(raw.get(s)) for s in STATES} if isinstance(raw, Mapping) else {}
-    found = {s: v for s, v in found.items() if v}
+    found = _kept(goodput.get("seconds"))
     state, since = goodput.get("state"), parse_time(goodput.get("since"))
     if state in STATES and since is not None and now > since:
         found[str(state)] = found.get(str(state), 0.0) + (now - since).total_seconds()
