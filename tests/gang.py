@@ -1,6 +1,6 @@
 """Fixtures for the gang-scheduling tests (docs/scheduling.md): the scheduler-plugins
-scheduler as a second scheduler of the local cluster, its and Volcano's PodGroup CRDs, and
-a node of few GPUs for the jobs to compete for.
+scheduler as a second scheduler of the local cluster, its, Volcano's and KAI-Scheduler's
+PodGroup CRDs, and a node of few GPUs for the jobs to compete for.
 
 The scheduler is the scheduler-plugins release's ``cmd/scheduler`` built from its Go module
 (hack/build-scheduler-plugins.sh), run as a process beside the cluster's own scheduler
@@ -27,6 +27,7 @@ from tests.controller import free_port, stop_process, wait_for
 
 SCHEDULER_NAME = "scheduler-plugins-scheduler"
 VOLCANO_CRD = ROOT / "config" / "gang" / "volcano-podgroup-crd.yaml"
+KAI_CRD = ROOT / "config" / "gang" / "kai-podgroup-crd.yaml"
 GANG_TAINT = "mpijob-elastic.io/gang-test"
 # The scheduler's flush of pods it holds as unschedulable: upstream's 5 minutes is longer
 # than a test waits for a gang to start once room appears.
@@ -50,6 +51,12 @@ def volcano_crd(cluster: Cluster) -> str:
         cluster, VOLCANO_CRD, "podgroups.scheduling.volcano.sh", "podgroups.scheduling.volcano.sh"
     )
     return "scheduling.volcano.sh/v1beta1"
+
+
+@pytest.fixture(scope="session")
+def kai_crd(cluster: Cluster) -> str:
+    install_crd(cluster, KAI_CRD, "podgroups.scheduling.run.ai", "podgroups.scheduling.run.ai")
+    return "scheduling.run.ai/v2alpha2"
 
 
 def scheduler_plugins_dir() -> Path:

@@ -85,9 +85,9 @@ def _settings_args(parser: argparse.ArgumentParser) -> None:
         "--gang-scheduler-name",
         default=DEFAULTS.gang_scheduler_name,
         help="as training-operator 1.9's flag: empty or none for no gang scheduling; "
-        "volcano for Volcano's PodGroup; any other name for the scheduler-plugins "
-        "(coscheduling) PodGroup, that name being the pods' schedulerName unless their "
-        "template names one (docs/scheduling.md)",
+        "volcano for Volcano's PodGroup; kai-scheduler for KAI-Scheduler's; any other name "
+        "for the scheduler-plugins (coscheduling) PodGroup, that name being the pods' "
+        "schedulerName unless their template names one (docs/scheduling.md)",
     )
     parser.add_argument(
         "--opportunistic-priority-class",

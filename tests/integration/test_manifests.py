@@ -441,14 +441,17 @@ def test_controller_is_granted(
 
 # The gang schedulers' PodGroups (docs/rbac.md): asked with their CRDs installed, since
 # kubectl answers "no" for a resource the server does not serve.
-POD_GROUPS = [f"podgroups.{group}" for group in ("scheduling.volcano.sh", "scheduling.x-k8s.io")]
+POD_GROUPS = [
+    f"podgroups.{group}"
+    for group in ("scheduling.volcano.sh", "scheduling.x-k8s.io", "scheduling.run.ai")
+]
 POD_GROUPS_GRANTED = [
     (v, r, "yes") for r in POD_GROUPS for v in ("list", "watch", "create", "update", "delete")
 ]
 POD_GROUPS_DENIED = [(v, r, "no") for r in POD_GROUPS for v in ("get", "patch")]
 
 
-@pytest.mark.usefixtures("volcano_crd", "scheduler_plugins_crd")
+@pytest.mark.usefixtures("volcano_crd", "scheduler_plugins_crd", "kai_crd")
 @pytest.mark.parametrize(("verb", "resource", "answer"), POD_GROUPS_GRANTED + POD_GROUPS_DENIED)
 def test_controller_is_granted_the_gang_schedulers_pod_groups(
     cluster: Cluster, controller_rbac: str, verb: str, resource: str, answer: str

@@ -30,6 +30,7 @@ from tests.unit.simulation import NAMESPACE, Cluster, make_job
 
 VOLCANO = Settings(gang_scheduler_name="volcano")
 PLUGINS = Settings(gang_scheduler_name="scheduler-plugins")
+KAI = Settings(gang_scheduler_name="kai-scheduler")
 OWNER = {
     "apiVersion": "kubeflow.org/v1",
     "kind": "MPIJob",
@@ -270,3 +271,101 @@ def test_under_volcano_no_pod_is_made_before_volcano_admits_the_pod_group() -> N
     c.tick(1)
     made += [a.obj["metadata"]["name"] for a in _step(c, VOLCANO) if isinstance(a, Create)]
     assert made == ["job-worker-0", "job-worker-1", "job-launcher"]
+
+
+# KAI-Scheduler's PodGroup (scheduling.run.ai/v2alpha2), written by hand from KAI v0.17.0's
+# published API (pkg/apis/scheduling/v2alpha2: minMember, queue, priorityClassName, Go's
+# omitempty) and its external PodGroups contract (docs/batch/README.md: the pods'
+# pod-group-name and kai.scheduler/skip-podgrouper annotations, schedulerName
+# kai-scheduler); training-operator 1.9 has no KAI shape to compare with.
+
+
+def _kai(job: Any) -> Any:
+    gang = podgroups.gang(KAI)
+    assert gang is not None
+    spec = parse(job, 30)
+    return podgroups.pod_group(
+        spec, gang, job["metadata"]["annotations"], labels=job["metadata"].get("labels")
+    )
+
+
+def test_kai_pod_group_of_a_job_that_is_not_elastic_holds_every_pod() -> None:
+    job = _job(3, annotations={"team": "vision"})
+    expected = {
+        "apiVersion": "scheduling.run.ai/v2alpha2",
+        "kind": "PodGroup",
+        "metadata": {
+            "annotations": {"team": "vision"},
+            "name": "job",
+            "namespace": NAMESPACE,
+            "ownerReferences": [OWNER],
+        },
+        # KAI's spec has no minResources; a queue is always named, since KAI's scheduler
+        # leaves a PodGroup of a queue that does not exist (or of none) unscheduled.
+        "spec": {"minMember": 4, "queue": "default-queue"},
+    }
+    assert _bytes(_kai(job)) == _bytes(expected)
+
+
+def test_a_kai_gang_is_its_minimum_and_the_launcher_in_the_job_s_queue() -> None:
+    job = _job(4, annotations={names.ANN_MIN_REPLICAS: "2", names.ANN_MAX_REPLICAS: "6"})
+    job["metadata"]["labels"] = {"kai.scheduler/queue": "research", "priorityClassName": "train"}
+    assert _kai(job)["spec"] == {"minMember": 3, "queue": "research", "priorityClassName": "train"}
+
+
+def test_kai_reads_the_scheduling_policy_where_the_job_has_no_kai_label() -> None:
+    policy = {"queue": "team-a", "priorityClass": "build", "scheduleTimeoutSeconds": 60}
+    job = _job(2, runPolicy={"schedulingPolicy": policy})
+    assert _kai(job)["spec"] == {"minMember": 3, "queue": "team-a", "priorityClassName": "build"}
+    # KAI's own labels win: they are what KAI documents for a workload.
+    job["metadata"]["labels"] = {"kai.scheduler/queue": "team-b", "priorityClassName": "train"}
+    assert _kai(job)["spec"] == {"minMember": 3, "queue": "team-b", "priorityClassName": "train"}
+    # minAvailable still overrides the gang, as for the other schedulers.
+    job["spec"]["runPolicy"]["schedulingPolicy"]["minAvailable"] = 2
+    assert _kai(job)["spec"]["minMember"] == 2
+
+
+def test_pods_join_the_kai_gang_by_its_annotation_and_keep_kai_s_pod_grouper_out() -> None:
+    job = make_job(2)
+    job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["schedulerName"] = "mine"
+    spec = parse(job, 30)
+    gang = podgroups.gang(Settings(gang_scheduler_name="KAI-Scheduler"))
+    assert gang == podgroups.Gang("kai-scheduler", "scheduling.run.ai/v2alpha2")
+    worker = render_pods.worker_pod(spec, 0, gang)
+    assert worker["spec"]["schedulerName"] == "kai-scheduler"
+    assert worker["metadata"]["annotations"] == {
+        "pod-group-name": "job",
+        "kai.scheduler/skip-podgrouper": "true",
+    }
+    assert podgroups.SCHEDULER_PLUGINS_LABEL not in worker["metadata"].get("labels", {})
+    launcher = render_pods.launcher_pod(spec, KAI, "h", 1, gang)
+    # The template's own scheduler is kept.
+    assert launcher["spec"]["schedulerName"] == "mine"
+    assert launcher["metadata"]["annotations"]["pod-group-name"] == "job"
+    # KAI admits pods itself: nothing waits for the PodGroup's phase, as under Volcano.
+    assert not podgroups.held(gang, {"status": {}})
+
+
+def test_the_kai_pod_group_keeps_step_with_the_minimum_and_the_queue() -> None:
+    job = make_job(4, annotations={names.ANN_MIN_REPLICAS: "2", names.ANN_MAX_REPLICAS: "6"})
+    c = Cluster(job)
+    first = _step(c, KAI)
+    kinds = [a.obj["kind"] for a in first if isinstance(a, Create)]
+    assert kinds.index("PodGroup") < kinds.index("Pod")
+    group = c.get("PodGroup", "job")
+    assert group is not None
+    assert group["apiVersion"] == "scheduling.run.ai/v2alpha2"
+    assert group["spec"] == {"minMember": 3, "queue": "default-queue"}
+    c.run_pods()
+    c.job["metadata"]["annotations"][names.ANN_MIN_REPLICAS] = "3"
+    writes = _step(c, KAI)
+    replaced = [a for a in writes if isinstance(a, Replace) and a.obj["kind"] == "PodGroup"]
+    assert [a.obj["spec"]["minMember"] for a in replaced] == [4]
+    c.tick(1)
+    c.job["metadata"]["labels"] = {"kai.scheduler/queue": "research"}
+    writes = _step(c, KAI)
+    replaced = [a for a in writes if isinstance(a, Replace) and a.obj["kind"] == "PodGroup"]
+    assert [a.obj["spec"] for a in replaced] == [{"minMember": 4, "queue": "research"}]
+    # Settled: nothing more to write to it.
+    c.tick(1)
+    assert not [a for a in _step(c, KAI) if getattr(a, "obj", {}).get("kind") == "PodGroup"]

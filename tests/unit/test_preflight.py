@@ -41,11 +41,12 @@ def shipped() -> set[tuple[str, str, str, str]]:
 
 def test_the_check_asks_for_exactly_what_the_shipped_roles_grant() -> None:
     # A verb granted but not checked, or checked but not granted, is a mistake either way.
-    # The PodGroups of both gang schedulers are checked only under one (the next test);
+    # The PodGroups of the gang schedulers are checked only under one (the next test);
     # reading Events is asked for by the cache it serves (app/preemptions.py).
     gangs = [
         *pod_group_permissions("scheduling.volcano.sh"),
         *pod_group_permissions("scheduling.x-k8s.io"),
+        *pod_group_permissions("scheduling.run.ai"),
     ]
     asked = {
         (p.verb, p.group, p.resource, p.subresource) for p in (*REQUIRED, *gangs, *SCHEDULER_EVENTS)

@@ -37,10 +37,12 @@ def pod_group(turn: Turn, spec: JobSpec, gang: podgroups.Gang) -> Obj:
     """The job's PodGroup; an existing one keeps its annotations (copied from the job
     on create only) and its Volcano queue, as training-operator's sync keeps them."""
     current = turn.observed.pod_group
+    meta = turn.job["metadata"]
+    labels = meta.get("labels") or {}
     if current is None:
-        return podgroups.pod_group(spec, gang, turn.job["metadata"].get("annotations") or {})
+        return podgroups.pod_group(spec, gang, meta.get("annotations") or {}, labels=labels)
     queue = (current.get("spec") or {}).get("queue") if gang.volcano else None
-    return podgroups.pod_group(spec, gang, {}, queue if isinstance(queue, str) else None)
+    return podgroups.pod_group(spec, gang, {}, queue if isinstance(queue, str) else None, labels)
 
 
 def objects(
