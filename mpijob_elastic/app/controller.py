@@ -133,6 +133,8 @@ class Controller:
             Informer(watch_api, "/api/v1", "nodes", self.routes.on_node, transform=nodes.slim),
         )
         self.kueue = KueueShell(self.kube, self.caches, settings.kueue_workload_slices)
+        metrics.QUEUE.queue = self.kueue.queue
+        metrics.QUEUE.pods = self._owned_pods
         self.writer = Writer(self.kube, self._cache, self._cached)
         self.pod_exec = PodExec(api.configuration)
         self.probes = RankProbes(self._read_launcher, self.queue.add)
@@ -396,6 +398,15 @@ class Controller:
             # The probe command always exits 0: this is a shell or runtime that failed.
             raise RuntimeError(result.failure or f"exit status {result.exit_code}")
         return result.stdout
+
+    def _owned_pods(self, namespace: str, uid: str) -> list[Obj]:
+        """The pods the job of this UID controls, from the cache."""
+        cache = self.caches.pick("Pod", namespace)
+        return [
+            p
+            for p in (cache.by_owner(uid) if cache is not None else [])
+            if p["metadata"]["namespace"] == namespace
+        ]
 
     def _cached(self, kind: str, namespace: str, name: str) -> Obj | None:
         cache = self.caches.pick(kind, namespace)

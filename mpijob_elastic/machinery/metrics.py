@@ -35,6 +35,9 @@ from prometheus_client.registry import Collector
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Emit
 from mpijob_elastic.core.outputs import goodput
+from mpijob_elastic.core.outputs.status import QUEUE_ADMITTED
+from mpijob_elastic.core.queueing import figures
+from mpijob_elastic.core.queueing.kueue import Queue
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec.parse import InvalidSpec, parse
 from mpijob_elastic.core.times import parse_time
@@ -104,6 +107,21 @@ RECOVERY_SECONDS = Histogram(
     "to the job training at its target again (docs/operations.md, Goodput).",
     buckets=(5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200, 3600),
 )
+ADMISSION_WAIT_SECONDS = Histogram(
+    f"{PREFIX}_queue_admission_wait_seconds",
+    "From the creation of a Workload the controller wrote to Kueue's Admitted condition, "
+    "observed once per Workload by the leader at its write marking the Workload PodsReady: "
+    "admission start (the job starts) or growth (a workload slice of a running job).",
+    ["admission"],
+    buckets=(1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400),
+)
+EVICTIONS = Counter(
+    f"{PREFIX}_queue_evictions",
+    "Kueue's evictions of queued jobs' Workloads, by the Evicted condition's reason "
+    "(Other: any reason but Kueue v1beta2's own), counted by the leader at the status write "
+    "that turns the job's QueueAdmitted condition to Evicted.",
+    ["reason"],
+)
 RUNNING_TO_LISTED_SECONDS = Histogram(
     f"{PREFIX}_running_to_listed_seconds",
     "From the controller seeing a worker pod Running to the accepted write of the "
@@ -156,6 +174,8 @@ _RECONCILED = {
     result: (RECONCILES.labels(result), RECONCILE_SECONDS.labels(result))
     for result in ("success", "requeue", "error")
 }
+_ADMISSIONS = {a: ADMISSION_WAIT_SECONDS.labels(a) for a in (figures.START, figures.GROWTH)}
+_EVICTED = {r: EVICTIONS.labels(r) for r in (*figures.EVICTION_REASONS, figures.OTHER)}
 _SCALED = {direction: SCALE_OPERATIONS.labels(direction) for direction in ("out", "in")}
 _TRANSITIONS = {
     t: JOB_TRANSITIONS.labels(t)
@@ -239,6 +259,22 @@ def transitions(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[s
     if after.get("Scaling") == "Relocating" != before.get("Scaling"):
         taken.append("relocating")
     return taken
+
+
+def queue_evicted(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    """A status write turns the job's QueueAdmitted condition to Evicted: the job sees an
+    eviction of its Workload for the first time. A restarted or new leader plans from the
+    status on the server, so it does not count that eviction again; nor does a refused
+    Workload write (WorkloadRefused) in the middle of it, once it clears."""
+
+    def reason(status: Mapping[str, Any] | None) -> str | None:
+        for c in (status or {}).get("conditions") or []:
+            if isinstance(c, Mapping) and c.get("type") == QUEUE_ADMITTED:
+                return str(c.get("reason"))
+        return None
+
+    before = reason(old)
+    return reason(new) == "Evicted" and before not in ("Evicted", "WorkloadRefused")
 
 
 def event_sent(event: Emit) -> None:
@@ -367,6 +403,61 @@ JOB_DETAILS = _JobDetails(JOBS)
 REGISTRY.register(JOB_DETAILS)
 
 
+class _QueueDetails(Collector):
+    """Per job Kueue holds (queue-labelled), at scrape time, from the caches: its workers
+    above what Kueue admitted (``mpijob_elastic_queue_workers_above_admission``), for each
+    job neither finished nor being deleted (a finished job's quota is given back with it,
+    and what its cleanPodPolicy keeps is the policy's)."""
+
+    def __init__(self, jobs: _JobStates) -> None:
+        self._jobs = jobs
+        # The job's Queue from the caches (app/kueue.py); None: the job is not Kueue's.
+        self.queue: Callable[[Mapping[str, Any]], Queue | None] = lambda _job: None
+        # The pods the job controls (namespace, the job's UID).
+        self.pods: Callable[[str, str], Iterable[Mapping[str, Any]]] = lambda _ns, _uid: ()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        above = GaugeMetricFamily(
+            f"{PREFIX}_queue_workers_above_admission",
+            "Worker pods of each job Kueue holds, neither terminating nor finished, beyond "
+            "the workers its Workload in force admitted (all of them while none is "
+            "admitted). Must stay 0.",
+            labels=["namespace", "mpijob"],
+        )
+        for job in self._jobs.jobs():
+            try:
+                found = self._above(job)
+            except Exception:  # one job must not cost every other job its series
+                skipped(job)
+                continue
+            if found is not None:
+                above.add_metric(*found)
+        yield above
+
+    def _above(self, job: Mapping[str, Any]) -> tuple[list[str], int] | None:
+        meta = job["metadata"]
+        ended = {"Succeeded", "Failed"} & _true(job.get("status")).keys()
+        queue = None if ended or meta.get("deletionTimestamp") else self.queue(job)
+        queue = figures.kueues(job, queue)
+        if queue is None:
+            return None
+        pods = self.pods(meta["namespace"], meta["uid"])
+        return [meta["namespace"], meta["name"]], figures.workers_above_admission(queue, pods)
+
+    def evicted(self, job: Mapping[str, Any]) -> None:
+        """The job's status write says Kueue evicted its Workload: counted by its reason."""
+        try:
+            reason = figures.evicted_reason(self.queue(job))
+        except Exception:  # a figure must never fail the write that carries it
+            log.warning("eviction reason unreadable", exc_info=True)
+            reason = figures.OTHER
+        _EVICTED[reason].inc()
+
+
+QUEUE = _QueueDetails(JOBS)
+REGISTRY.register(QUEUE)
+
+
 class HostListLatency:
     """Feeds ``running_to_listed_seconds``: when each pod was seen turn Running, until a
     written ``discover_hosts.sh`` lists it.
@@ -415,9 +506,14 @@ def drain_seconds(pod: Mapping[str, Any], now: datetime) -> float | None:
     return None if since is None else max(0.0, (now - since).total_seconds())
 
 
-def status_written(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
+def status_written(
+    old: Mapping[str, Any] | None,
+    new: Mapping[str, Any],
+    job: Mapping[str, Any] | None = None,
+) -> None:
     """A job's status write the server accepted; ``old`` is the status it was planned
-    from (not the cache's, which the write's own watch event may have updated already)."""
+    from (not the cache's, which the write's own watch event may have updated already),
+    of ``job`` (its Kueue Workloads are read for the reason of an eviction)."""
     direction = scale_direction(old, new)
     if direction is not None:
         _SCALED[direction].inc()
@@ -426,6 +522,20 @@ def status_written(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> Non
     back = goodput.recovered((old or {}).get("goodput"), new.get("goodput"))
     if back is not None:
         RECOVERY_SECONDS.observe(back)
+    if job is not None and queue_evicted(old, new):
+        QUEUE.evicted(job)
+
+
+def workload_status_written(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> None:
+    """A Workload's status write the server accepted: ``before`` the cached Workload it was
+    planned from, ``after`` the answer. The write that marks it PodsReady (the job's pods
+    run: core/queueing/kueue_writes.py), made once per Workload, observes its wait for
+    admission."""
+    if not figures.pods_ready_turned(before, after):
+        return
+    wait = figures.admission_wait(after)
+    if wait is not None:
+        _ADMISSIONS[figures.admission(after)].observe(wait)
 
 
 def observe_write(written: Mapping[str, Any], latency: HostListLatency) -> None:

@@ -285,7 +285,10 @@ class Writer:
 
     async def _patch_status(self, key: Key, ns: str, action: PatchStatus) -> None:
         kind, name = action.obj["kind"], action.obj["metadata"]["name"]
+        # Read before the write: its own watch event may reach the cache before its answer.
+        before = self._cached(kind, ns, name)
         patched = await self.kube.patch(kind, ns, name, action.obj, "status")
+        metrics.workload_status_written(before, {**patched, "kind": kind})
         self._cache({**patched, "kind": kind})
         log.info("status updated", extra={"job": "/".join(key), "kind": kind, "object": name})
 
@@ -360,5 +363,5 @@ class Writer:
         patch = merge_patch(job.get("status") or {}, status)
         body = {"metadata": {"resourceVersion": resource_version}, "status": patch}
         updated = await self.kube.patch(names.KIND, meta["namespace"], meta["name"], body, "status")
-        metrics.status_written(job.get("status"), status)
+        metrics.status_written(job.get("status"), status, job)
         self._cache({**updated, "kind": names.KIND})

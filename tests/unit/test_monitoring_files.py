@@ -28,7 +28,8 @@ def served() -> set[str]:
 
 
 def test_every_panel_queries_series_the_controller_serves() -> None:
-    panels = json.loads(DASHBOARD.read_text())["panels"]
+    # Rows (Grafana's "row" panels) group the panels after them and query nothing.
+    panels = [p for p in json.loads(DASHBOARD.read_text())["panels"] if p["type"] != "row"]
     exprs = [target["expr"] for panel in panels for target in panel["targets"]]
     assert len(panels) >= 10
     assert all(exprs)
@@ -37,6 +38,23 @@ def test_every_panel_queries_series_the_controller_serves() -> None:
     # Every shipped series has a panel.
     families = {re.sub(r"_(total|bucket|count|sum)$", "", s) for s in named}
     assert set(every_family()) - families == set()
+
+
+def test_the_queue_row_shows_kueue_seen_from_outside() -> None:
+    """The row "Queue" holds a panel for each of the three Kueue series, below it and
+    before any other row."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    (row,) = [i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == "Queue"]
+    after = panels[row + 1 :]
+    end = next((i for i, p in enumerate(after) if p["type"] == "row"), len(after))
+    shown = {s for p in after[:end] for t in p["targets"] for s in SERIES.findall(t["expr"])}
+    queue = {
+        "mpijob_elastic_queue_admission_wait_seconds_bucket",
+        "mpijob_elastic_queue_evictions_total",
+        "mpijob_elastic_queue_workers_above_admission",
+    }
+    assert shown == queue
+    assert all(p["gridPos"]["y"] > panels[row]["gridPos"]["y"] for p in after[:end])
 
 
 def test_every_alert_reads_series_the_controller_serves() -> None:
@@ -50,6 +68,7 @@ def test_every_alert_reads_series_the_controller_serves() -> None:
         "MPIJobWritesRefused",
         "MPIJobTurnsFailing",
         "MPIJobElasticWritesForbidden",
+        "MPIJobAboveAdmission",
     }
     for r in rules:
         named = set(SERIES.findall(r["expr"]))
