@@ -6,7 +6,7 @@ job (min 2, max 6, asking for 6) is admitted at its minimum and runs at 2. The f
 ends: its quota frees and the elastic job grows, one slice at a time, to 6. Asked down to 3,
 it drains and gives the quota back once the workers are gone. These scale changes are
 graceful: no failure, no blacklist in the driver's record. Then a higher-priority job of 4
-workers is admitted: Kueue v0.17.0 evicts whole Workloads, so the elastic job gets the
+workers is admitted: Kueue evicts whole Workloads, so the elastic job gets the
 `job-stopping` notice (cause `queue-evicted`) on every pod, its checkpoint window, and then
 stops whole (its driver ends with the launcher); it is requeued at its minimum and comes
 back beside the higher-priority job.
@@ -196,7 +196,7 @@ def test_kueue_elastic_job_grows_shrinks_gracefully_and_stops_whole_on_eviction(
         run.close()  # the kubelet's SIGTERM to the driver, with the launcher pod
         wait_for(eviction.gone, 60, "the elastic job's pods gone")
         eviction.check()
-        # Graceful until the stop: the stop itself is whole (v0.17.0 evicts Workloads whole).
+        # Graceful until the stop: the stop itself is whole (Kueue evicts Workloads whole).
         graceful(run, evicting)
         assert run.driver_events(ev.HOST_BLACKLISTED) == []
 
@@ -217,4 +217,101 @@ def test_kueue_elastic_job_grows_shrinks_gracefully_and_stops_whole_on_eviction(
             cluster.kubectl(
                 "delete", "mpijob", job.name, "-n", e2e_namespace, "--wait=false", check=False
             )
+        queues.delete()
+
+
+@pytest.fixture
+def namespace_without_slices(
+    cluster: Cluster, admission_policy: AdmissionPolicy, kueue_without_slices: Kueue
+) -> Iterator[str]:
+    name = create_namespace(cluster, admission_policy.namespace_labels)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def test_kueue_without_slices_elastic_job_runs_as_partially_admitted_and_stops_whole(
+    cluster: Cluster,
+    namespace_without_slices: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Kueue with ElasticJobsViaWorkloadSlices off, the controller without
+    --kueue-workload-slices: the elastic job is admitted once, by partial admission, at
+    what fits from its minimum up, keeps that size while quota frees, and is stopped whole
+    (notice first) when a higher-priority job needs its quota."""
+    ns = namespace_without_slices
+    controller = ControllerProcess(
+        cluster, (ns,), tmp_path_factory.mktemp("controller") / "controller.log"
+    )
+    controller.start()
+    queues = Queues(cluster, ns, gpus=QUOTA)
+    blocker, elastic, urgent = (Job(cluster, ns, n) for n in ("blocker", "elastic", "urgent"))
+    run = ElasticRun(
+        cluster,
+        ns,
+        elastic_job(elastic.name),
+        tmp_path_factory.mktemp("kueue-no-slices"),
+        driver_args=DRIVER_ARGS,
+    )
+    try:
+        # 1. 4 of the 6 GPUs held: admitted at 2 of the 6 asked (count 6, minCount 2).
+        blocker.create(gpu_job(blocker.name, 4))
+        wait_for(lambda: launcher_running(blocker), 60, "the fixed job running")
+        run.submit()
+        run.start_launcher()
+        run.wait_for_size(MINIMUM, timeout=120)
+        (workload,) = queues.workloads(elastic)
+        worker_set = next(p for p in workload["spec"]["podSets"] if p["name"] == "worker")
+        assert (worker_set["count"], worker_set.get("minCount")) == (MAXIMUM, MINIMUM)
+        assert kueue.ELASTIC_ANNOTATION not in workload["metadata"].get("annotations", {})
+        wait_for(lambda: queues.gpus_used() == QUOTA, 30, "6 GPUs reserved")
+
+        # 2. The fixed job ends: the quota frees, but an admitted Workload keeps its size.
+        cluster.kubectl(
+            "annotate", "pod", names.launcher_name(blocker.name), "-n", ns,
+            f"{EXIT_ANNOTATION}=0",
+        )  # fmt: skip
+        wait_for(lambda: queues.gpus_used() == MINIMUM, 60, "the fixed job's quota freed")
+        time.sleep(5)
+        assert len(run.discovered()) == MINIMUM, "no slices, no growth"
+        graceful(run, time.time())
+
+        # 3. A higher-priority job of 5: Kueue evicts the elastic job's Workload whole.
+        evicting = time.time()
+        urgent.create(gpu_job(urgent.name, 5, priority="high"))
+        wait_for(
+            lambda: (elastic.condition("QueueAdmitted") or {}).get("reason") == "Evicted",
+            30,
+            "the elastic job evicted",
+        )
+        eviction = Eviction(queues, elastic, CHECKPOINT)
+        launcher = names.launcher_name(elastic.name)
+
+        def launcher_deleted() -> bool:
+            eviction.gone()
+            pod = elastic.pods(names.ROLE_LAUNCHER).get(launcher)
+            return pod is None or bool(pod["metadata"].get("deletionTimestamp"))
+
+        wait_for(launcher_deleted, 60, "the launcher deleted after the window")
+        found = parse_notice(run.notice_file.read_text().strip())
+        assert found is not None
+        assert (found[0], found[2]) == ("job-stopping", "queue-evicted"), found
+        run.close()
+        wait_for(eviction.gone, 60, "the elastic job's pods gone")
+        eviction.check()
+        graceful(run, evicting)
+        assert run.driver_events(ev.HOST_BLACKLISTED) == []
+        # Requeued: 1 GPU is left beside the urgent job, less than its minimum of 2.
+        urgent.wait_hosts(5, timeout=60)
+        wait_for(
+            lambda: (elastic.condition("QueueAdmitted") or {}).get("reason") == "Pending",
+            60,
+            "the elastic job requeued",
+        )
+        assert elastic.pods() == {}
+        print(f"\nFIGURE without slices, from the Evicted condition seen: {eviction.figures()}")
+    finally:
+        run.close()
+        controller.stop()
+        for job in (blocker, elastic, urgent):
+            cluster.kubectl("delete", "mpijob", job.name, "-n", ns, "--wait=false", check=False)
         queues.delete()

@@ -27,15 +27,19 @@ import yaml
 from tests.cluster import HACK, Cluster
 from tests.controller import free_port, stop_process, wait_for
 
-# The visibility server (an aggregated API) is not needed; workload slices are what elastic
-# jobs grow by (docs/scheduling.md, "Kueue"; the controller's --kueue-workload-slices).
-FEATURE_GATES = "VisibilityOnDemand=false,ElasticJobsViaWorkloadSlices=true"
+
+def feature_gates(slices: bool) -> str:
+    """The visibility server (an aggregated API) is not needed; workload slices are what
+    elastic jobs grow by when on (docs/scheduling.md, "Kueue"; the controller's
+    --kueue-workload-slices), Kueue's default since v0.18."""
+    return f"VisibilityOnDemand=false,ElasticJobsViaWorkloadSlices={str(slices).lower()}"
 
 
 @dataclass
 class Kueue:
     proc: subprocess.Popen[bytes]
     log_path: Path
+    slices: bool
 
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -81,73 +85,107 @@ def _certificate(cert_dir: Path) -> None:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="session")
-def kueue(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kueue]:
-    binary = _build("binary")
-    crds = _build("crds")
-    cluster.kubectl("apply", "--server-side", "-f", crds)
+class KueueRunner:
+    """Kueue's CRDs, installed once per session, and its manager, run with workload slices
+    on or off: a test module asks for one (``kueue``, ``kueue_without_slices``), and the
+    manager is restarted only when the gate must change."""
 
-    def established(crd: str) -> bool:
-        # Right after the apply the CRD may have no status yet, which `kubectl wait` rejects.
-        return (
-            cluster.kubectl(
-                "wait", "--for=condition=Established", f"crd/{crd}.kueue.x-k8s.io",
-                "--timeout=10s", check=False,
-            ).returncode
-            == 0
-        )  # fmt: skip
+    def __init__(self, cluster: Cluster, home: Path) -> None:
+        self.cluster, self.home = cluster, home
+        self.binary = _build("binary")
+        self.crds = _build("crds")
+        self.running: Kueue | None = None
+        cluster.kubectl("apply", "--server-side", "-f", self.crds)
 
-    for crd in ("workloads", "clusterqueues", "localqueues", "resourceflavors"):
-        wait_for(functools.partial(established, crd), timeout=60, what=f"CRD {crd} established")
-    cluster.kubectl("create", "namespace", "kueue-system", check=False)
-    home = tmp_path_factory.mktemp("kueue")
-    _certificate(home / "certs")
-    config = home / "config.yaml"
-    config.write_text(yaml.safe_dump(configuration(home / "certs")))
-    # Outside pytest's temporary directories, which other sessions on the machine prune.
-    log_path = Path(tempfile.mkdtemp(prefix="kueue-log-")) / "kueue.log"
-    # Without its internal certificate management (which would wait for webhook
-    # configurations this setup does not register) Kueue reads its metrics certificate from
-    # a fixed path, /etc/kueue/metrics/certs: it gets one there in a mount namespace of its
-    # own, over an overlay of /etc, so the machine's /etc is not touched.
-    upper, work = home / "etc", home / "etc-work"
-    upper.mkdir()
-    work.mkdir()
-    certs = home / "certs"
-    script = (
-        f"mount -t overlay overlay -o lowerdir=/etc,upperdir={upper},workdir={work} /etc"
-        f" && mkdir -p /etc/kueue/metrics && cp -r {certs} /etc/kueue/metrics/certs"
-        f' && exec "$0" "$@"'
-    )
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-                script,
-                binary,
-                f"--config={config}",
-                f"--feature-gates={FEATURE_GATES}",
-            ],
-            env={"KUBECONFIG": cluster.kubeconfig, "PATH": "/usr/bin:/bin"},
-            stdout=log,
-            stderr=subprocess.STDOUT,
+        def established(crd: str) -> bool:
+            # Right after the apply the CRD may have no status yet, which `kubectl wait`
+            # rejects.
+            return (
+                cluster.kubectl(
+                    "wait", "--for=condition=Established", f"crd/{crd}.kueue.x-k8s.io",
+                    "--timeout=10s", check=False,
+                ).returncode
+                == 0
+            )  # fmt: skip
+
+        for crd in ("workloads", "clusterqueues", "localqueues", "resourceflavors"):
+            wait_for(functools.partial(established, crd), timeout=60, what=f"CRD {crd} established")
+        cluster.kubectl("create", "namespace", "kueue-system", check=False)
+        _certificate(home / "certs")
+        self.config = home / "config.yaml"
+        self.config.write_text(yaml.safe_dump(configuration(home / "certs")))
+
+    def ensure(self, slices: bool) -> Kueue:
+        if self.running is not None and self.running.slices == slices:
+            return self.running
+        self.stop()
+        self.running = self._start(slices)
+        return self.running
+
+    def _start(self, slices: bool) -> Kueue:
+        # Outside pytest's temporary directories, which other sessions on the machine prune.
+        log_path = Path(tempfile.mkdtemp(prefix="kueue-log-")) / "kueue.log"
+        # Without its internal certificate management (which would wait for webhook
+        # configurations this setup does not register) Kueue reads its metrics certificate
+        # from a fixed path, /etc/kueue/metrics/certs: it gets one there in a mount namespace
+        # of its own, over an overlay of /etc, so the machine's /etc is not touched.
+        overlay = Path(tempfile.mkdtemp(prefix="etc-", dir=self.home))
+        upper, work = overlay / "etc", overlay / "etc-work"
+        upper.mkdir()
+        work.mkdir()
+        certs = self.home / "certs"
+        script = (
+            f"mount -t overlay overlay -o lowerdir=/etc,upperdir={upper},workdir={work} /etc"
+            f" && mkdir -p /etc/kueue/metrics && cp -r {certs} /etc/kueue/metrics/certs"
+            f' && exec "$0" "$@"'
         )
-    running = Kueue(proc, log_path)
-    try:
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [
+                    "unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+                    self.binary, f"--config={self.config}",
+                    f"--feature-gates={feature_gates(slices)}",
+                ],
+                env={"KUBECONFIG": self.cluster.kubeconfig, "PATH": "/usr/bin:/bin"},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        running = Kueue(proc, log_path, slices)
         wait_for(
             lambda: "Starting workers" in running.logs() or proc.poll() is not None,
             timeout=120,
             what="Kueue's controllers to start",
         )
         assert proc.poll() is None, f"Kueue exited:\n{running.logs()[-5000:]}"
-        yield running
+        return running
+
+    def stop(self) -> None:
+        if self.running is None:
+            return
+        stop_process(self.running.proc)
+        print(f"--- Kueue log: {self.running.log_path} ---\n{self.running.logs()[-20000:]}")
+        self.running = None
+
+
+@pytest.fixture(scope="session")
+def kueue_runner(
+    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KueueRunner]:
+    runner = KueueRunner(cluster, tmp_path_factory.mktemp("kueue"))
+    try:
+        yield runner
     finally:
-        stop_process(proc)
-        print(f"--- Kueue log: {log_path} ---\n{running.logs()[-20000:]}")
+        runner.stop()
         # Other tests of the session share the cluster: leave it without Kueue's API.
-        cluster.kubectl("delete", "--wait=false", "-f", crds, check=False)
+        cluster.kubectl("delete", "--wait=false", "-f", runner.crds, check=False)
+
+
+@pytest.fixture(scope="module")
+def kueue(kueue_runner: KueueRunner) -> Kueue:
+    """Kueue with workload slices, its default since v0.18."""
+    return kueue_runner.ensure(slices=True)
+
+
+@pytest.fixture(scope="module")
+def kueue_without_slices(kueue_runner: KueueRunner) -> Kueue:
+    return kueue_runner.ensure(slices=False)

@@ -132,7 +132,12 @@ class Controller:
             None,
             Informer(watch_api, "/api/v1", "nodes", self.routes.on_node, transform=nodes.slim),
         )
-        self.kueue = KueueShell(self.kube, self.caches, settings.kueue_workload_slices)
+        self.kueue = KueueShell(
+            self.kube,
+            self.caches,
+            settings.kueue_workload_slices,
+            kueue.unlabelled_queue(settings),
+        )
         metrics.QUEUE.queue = self.kueue.queue
         metrics.QUEUE.pods = self._owned_pods
         self.writer = Writer(self.kube, self._cache, self._cached)
@@ -318,7 +323,7 @@ class Controller:
             preemptors=preemptions.preemptors(self.caches.pick(preemptions.KIND, ns), ns)
             if self.preemptions and reads_fleet(job)
             else None,
-            queue=self.kueue.queue(job) if kueue.queue_name(job) else None,
+            queue=self.kueue.queue(job),
         )
 
     def observe(self, job: Obj) -> Observed:
@@ -337,6 +342,9 @@ class Controller:
         namespace, name = key
         jobs = self.caches.pick(names.KIND, namespace)
         job = jobs.get(namespace, name) if jobs else None
+        await self.kueue.release_left_behind(
+            namespace, name, job["metadata"]["uid"] if job is not None else None
+        )
         if job is None or not manages(job, self.settings):
             self.writer.forget(key)
             self.probes.forget(key)
@@ -377,7 +385,7 @@ class Controller:
                 pods,
                 deleting=memory.deleting(pods, time.monotonic()),
                 conflicts=memory.taken(),
-                queue=self.kueue.queue(job) if kueue.queue_name(job) else None,
+                queue=self.kueue.queue(job),
             )
             failure = Failure(type(err).__name__, str(err))
             await self.writer.run(

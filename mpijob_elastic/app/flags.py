@@ -152,6 +152,9 @@ def settings(args: argparse.Namespace) -> Settings:
         growth_backoff_max_seconds=args.growth_backoff_max_seconds,
         reconcile_workers=getattr(args, "workers", DEFAULTS.reconcile_workers),
         kueue_workload_slices=getattr(args, "kueue_workload_slices", False),
+        kueue_manage_jobs_without_queue_name=getattr(
+            args, "kueue_manage_jobs_without_queue_name", False
+        ),
     )
 
 
@@ -217,6 +220,13 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Kueue runs with its ElasticJobsViaWorkloadSlices feature gate: elastic jobs "
         "labelled for a Kueue queue grow and shrink by workload slices (docs/scheduling.md)",
+    )
+    run.add_argument(
+        "--kueue-manage-jobs-without-queue-name",
+        action="store_true",
+        help="Kueue runs with manageJobsWithoutQueueName: a job without the "
+        "kueue.x-k8s.io/queue-name label waits in its namespace's LocalQueue 'default' "
+        "(docs/scheduling.md)",
     )
     run.add_argument(
         "--health-port",

@@ -12,8 +12,10 @@ from typing import Any
 
 from mpijob_elastic.app.preflight import REVIEWS_PATH, Permission, review
 from mpijob_elastic.app.watches import CHILD_SELECTOR, Caches
+from mpijob_elastic.core import names
 from mpijob_elastic.core.queueing import kueue
 from mpijob_elastic.core.queueing.kueue import WORKLOAD, Queue
+from mpijob_elastic.core.queueing.kueue_writes import released
 from mpijob_elastic.machinery.informer import Informer
 from mpijob_elastic.machinery.kube import ApiError, Kube
 from mpijob_elastic.machinery.kubeclient import ApiClient
@@ -37,11 +39,13 @@ PERMISSIONS = (
 
 
 class KueueShell:
-    def __init__(self, kube: Kube, caches: Caches, slices: bool) -> None:
-        """``slices``: Kueue runs with ElasticJobsViaWorkloadSlices (core/queueing/kueue.py)."""
+    def __init__(self, kube: Kube, caches: Caches, slices: bool, unlabelled: str | None) -> None:
+        """``slices``: Kueue runs with ElasticJobsViaWorkloadSlices; ``unlabelled``: the
+        LocalQueue of a job without the queue label (core/queueing/kueue.py)."""
         self.kube = kube
         self.caches = caches
         self.slices = slices
+        self.unlabelled = unlabelled
         self.installed = False
         # Kueue's API is served but this controller may not use it: why.
         self.denied = ""
@@ -105,10 +109,13 @@ class KueueShell:
         self.caches.add("ResourceFlavor", None, self._flavors)
         self.caches.add("WorkloadPriorityClass", None, self._priorities)
 
-    def queue(self, job: Mapping[str, Any]) -> Queue:
+    def queue(self, job: Mapping[str, Any]) -> Queue | None:
+        """The job's standing in Kueue's caches; None if the job is not Kueue's."""
+        if not kueue.local_queue(job, self.unlabelled):
+            return None
         meta = job["metadata"]
         if not self.installed:
-            return Queue(installed=False, denied=self.denied)
+            return Queue(installed=False, denied=self.denied, unlabelled=self.unlabelled)
         cache = self.caches.pick(WORKLOAD, meta["namespace"])
         workloads = [
             w
@@ -119,7 +126,40 @@ class KueueShell:
         priorities = {
             p["metadata"]["name"]: int(p.get("value", 0)) for p in self._list(self._priorities)
         }
-        return Queue(True, workloads, flavors, priorities, self.slices)
+        return Queue(True, workloads, flavors, priorities, self.slices, unlabelled=self.unlabelled)
+
+    async def release_left_behind(self, namespace: str, name: str, uid: str | None) -> None:
+        """Takes the finalizer off the deleted Workloads of a job of this name that is gone
+        (``uid``: the job there now, if any) once that job's last pod is gone: the turns of
+        the job itself (kueue_writes.released) cannot, as it has none. Its Workloads' and
+        pods' events name the job, so its key comes here."""
+        cache = self.caches.pick(WORKLOAD, namespace)
+        pods = self.caches.pick("Pod", namespace)
+        if not self.installed or cache is None or pods is None:
+            return
+        owners = {
+            str(ref.get("uid"))
+            for w in cache.list(namespace)
+            if (w["metadata"].get("labels") or {}).get(names.LABEL_JOB) == name
+            for ref in w["metadata"].get("ownerReferences") or ()
+            if ref.get("controller") and ref.get("kind") == names.KIND and ref.get("uid") != uid
+        }
+        for owner in sorted(owners):
+            for write in released(cache.by_owner(owner), pods.by_owner(owner)):
+                try:
+                    cache.upsert(await self.kube.replace(write.obj))
+                except ApiError as err:
+                    if err.status in (404, 409):
+                        continue  # gone already, or changed: its event comes back here
+                    log.warning(
+                        "cannot release a deleted job's Workload",
+                        extra={
+                            "job": f"{namespace}/{name}",
+                            "object": write.obj["metadata"]["name"],
+                            "error": str(err),
+                        },
+                    )
+                    raise
 
     async def _allowed(self, permission: Permission, namespace: str) -> bool:
         answer = await self.kube.discover(REVIEWS_PATH, review(permission, namespace))

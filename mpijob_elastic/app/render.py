@@ -14,6 +14,7 @@ from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Create, Replace
 from mpijob_elastic.core.inputs.observe import Listed, observe
 from mpijob_elastic.core.planning.plan import plan_writes
+from mpijob_elastic.core.queueing import kueue
 from mpijob_elastic.core.reports.spec_warnings import check, unsupported_version
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec.parse import InvalidSpec, parse
@@ -87,15 +88,16 @@ def run(path: Path, settings: Settings) -> int:
         if unsupported is not None:
             print(f"{path}: {names.KIND} {name}: {unsupported}", file=sys.stderr)
             return 1
+        queued = kueue.local_queue(job, kueue.unlabelled_queue(settings)) is not None
         try:
             spec = parse(job, settings.default_drain_seconds)
         except InvalidSpec as err:
-            for warning in check(job, None):
+            for warning in check(job, None, queued):
                 print(f"{names.KIND} {name}: warning: {warning}", file=sys.stderr)
             for error in err.errors:
                 print(f"{names.KIND} {name}: {error}", file=sys.stderr)
             return 1
-        for warning in check(job, spec):
+        for warning in check(job, spec, queued):
             print(f"{names.KIND} {name}: warning: {warning}", file=sys.stderr)
         out += render_children(job, settings)
     yaml.safe_dump_all(out, sys.stdout, sort_keys=False)

@@ -67,6 +67,10 @@ class Settings:
     # for a Kueue queue grow and shrink by workload slices (docs/scheduling.md, "Kueue").
     # It must match Kueue's gate: without the gate Kueue would count each slice on its own.
     kueue_workload_slices: bool = False
+    # Kueue runs with manageJobsWithoutQueueName: a job without the queue label is Kueue's
+    # too, queued in the namespace's LocalQueue "default" (Kueue's LocalQueueDefaulting);
+    # where there is none Kueue never admits it, and it waits (docs/scheduling.md).
+    kueue_manage_jobs_without_queue_name: bool = False
     # The controller's own (namespace, ServiceAccount), from the Deployment's downward API
     # env (cli.py): a job in that namespace whose pods would run as it gets InvalidSpec.
     # None: not known (run outside a cluster), nothing to protect.

@@ -36,7 +36,7 @@ from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Emit
 from mpijob_elastic.core.outputs import goodput
 from mpijob_elastic.core.outputs.status import QUEUE_ADMITTED
-from mpijob_elastic.core.queueing import figures
+from mpijob_elastic.core.queueing import figures, kueue
 from mpijob_elastic.core.queueing.kueue import Queue
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec.parse import InvalidSpec, parse
@@ -438,11 +438,12 @@ class _QueueDetails(Collector):
         meta = job["metadata"]
         ended = {"Succeeded", "Failed"} & _true(job.get("status")).keys()
         queue = None if ended or meta.get("deletionTimestamp") else self.queue(job)
-        queue = figures.kueues(job, queue)
+        queue = kueue.queued(job, queue)
         if queue is None:
             return None
         pods = self.pods(meta["namespace"], meta["uid"])
-        return [meta["namespace"], meta["name"]], figures.workers_above_admission(queue, pods)
+        above = figures.workers_above_admission(job, queue, pods)
+        return [meta["namespace"], meta["name"]], above
 
     def evicted(self, job: Mapping[str, Any]) -> None:
         """The job's status write says Kueue evicted its Workload: counted by its reason."""

@@ -599,3 +599,30 @@ def test_an_admitted_job_keeps_its_queue_label_until_suspended(
     cluster.raw("PATCH", path, {"spec": {"runPolicy": {"suspend": True}}})
     removed = relabel({"kueue.x-k8s.io/queue-name": None})
     assert removed.returncode == 0, removed.stderr
+
+
+def test_an_admitted_job_without_the_queue_label_is_not_given_one_while_it_runs(
+    cluster: Cluster, admission_namespace: str
+) -> None:
+    """Issue 32: a job without the label that Kueue admitted in the LocalQueue default
+    (--kueue-manage-jobs-without-queue-name) is not moved to another queue while it runs."""
+    ns = admission_namespace
+    cluster.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(mpijob("plain", 2)))
+    path = f"/apis/{names.API_VERSION}/namespaces/{ns}/{names.PLURAL}/plain"
+    admitted = {"type": "QueueAdmitted", "status": "True", "reason": "Admitted", "message": ""}
+    cluster.raw("PATCH", f"{path}/status", {"status": {"conditions": [admitted]}})
+    patch = json.dumps({"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "gpus"}}})
+    by = "ValidatingAdmissionPolicy 'mpijob-elastic-queue-label'"
+    deadline = time.monotonic() + POLICY_READY_TIMEOUT
+    while (
+        by
+        not in (
+            refused := cluster.kubectl(
+                "patch", "mpijob", "plain", "-n", ns, "--type=merge", "-p", patch, check=False
+            )
+        ).stderr
+    ):
+        assert refused.returncode != 0, "the label added: the policy is not enforced"
+        assert time.monotonic() < deadline, refused.stderr
+        time.sleep(0.5)
+    assert "stays unset (its LocalQueue: default) while the job runs" in refused.stderr

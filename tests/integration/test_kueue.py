@@ -17,7 +17,7 @@ from mpijob_elastic.core.lifecycle.notices import parse_notice
 from mpijob_elastic.core.queueing import kueue
 from mpijob_elastic.core.times import parse_time
 from tests import hostile
-from tests.cluster import Cluster
+from tests.cluster import ROOT, Cluster
 from tests.controller import StartController, wait_for
 from tests.integration.test_controller import Job
 from tests.integration.test_rbac_proof import RunAs, run_as  # noqa: F401 (a fixture)
@@ -672,3 +672,220 @@ def test_kueue_elastic_jobs_admitted_at_min_grow_and_give_way_gracefully(
         failed = job.condition("Failed")
         assert failed is None or failed["status"] != "True", failed
     print(f"kueue: grown 2->4 in {grown:.1f}s; regrown 2->4 in {regrown:.1f}s after quota freed")
+
+
+def gpus_requested(cluster: Cluster, namespace: str) -> int:
+    """The GPUs the namespace's pods request that Kueue must have charged: every pod not
+    ended, terminating ones included (they hold their devices until they are gone)."""
+    listed = cluster.raw("GET", f"/api/v1/namespaces/{namespace}/pods") or {}
+    return sum(
+        int(c.get("resources", {}).get("requests", {}).get(GPU, "0"))
+        for p in listed.get("items") or []
+        if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        for c in p["spec"]["containers"]
+    )
+
+
+def gpus_charged(cluster: Cluster, namespace: str) -> int:
+    """The GPUs Kueue reserved for the namespace's Workloads: what their admissions charge
+    (written with the admission, before any pod may run; the ClusterQueue's own count is
+    written a moment later, in no fixed order with the pods)."""
+    listed = cluster.raw("GET", f"{KUEUE}/namespaces/{namespace}/workloads") or {}
+    return sum(
+        int(a.get("resourceUsage", {}).get(GPU, "0"))
+        for w in listed.get("items") or []
+        if not any(
+            c["type"] == "Finished" and c["status"] == "True"
+            for c in (w.get("status") or {}).get("conditions") or []
+        )
+        for a in ((w.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
+    )
+
+
+class Charged:
+    """Samples of the namespace's pods against what Kueue charged: a sample where the pods
+    request more GPUs than the Workloads' admissions charged both just before and just
+    after (either order of a write and its count would pass) is a run beyond the
+    admission."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.cluster, self.ns = cluster, namespace
+        self.beyond: list[tuple[int, int]] = []
+        self.samples = 0
+
+    def sample(self) -> None:
+        before = gpus_charged(self.cluster, self.ns)
+        requested = gpus_requested(self.cluster, self.ns)
+        counted = max(before, gpus_charged(self.cluster, self.ns))
+        self.samples += 1
+        if requested > counted:
+            self.beyond.append((requested, counted))
+
+    def during(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.sample()
+            time.sleep(0.2)
+
+    def until(self, done: Any, timeout: float, what: str) -> None:
+        def sampled() -> Any:
+            self.sample()
+            return done()
+
+        wait_for(sampled, timeout, what)
+
+
+@pytest.mark.usefixtures("kueue")
+def test_kueue_a_deleted_job_keeps_its_quota_until_its_last_pod_is_gone(
+    cluster: Cluster, namespace: str, queues: Queues, start_controller: StartController
+) -> None:
+    """Issue 32: deleting a job freed its quota at once (the garbage collector deleted its
+    Workload) while its pods still ran out their grace period."""
+    start_controller(namespace)
+    job = running_admitted(cluster, namespace, queues, "deleted")
+    uid = job.get()["metadata"]["uid"]
+    (workload,) = queues.workloads(job)
+    assert kueue.FINALIZER in workload["metadata"]["finalizers"]
+    name = workload["metadata"]["name"]
+    # KWOK removes a deleted pod at once: a finalizer stands in for a long grace period.
+    held = {**job.pods(), **job.pods(names.ROLE_LAUNCHER)}
+    for pod in held:
+        path = f"/api/v1/namespaces/{namespace}/pods/{pod}"
+        cluster.raw("PATCH", path, {"metadata": {"finalizers": ["example.com/hold"]}})
+    wait_for(lambda: queues.gpus_used() == 2, 30, "2 GPUs reserved")
+    charged = Charged(cluster, namespace)
+    cluster.kubectl("delete", names.PLURAL, job.name, "-n", namespace, "--wait=false")
+    wl_path = f"{KUEUE}/namespaces/{namespace}/workloads/{name}"
+
+    def pods_deleting() -> bool:
+        pods = cluster.raw("GET", f"/api/v1/namespaces/{namespace}/pods") or {}
+        return all(p["metadata"].get("deletionTimestamp") for p in pods.get("items") or [])
+
+    charged.until(pods_deleting, 60, "the garbage collector deleting the job's pods")
+    # The pods terminate: the Workload stays, deleted, and Kueue counts their GPUs.
+    charged.during(5)
+    assert charged.beyond == [], charged.beyond
+    assert queues.gpus_used() == 2
+    assert (cluster.raw("GET", wl_path) or {}).get("metadata", {}).get("deletionTimestamp")
+    for pod in held:
+        path = f"/api/v1/namespaces/{namespace}/pods/{pod}"
+        cluster.raw("PATCH", path, {"metadata": {"finalizers": None}})
+    charged.until(lambda: cluster.raw("GET", wl_path) is None, 60, "the Workload gone")
+    wait_for(lambda: queues.gpus_used() == 0, 30, "the quota given back")
+    assert charged.beyond == [], charged.beyond
+    print(f"FIGURE deleted job: {charged.samples} samples, none beyond the charge (uid {uid})")
+
+
+@pytest.mark.usefixtures("kueue")
+def test_kueue_a_workload_the_controller_did_not_write_admits_no_more_than_it_charges(
+    cluster: Cluster, namespace: str, queues: Queues, start_controller: StartController
+) -> None:
+    """Issue 32: a tenant allowed to create Workloads wrote one owned by its job, for 6
+    workers charging no GPU; Kueue admitted it, the controller took it as the job's
+    admission, and the job then ran 6 workers of one GPU each on a charge of 2."""
+    start_controller(namespace)
+    job = running_admitted(cluster, namespace, queues, "forged")
+    (ours,) = queues.workloads(job)
+    forged = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {
+            "name": "forged",
+            "namespace": namespace,
+            "labels": dict(ours["metadata"]["labels"]),
+            "annotations": {kueue.SLICE_ANNOTATION: "9"},
+            "ownerReferences": ours["metadata"]["ownerReferences"],
+        },
+        "spec": {
+            "queueName": "gpus",
+            "podSets": [
+                {"name": p["name"], "count": 6 if p["name"] == "worker" else 1, "template": {
+                    "spec": {"containers": [{"name": "main", "image": "busybox",
+                                             "resources": {"requests": {"cpu": "1"}}}]}}}
+                for p in ours["spec"]["podSets"]
+            ],
+        },
+    }  # fmt: skip
+    cluster.raw("POST", f"{KUEUE}/namespaces/{namespace}/workloads", forged)
+    charged = Charged(cluster, namespace)
+    wl_path = f"{KUEUE}/namespaces/{namespace}/workloads/forged"
+    charged.until(
+        lambda: admitted(cluster.raw("GET", wl_path) or {"status": {}}), 30, "forged admitted"
+    )
+    job.set_workers(6)
+    # The job stops and is queued again under a Workload of its own, for 6 GPUs: it never
+    # runs on the forged one's charge.
+    charged.until(
+        lambda: (
+            reason(job, "QueueAdmitted") == "Admitted"
+            and len(live_workers(job)) == 6
+            and cluster.raw("GET", wl_path) is None
+        ),
+        90,
+        "the job running 6 workers under its own Workload",
+    )
+    charged.during(3)
+    assert charged.beyond == [], charged.beyond
+    (own,) = queues.workloads(job)
+    assert own["metadata"]["uid"] != ours["metadata"]["uid"]
+    assert workers_of(own) == 6
+    assert queues.gpus_used() == 6
+    print(f"FIGURE forged Workload: {charged.samples} samples, none beyond the charge")
+
+
+@pytest.mark.usefixtures("kueue")
+def test_kueue_an_opportunistic_queued_job_runs_only_what_kueue_admitted(
+    cluster: Cluster, namespace: str, queues: Queues, start_controller: StartController
+) -> None:
+    """Issue 32: opportunistic growth added workers above the admission, at the job's
+    PriorityClass, that the ClusterQueue never saw."""
+    cluster.kubectl("apply", "-f", str(ROOT / "config" / "default" / "priority_class.yaml"))
+    start_controller(namespace)
+    job = Job(cluster, namespace, "grower")
+    manifest = gpu_job(job.name, 2, min_replicas="1", max_replicas="6")
+    manifest["metadata"]["annotations"][names.ANN_OPPORTUNISTIC] = "true"
+    job.create(manifest)
+    charged = Charged(cluster, namespace)
+    charged.until(lambda: len(live_workers(job)) == 2, 60, "the job at its 2 admitted workers")
+    wait_for(lambda: reason(job, "SpecWarnings") != "", 30, "SpecWarnings")
+    assert "ignored for a job queued in Kueue" in (job.condition("SpecWarnings") or {}).get(
+        "message", ""
+    )
+    # 4 of the ClusterQueue's GPUs stay idle: growth would take them within seconds.
+    charged.during(10)
+    assert charged.beyond == [], charged.beyond
+    assert len(live_workers(job)) == 2
+    assert queues.gpus_used() == 2
+
+
+@pytest.mark.usefixtures("kueue")
+def test_kueue_a_job_without_the_queue_label_waits_in_the_default_local_queue(
+    cluster: Cluster, namespace: str, queues: Queues, start_controller: StartController
+) -> None:
+    """Issue 32: with Kueue's manageJobsWithoutQueueName, a job without the queue label ran
+    uncharged: Kueue leaves an external framework's jobs to their controller."""
+    start_controller(namespace, args=("--kueue-manage-jobs-without-queue-name",))
+    job = Job(cluster, namespace, "unlabelled")
+    manifest = gpu_job(job.name, 2)
+    manifest["metadata"]["labels"].pop(kueue.QUEUE_LABEL)
+    job.create(manifest)
+    charged = Charged(cluster, namespace)
+    # No LocalQueue "default" yet: Kueue admits nothing, and the job waits.
+    charged.until(lambda: queues.workloads(job), 30, "the job's Workload")
+    (workload,) = queues.workloads(job)
+    assert workload["spec"]["queueName"] == kueue.DEFAULT_LOCAL_QUEUE
+    charged.during(5)
+    assert job.pods() == {}
+    assert job.pods(names.ROLE_LAUNCHER) == {}
+    assert reason(job, "QueueAdmitted") == "Pending"
+    cluster.apply(
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": kueue.DEFAULT_LOCAL_QUEUE, "namespace": namespace},
+            "spec": {"clusterQueue": queues.name},
+        }
+    )
+    charged.until(lambda: len(live_workers(job)) == 2, 60, "the job admitted and running")
+    wait_for(lambda: queues.gpus_used() == 2, 30, "2 GPUs reserved")
+    assert charged.beyond == [], charged.beyond

@@ -25,7 +25,7 @@ from mpijob_elastic.core.actions import (
 from mpijob_elastic.core.inputs.observe import Observed
 from mpijob_elastic.core.planning.desired import desired
 from mpijob_elastic.core.planning.plan import plan_writes
-from mpijob_elastic.core.queueing import charges, kueue
+from mpijob_elastic.core.queueing import charges, kueue, kueue_writes
 from mpijob_elastic.core.queueing.kueue import Queue, Standing
 from mpijob_elastic.core.queueing.kueue_writes import workload_writes
 from mpijob_elastic.core.settings import Settings
@@ -543,4 +543,71 @@ def test_a_requeued_job_leaves_no_workload_behind_that_would_keep_a_new_one_from
     writes = workload_writes(gpus(j, 2), queue, (), NOW)
     assert sorted(w.name for w in writes if isinstance(w, DeleteObject)) == sorted(
         w["metadata"]["name"] for w in (replaced, admitted)
+    )
+
+
+def deleted(w: dict[str, Any]) -> dict[str, Any]:
+    w["metadata"]["deletionTimestamp"] = NOW
+    return w
+
+
+def test_a_workload_carries_kueues_finalizer_as_its_own_integrations_write_it() -> None:
+    w = kueue.render_workload(job(), Queue(True), 2)
+    assert w["metadata"]["finalizers"] == [kueue.FINALIZER]
+
+
+def test_a_deleted_workload_keeps_its_quota_until_the_jobs_last_pod_is_gone() -> None:
+    j = job(2, low=None)
+    held = deleted(workload(j, 2, admitted=2))
+    running = [launcher_pod(), *worker_pods(2, "Running")]
+    assert kueue_writes.released([held], running) == []
+    # Terminating pods hold their devices too; ended ones hold nothing.
+    ended = [launcher_pod("Succeeded"), *worker_pods(2, "Failed")]
+    for pods in ([], ended):
+        (write,) = kueue_writes.released([held], pods)
+        assert write.obj["metadata"]["finalizers"] == []
+        assert write.obj["metadata"]["resourceVersion"] == "7"
+    # One that holds no quota goes at once; one not deleted, or without the finalizer,
+    # is not touched.
+    (write,) = kueue_writes.released([deleted(workload(j, 2))], running)
+    assert write.obj["metadata"]["name"] == kueue.workload_name(j)
+    assert kueue_writes.released([workload(j, 2, admitted=2)], []) == []
+    foreign = deleted(workload(j, 2, admitted=2))
+    foreign["metadata"]["finalizers"] = ["example.com/other"]
+    assert kueue_writes.released([foreign], []) == []
+
+
+def test_a_job_whose_workload_is_deleted_stops_and_is_queued_again_once_it_is_gone() -> None:
+    j = job(2, low=None)
+    queue = Queue(True, [deleted(workload(j, 2, admitted=2))], FLAVOR)
+    # It counts for nothing: the job is held, told why, and no new Workload takes the name.
+    assert kueue.gate(j, queue)["spec"]["runPolicy"]["suspend"] is True
+    standing = kueue.standing(j, queue)
+    assert (standing.admitted, standing.reason) == (False, "Pending")
+    assert "is being deleted: it holds its quota" in standing.message
+    assert workload_writes(j, queue, worker_pods(2, "Running"), NOW) == []
+    (write,) = workload_writes(j, queue, [], NOW)
+    assert verb(write) == "replace"
+    assert obj(write)["metadata"]["finalizers"] == []
+    (write,) = workload_writes(j, Queue(True, [], FLAVOR), [], NOW)
+    assert verb(write) == "create"
+
+
+def test_a_job_without_the_queue_label_is_kueues_only_with_manage_jobs_without_queue_name() -> None:
+    plain = job(2, low=None)
+    plain["metadata"]["labels"] = {}
+    assert kueue.unlabelled_queue(SETTINGS) is None
+    managing = dataclasses.replace(SETTINGS, kueue_manage_jobs_without_queue_name=True)
+    default = kueue.unlabelled_queue(managing)
+    assert default == kueue.DEFAULT_LOCAL_QUEUE
+    assert kueue.queued(plain, Queue(True)) is None
+    queue = Queue(True, unlabelled=default)
+    assert kueue.queued(plain, queue) is queue
+    (write,) = workload_writes(plain, queue, (), NOW)
+    assert obj(write)["spec"]["queueName"] == "default"
+    # The label still names the queue where there is one.
+    assert kueue.render_workload(job(), queue, 2)["spec"]["queueName"] == "q"
+    assert (
+        "without --kueue-manage-jobs-without-queue-name"
+        in kueue.standing(plain, Queue(installed=False, unlabelled=default)).message
     )

@@ -5,7 +5,6 @@ status Kueue gives them."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -223,9 +222,9 @@ def test_the_eviction_is_counted_once_by_its_workloads_reason() -> None:
 def test_workers_within_the_admission_are_not_above_it() -> None:
     job = queued_job()
     queue = Queue(True, [workload(job, admitted=3)])
-    assert figures.workers_above_admission(queue, workers(3)) == 0
-    assert figures.workers_above_admission(queue, workers(2)) == 0
-    assert figures.workers_above_admission(queue, workers(5)) == 2
+    assert figures.workers_above_admission(job, queue, workers(3)) == 0
+    assert figures.workers_above_admission(job, queue, workers(2)) == 0
+    assert figures.workers_above_admission(job, queue, workers(5)) == 2
 
 
 def test_only_live_workers_count() -> None:
@@ -240,29 +239,28 @@ def test_only_live_workers_count() -> None:
         pod("job-worker-4", phase="Pending"),  # it holds its requests: it counts
     ]
     assert figures.live_workers(pods) == 2
-    assert figures.workers_above_admission(queue, pods) == 1
+    assert figures.workers_above_admission(job, queue, pods) == 1
 
 
 def test_without_a_workload_admitted_every_live_worker_is_above() -> None:
     job = queued_job()
     waiting = Queue(True, [workload(job)])
-    assert figures.workers_above_admission(waiting, workers(2)) == 2
-    assert figures.workers_above_admission(Queue(True, []), workers(2)) == 2
-    assert figures.workers_above_admission(Queue(installed=False), workers(2)) == 2
-    assert figures.workers_above_admission(None, workers(2)) == 2
+    assert figures.workers_above_admission(job, waiting, workers(2)) == 2
+    assert figures.workers_above_admission(job, Queue(True, []), workers(2)) == 2
+    assert figures.workers_above_admission(job, Queue(installed=False), workers(2)) == 2
     finished = workload(job, admitted=4, conditions=[condition("Finished", reason="Succeeded")])
-    assert figures.workers_above_admission(Queue(True, [finished]), workers(2)) == 2
-    assert figures.workers_above_admission(waiting, []) == 0
+    assert figures.workers_above_admission(job, Queue(True, [finished]), workers(2)) == 2
+    assert figures.workers_above_admission(job, waiting, []) == 0
 
 
 def test_an_eviction_holds_the_admission_until_its_quota_is_given_back() -> None:
     job = queued_job()
     evicted = workload(job, admitted=3, conditions=[condition("Evicted", reason="Preempted")])
     # Still reserved: the job runs on, as admitted, to the end of its checkpoint window.
-    assert figures.workers_above_admission(Queue(True, [evicted]), workers(3)) == 0
+    assert figures.workers_above_admission(job, Queue(True, [evicted]), workers(3)) == 0
     # The admission cleared (kueue_writes, once the pods are gone): none is admitted.
     del evicted["status"]["admission"]
-    assert figures.workers_above_admission(Queue(True, [evicted]), workers(3)) == 3
+    assert figures.workers_above_admission(job, Queue(True, [evicted]), workers(3)) == 3
 
 
 def test_a_workload_shrunk_in_place_admits_its_own_count() -> None:
@@ -271,14 +269,15 @@ def test_a_workload_shrunk_in_place_admits_its_own_count() -> None:
     for pod_set in shrunk["spec"]["podSets"]:
         if pod_set["name"] == kueue.WORKER:
             pod_set["count"] = 2
-    assert figures.workers_above_admission(Queue(True, [shrunk]), workers(3)) == 1
+    assert figures.workers_above_admission(job, Queue(True, [shrunk]), workers(3)) == 1
 
 
 @pytest.mark.parametrize("count", ["4", "four", -1, 2**40, None, True, "1" * 5000])
 def test_a_count_kueue_did_not_write_is_read_as_a_number_or_none(count: Any) -> None:
-    w = workload(queued_job(), admitted=4)
+    job = queued_job()
+    w = workload(job, admitted=4)
     w["status"]["admission"]["podSetAssignments"][1]["count"] = count
-    found = figures.workers_above_admission(Queue(True, [w]), workers(5))
+    found = figures.workers_above_admission(job, Queue(True, [w]), workers(5))
     assert found in (1, 5)  # 4 admitted, or the Workload's own count of 4, or none
 
 
@@ -320,13 +319,11 @@ def test_the_gauge_is_per_job_kueue_holds_that_is_neither_finished_nor_deleted()
 def test_a_job_that_names_no_queue_is_kueues_only_where_kueue_gives_it_one() -> None:
     labelled, plain = queued_job("labelled"), make_job(2, name="plain")
     queue = Queue(True, [])
-    assert figures.kueues(labelled, queue) is queue
-    assert figures.kueues(labelled, None) is None
-    assert figures.kueues(plain, queue) is None
-    if "unlabelled" in {f.name for f in dataclasses.fields(Queue)}:
-        given: dict[str, Any] = {"unlabelled": "default"}
-        defaulted = dataclasses.replace(queue, **given)
-        assert figures.kueues(plain, defaulted) is defaulted
+    defaulted = Queue(True, [], unlabelled=kueue.DEFAULT_LOCAL_QUEUE)
+    assert kueue.queued(labelled, queue) is queue
+    assert kueue.queued(labelled, None) is None
+    assert kueue.queued(plain, queue) is None
+    assert kueue.queued(plain, defaulted) is defaulted
     values = scraped([labelled, plain], {"labelled-uid": queue, "plain-uid": queue}, {})
     assert set(values) == {(labelled["metadata"]["namespace"], "labelled")}
 

@@ -18,7 +18,7 @@ from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Refusal
 from mpijob_elastic.core.inputs.growth_state import Share
 from mpijob_elastic.core.inputs.ranks import RankSnapshot
-from mpijob_elastic.core.queueing.kueue import Queue, queue_name
+from mpijob_elastic.core.queueing.kueue import Queue, queued
 from mpijob_elastic.core.spec.parse import launcher_service_account
 
 Obj = dict[str, Any]
@@ -86,7 +86,7 @@ class Observed:
 class Gathered:
     """What a turn reads besides the caches of the job's children, as the shell keeps it:
     the fields of ``Observed`` of the same names. ``observe`` takes from it only what
-    applies to the job (``reads_fleet``, ``queue_name``), so a caller may pass all of it."""
+    applies to the job (``reads_fleet``, ``queued``), so a caller may pass all of it."""
 
     ranks: RankSnapshot | None = None
     ranks_read: RankSnapshot | None = None
@@ -189,7 +189,7 @@ def observe(
         capacity_changed=gathered.capacity_changed if opportunistic else None,
         gone=gathered.gone if opportunistic else (),
         preemptors=gathered.preemptors if opportunistic else None,
-        queue=gathered.queue if queue_name(job) else None,
+        queue=queued(job, gathered.queue),
     )
 
 

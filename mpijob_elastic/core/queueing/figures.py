@@ -21,8 +21,6 @@ from mpijob_elastic.core.queueing.kueue import (
     Queue,
     admitted_workers,
     current,
-    is_true,
-    reserved,
 )
 from mpijob_elastic.core.times import parse_time
 
@@ -112,26 +110,6 @@ def evicted_reason(queue: Queue | None) -> str:
     return eviction_reason(current(queue))
 
 
-def admitted_limit(queue: Queue | None) -> int:
-    """The workers Kueue lets the job run now: what its Workload in force admitted, while
-    it is admitted (or evicted and still holding its quota, until the job stops: the same
-    rule as ``kueue.gate``); else none."""
-    workload = current(queue) if queue is not None and queue.installed else None
-    if workload is None:
-        return 0
-    evicted = is_true(workload, "Evicted")
-    holds = (is_true(workload, "Admitted") and not evicted) or (evicted and reserved(workload))
-    return (admitted_workers(workload) or 0) if holds else 0
-
-
-def kueues(job: Mapping[str, Any], queue: Queue | None) -> Queue | None:
-    """``queue`` if the job is Kueue's: it names a LocalQueue, or Kueue gives the jobs that
-    name none a default one (``Queue.unlabelled``, where the Queue has it); else None."""
-    if queue is None:
-        return None
-    return queue if kueue.queue_name(job) or getattr(queue, "unlabelled", None) else None
-
-
 def live_workers(pods: Iterable[Mapping[str, Any]]) -> int:
     """The job's worker pods that hold their resources: not terminating, not finished."""
     return sum(
@@ -143,7 +121,11 @@ def live_workers(pods: Iterable[Mapping[str, Any]]) -> int:
     )
 
 
-def workers_above_admission(queue: Queue | None, pods: Iterable[Mapping[str, Any]]) -> int:
-    """How many of the job's live workers run beyond what Kueue admitted: all of them when
-    no Workload of the job is admitted. Must stay 0."""
-    return max(0, live_workers(pods) - admitted_limit(queue))
+def workers_above_admission(
+    job: Mapping[str, Any], queue: Queue, pods: Iterable[Mapping[str, Any]]
+) -> int:
+    """How many of the job's live workers run beyond what Kueue admitted (the rule of
+    ``kueue.gate``): all of them when the job may run nothing. Must stay 0."""
+    workload = kueue.running_under(job, queue)
+    admitted = (admitted_workers(workload) or 0) if workload is not None else 0
+    return max(0, live_workers(pods) - admitted)

@@ -25,6 +25,7 @@ from typing import Any
 from mpijob_elastic.core import names, numbers
 from mpijob_elastic.core.actions import Refusal
 from mpijob_elastic.core.queueing import charges
+from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.times import parse_time
 
 Obj = dict[str, Any]
@@ -44,6 +45,12 @@ REPLACEMENT_ANNOTATION = "kueue.x-k8s.io/workload-slice-replacement-for"
 # Which of the job's Workloads this is, 0 for the first: names them, orders them
 # (creationTimestamp has whole seconds).
 SLICE_ANNOTATION = names.ANN_WORKLOAD_SLICE
+# Kueue's own finalizer, which its jobframework puts on every Workload it creates: here it
+# keeps a deleted Workload, and the quota Kueue counts for it, until the job's last pod is
+# gone (kueue_writes.released).
+FINALIZER = "kueue.x-k8s.io/resource-in-use"
+# The LocalQueue Kueue's LocalQueueDefaulting gives a job without the queue label.
+DEFAULT_LOCAL_QUEUE = "default"
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,9 @@ class Queue:
     slices: bool = False
     # Kueue's API is served but this controller may not use it: why (the grants missing).
     denied: str = ""
+    # The LocalQueue of a job without the queue label, when Kueue manages such jobs
+    # (--kueue-manage-jobs-without-queue-name); None: such a job is not Kueue's.
+    unlabelled: str | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,26 @@ def queue_name(job: Mapping[str, Any]) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
+def unlabelled_queue(settings: Settings) -> str | None:
+    """The LocalQueue of a job without the queue label (Queue.unlabelled)."""
+    return DEFAULT_LOCAL_QUEUE if settings.kueue_manage_jobs_without_queue_name else None
+
+
+def local_queue(job: Mapping[str, Any], unlabelled: str | None) -> str | None:
+    """The LocalQueue the job waits in: its label's, else ``unlabelled`` (Queue's); None:
+    the job is not Kueue's."""
+    return queue_name(job) or unlabelled
+
+
+def queued(job: Mapping[str, Any], queue: Queue | None) -> Queue | None:
+    """``queue`` if the job is Kueue's, else None: what the rest of the core reads."""
+    return queue if queue is not None and local_queue(job, queue.unlabelled) else None
+
+
+def deleting(obj: Mapping[str, Any]) -> bool:
+    return bool(_map(obj.get("metadata")).get("deletionTimestamp"))
+
+
 def workload_name(job: Mapping[str, Any], index: int = 0) -> str:
     meta = job["metadata"]
     base = f"mpijob-{meta['name'][:200]}-{str(meta['uid'])[:5]}"
@@ -116,8 +146,12 @@ def is_true(obj: Mapping[str, Any], type_: str) -> bool:
 
 
 def _unfinished(queue: Queue) -> list[Mapping[str, Any]]:
+    """Newest first. A Workload being deleted counts for nothing here: it only holds the
+    quota until the job's pods are gone (kueue_writes.released)."""
     return sorted(
-        (w for w in queue.workloads if not is_true(w, "Finished")), key=slice_index, reverse=True
+        (w for w in queue.workloads if not is_true(w, "Finished") and not deleting(w)),
+        key=slice_index,
+        reverse=True,
     )
 
 
@@ -276,7 +310,7 @@ def render_workload(
         annotations[ELASTIC_ANNOTATION] = "true"
     if replaces:
         annotations[REPLACEMENT_ANNOTATION] = replaces
-    spec: Obj = {"queueName": queue_name(job), "podSets": pod_sets}
+    spec: Obj = {"queueName": local_queue(job, queue.unlabelled), "podSets": pod_sets}
     priority = _map(meta.get("labels")).get(PRIORITY_LABEL)
     if isinstance(priority, str) and priority in queue.priorities:
         spec["priorityClassRef"] = {
@@ -292,6 +326,7 @@ def render_workload(
             "name": workload_name(job, index),
             "namespace": meta["namespace"],
             "annotations": annotations,
+            "finalizers": [FINALIZER],
             "labels": {
                 names.LABEL_GROUP: names.GROUP,
                 names.LABEL_JOB: meta["name"],
@@ -342,15 +377,20 @@ def standing(job: Mapping[str, Any], queue: Queue, refused: Refusal | None = Non
     if queue.denied:
         return Standing(False, "KueueNotPermitted", f"Kueue's API is served, but {queue.denied}")
     if not queue.installed:
+        undo = (
+            f"remove the {QUEUE_LABEL} label"
+            if queue_name(job)
+            else "run the controller without --kueue-manage-jobs-without-queue-name"
+        )
         return Standing(
             False,
             "KueueNotInstalled",
-            f"the job names Kueue queue {queue_name(job)!r} but Kueue's API "
-            f"({API_VERSION}) is not served: install Kueue or remove the {QUEUE_LABEL} label",
+            f"the job waits in Kueue LocalQueue {local_queue(job, queue.unlabelled)!r} but "
+            f"Kueue's API ({API_VERSION}) is not served: install Kueue or {undo}",
         )
     workload = current(queue)
     if workload is None:
-        return Standing(False, "Pending", "the job's Workload is being created")
+        return _unwritten(queue)
     wl = workload["metadata"]["name"]
     holding = reserved(workload) or is_true(workload, "Admitted")
     beyond = overcharged(job, workload) if holding else ""
@@ -371,7 +411,21 @@ def standing(job: Mapping[str, Any], queue: Queue, refused: Refusal | None = Non
         return Standing(
             True, "Admitted", f"Workload {wl} admitted by ClusterQueue {cq} with {count} workers"
         )
-    return Standing(False, "Pending", f"Workload {wl} waits in LocalQueue {queue_name(job)}")
+    waits = f"Workload {wl} waits in LocalQueue {local_queue(job, queue.unlabelled)}"
+    return Standing(False, "Pending", waits)
+
+
+def _unwritten(queue: Queue) -> Standing:
+    """The job has no Workload in force."""
+    going = sorted(w["metadata"]["name"] for w in queue.workloads if deleting(w))
+    if going:
+        return Standing(
+            False,
+            "Pending",
+            f"Workload {', '.join(going)} is being deleted: it holds its quota until the "
+            "job's last pod is gone, then the job is queued again",
+        )
+    return Standing(False, "Pending", "the job's Workload is being created")
 
 
 def _evicted_at(workload: Mapping[str, Any]) -> datetime | None:
@@ -384,31 +438,35 @@ def _evicted_at(workload: Mapping[str, Any]) -> datetime | None:
     return since + timedelta(seconds=1) if since else datetime.min.replace(tzinfo=UTC)
 
 
+def running_under(job: Mapping[str, Any], queue: Queue) -> Mapping[str, Any] | None:
+    """The Workload the job may run under now: the one in force, admitted (or evicted but
+    still holding its quota: the job runs on, as admitted, until run_policy.py stops it at
+    the end of its checkpoint window), and charging at least what its pods would request
+    (never more than Kueue admitted, in the eviction's window too; docs/scheduling.md).
+    None: the job may run nothing."""
+    workload = current(queue) if queue.installed else None
+    if workload is None or overcharged(job, workload):
+        return None
+    evicted = is_true(workload, "Evicted")
+    if (is_true(workload, "Admitted") and not evicted) or (evicted and reserved(workload)):
+        return workload
+    return None
+
+
 def gate(job: Obj, queue: Queue) -> Obj:
     """The job as the rest of the core sees it: suspended unless admitted (or evicted with
     its quota still held), at the admitted worker count and on the admitted flavors' nodes
     once admitted. A finished job is left as it is."""
     if finished(job):
         return job
-    workload = current(queue) if queue.installed else None
-    # Evicted but still holding the quota: the job runs on, as admitted, until run_policy.py
-    # stops it at the end of its checkpoint window; then the admission is cleared.
-    admitted = (
-        workload is not None
-        and (
-            (is_true(workload, "Admitted") and not is_true(workload, "Evicted"))
-            or (is_true(workload, "Evicted") and reserved(workload))
-        )
-        # Never more than Kueue admitted, in the eviction's window too (docs/scheduling.md).
-        and not overcharged(job, workload)
-    )
+    workload = running_under(job, queue)
     gated = copy.deepcopy(dict(job))
     spec = gated.setdefault("spec", {})
     run_policy = spec.setdefault("runPolicy", {}) if isinstance(spec, dict) else None
     if not isinstance(run_policy, dict):
         # Invalid: parse.py freezes the job, which creates nothing.
         return job
-    if not admitted or workload is None:
+    if workload is None:
         run_policy["suspend"] = True
         return gated
     assigned = _assignments(workload)

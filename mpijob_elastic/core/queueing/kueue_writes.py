@@ -7,6 +7,11 @@ once Kueue evicted one, clears its admission only when the job's last pod is gon
 Kueue counts the quota in use until then. With workload slices an elastic job also grows,
 one worker at a time, by a new slice that replaces the one in force once Kueue admits it,
 and shrinks its Workload in place once the workers it gives back are gone.
+
+Each Workload carries Kueue's own finalizer, as Kueue's jobframework writes it. A Workload
+deleted (with the job, by the garbage collector; or by this controller, or a person)
+keeps its quota counted by Kueue until the job's last pod is gone; only then is the
+finalizer taken off (``released``), for a job already gone too (app/kueue.py).
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ from mpijob_elastic.core.actions import Action, Create, DeleteObject, PatchStatu
 from mpijob_elastic.core.queueing.charges import pod_charge
 from mpijob_elastic.core.queueing.kueue import (
     API_VERSION,
+    FINALIZER,
     WORKER,
     WORKLOAD,
     Queue,
     admitted_workers,
     condition,
     current,
+    deleting,
     elastic,
     finished,
     is_true,
@@ -50,14 +57,27 @@ def workload_writes(
     written. The writes are of distinct Workloads: none relies on another."""
     if not queue.installed:
         return []
+    releases = released(queue.workloads, pods)
     workload = current(queue)
     done = finished(job)
     if workload is None:
-        # A finished job's Workloads were finished with it; none is made again.
+        # A finished job's Workloads were finished with it; none is made again. One being
+        # deleted still holds its name and quota: the next is made once it is gone.
         if done or queue.workloads:
-            return []
+            return list(releases)
         first = min_replicas(job) if elastic(job, queue) else None
         return [Create(render_workload(job, queue, first or replicas(job)))]
+    return [*releases, *_live(job, queue, workload, pods, now, done)]
+
+
+def _live(
+    job: Mapping[str, Any],
+    queue: Queue,
+    workload: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    now: str,
+    done: str | None,
+) -> list[Action]:
     if done:
         message = f"the MPIJob {done.lower()}"
         return [
@@ -72,6 +92,32 @@ def workload_writes(
     if reserved(workload) and is_true(workload, "Admitted"):
         return _admitted(job, queue, workload, pods, now)
     return []
+
+
+def released(
+    workloads: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]
+) -> list[Replace]:
+    """The finalizer off each deleted Workload of one job that no longer holds quota its
+    pods use: none reserved, or none of the pods left but ended ones. ``pods``: the job's,
+    terminating ones included."""
+    in_use = any((p.get("status") or {}).get("phase") not in ("Succeeded", "Failed") for p in pods)
+    return [
+        Replace(
+            {
+                **w,
+                "apiVersion": API_VERSION,
+                "kind": WORKLOAD,
+                "metadata": {
+                    **w["metadata"],
+                    "finalizers": [f for f in w["metadata"]["finalizers"] if f != FINALIZER],
+                },
+            }
+        )
+        for w in workloads
+        if deleting(w)
+        and FINALIZER in (w["metadata"].get("finalizers") or ())
+        and not (reserved(w) and in_use)
+    ]
 
 
 def _admitted(

@@ -21,7 +21,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mpijob_elastic.core import names
-from mpijob_elastic.core.queueing.kueue import QUEUE_LABEL, queue_name
 from mpijob_elastic.core.reports import launcher_command
 from mpijob_elastic.core.shapes import FieldError
 from mpijob_elastic.core.spec.model import JobSpec
@@ -54,18 +53,18 @@ def unsupported_version(job: Mapping[str, Any]) -> str | None:
     )
 
 
-def check(job: Mapping[str, Any], spec: JobSpec | None) -> list[FieldError]:
+def check(job: Mapping[str, Any], spec: JobSpec | None, queued: bool) -> list[FieldError]:
     """Every warning about the job, in the order of its fields; the launcher's command is
     compared with the bounds only once the spec is valid (``spec``). Any JSON at all:
-    it runs before ``parse`` has judged the job."""
+    it runs before ``parse`` has judged the job. ``queued``: the job is Kueue's."""
     if not isinstance(job, Mapping):
         return []
     found = _annotations(job) + _unknown_fields(job)
-    if spec is not None and spec.opportunistic and queue_name(job):
+    if spec is not None and spec.opportunistic and queued:
         found.append(
             FieldError(
                 f"metadata.annotations[{names.ANN_OPPORTUNISTIC}]",
-                f"ignored for a job labelled {QUEUE_LABEL}: it runs only the workers Kueue "
+                "ignored for a job queued in Kueue: it runs only the workers Kueue "
                 "admitted, and grows through Kueue",
             )
         )
