@@ -303,11 +303,16 @@ def test_kueue_without_slices_elastic_job_runs_as_partially_admitted_and_stops_w
         # Requeued: 1 GPU is left beside the urgent job, less than its minimum of 2.
         urgent.wait_hosts(5, timeout=60)
         wait_for(
-            lambda: (elastic.condition("QueueAdmitted") or {}).get("reason") == "Pending",
+            lambda: all(
+                (w.get("status") or {}).get("admission") is None for w in queues.workloads(elastic)
+            ),
             60,
-            "the elastic job requeued",
+            "the elastic job's admission given back",
         )
+        time.sleep(3)
         assert elastic.pods() == {}
+        assert elastic.pods(names.ROLE_LAUNCHER) == {}
+        assert (elastic.condition("QueueAdmitted") or {}).get("status") == "False"
         print(f"\nFIGURE without slices, from the Evicted condition seen: {eviction.figures()}")
     finally:
         run.close()
