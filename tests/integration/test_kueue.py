@@ -5,6 +5,7 @@ back only once its pods are gone."""
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,7 +22,7 @@ from tests.cluster import ROOT, Cluster
 from tests.controller import StartController, wait_for
 from tests.integration.test_controller import Job
 from tests.integration.test_rbac_proof import RunAs, run_as  # noqa: F401 (a fixture)
-from tests.manifests import mpijob
+from tests.manifests import AdmissionPolicy, mpijob
 
 # The first test runs before the session's Kueue is started (tests run in file order; the
 # `kueue` fixture is session-wide and installs Kueue's API): it checks the cluster without it.
@@ -889,3 +890,40 @@ def test_kueue_a_job_without_the_queue_label_waits_in_the_default_local_queue(
     charged.until(lambda: len(live_workers(job)) == 2, 60, "the job admitted and running")
     wait_for(lambda: queues.gpus_used() == 2, 30, "2 GPUs reserved")
     assert charged.beyond == [], charged.beyond
+
+
+@pytest.mark.usefixtures("kueue")
+def test_kueue_the_queue_label_of_a_running_admitted_job_stays(
+    cluster: Cluster,
+    namespace: str,
+    queues: Queues,
+    start_controller: StartController,
+    admission_policy: AdmissionPolicy,
+) -> None:
+    """Issue 32: the queue label removed from a running job took it out of Kueue's path
+    (it ran uncapped) while its Workload kept the quota. The shipped policy
+    (config/admission/queue-policy.yaml) refuses it while the job runs admitted."""
+    for key, value in admission_policy.namespace_labels.items():
+        cluster.kubectl("label", "namespace", namespace, f"{key}={value}", "--overwrite")
+    start_controller(namespace)
+    job = running_admitted(cluster, namespace, queues, "kept")
+    unlabel = json.dumps({"metadata": {"labels": {kueue.QUEUE_LABEL: None}}})
+
+    def refused() -> bool:
+        answer = cluster.kubectl(
+            "patch", names.PLURAL, job.name, "-n", namespace, "--type=merge", "-p", unlabel,
+            check=False,
+        )  # fmt: skip
+        assert answer.returncode != 0, "the label removed from a running admitted job"
+        return "mpijob-elastic-queue-label" in answer.stderr
+
+    wait_for(refused, 30, "the policy's refusal")
+    assert kueue.queue_name(job.get()) == "gpus"
+    charged = Charged(cluster, namespace)
+    charged.during(3)
+    assert charged.beyond == [], charged.beyond
+    # Suspended first, the label may go: the job stops and its quota is given back.
+    job.patch({"spec": {"runPolicy": {"suspend": True}}})
+    wait_for(lambda: live_workers(job) == [], 30, "the suspended job's workers gone")
+    cluster.kubectl("patch", names.PLURAL, job.name, "-n", namespace, "--type=merge", "-p", unlabel)
+    assert kueue.queue_name(job.get()) is None

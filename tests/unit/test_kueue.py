@@ -611,3 +611,22 @@ def test_a_job_without_the_queue_label_is_kueues_only_with_manage_jobs_without_q
         "without --kueue-manage-jobs-without-queue-name"
         in kueue.standing(plain, Queue(installed=False, unlabelled=default)).message
     )
+
+
+def test_a_workload_written_before_the_finalizer_gets_it_unless_replaced_in_the_same_turn() -> None:
+    j = job(2, low=None)
+    older = workload(j, 2, admitted=2)
+    older["metadata"]["finalizers"] = []
+    (write,) = workload_writes(j, Queue(True, [older], FLAVOR), worker_pods(2, "Running"), NOW)
+    assert verb(write) == "replace"
+    assert obj(write)["metadata"]["finalizers"] == [kueue.FINALIZER]
+    # Waiting, not reserved: nothing to hold yet; its own write (following an edit) first.
+    waiting = workload(j, 2)
+    waiting["metadata"]["finalizers"] = []
+    assert workload_writes(j, Queue(True, [waiting], FLAVOR), (), NOW) == []
+    (write,) = workload_writes(job(3, low=None), Queue(True, [waiting], FLAVOR), (), NOW)
+    assert obj(write)["spec"]["podSets"][1]["count"] == 3
+    # Finished: it holds nothing.
+    done = workload(j, 2, admitted=2, conditions=(("Finished", "Succeeded"),))
+    done["metadata"]["finalizers"] = []
+    assert workload_writes(j, Queue(True, [done], FLAVOR), (), NOW) == []

@@ -67,7 +67,8 @@ def workload_writes(
             return list(releases)
         first = min_replicas(job) if elastic(job, queue) else None
         return [Create(render_workload(job, queue, first or replicas(job)))]
-    return [*releases, *_live(job, queue, workload, pods, now, done)]
+    live = _live(job, queue, workload, pods, now, done)
+    return [*releases, *live, *_finalized(queue, live)]
 
 
 def _live(
@@ -92,6 +93,34 @@ def _live(
     if reserved(workload) and is_true(workload, "Admitted"):
         return _admitted(job, queue, workload, pods, now)
     return []
+
+
+def _finalized(queue: Queue, writes: Sequence[Action]) -> list[Action]:
+    """Kueue's finalizer on each of the job's Workloads that holds quota and lacks it (one
+    a controller before it wrote), unless a write of this turn replaces it already: one
+    write per object and turn, or the second meets the first's new resourceVersion."""
+    touched = {
+        w.obj["metadata"]["name"] for w in writes if isinstance(w, Replace | PatchStatus)
+    } | {w.name for w in writes if isinstance(w, DeleteObject)}
+    return [
+        Replace(
+            {
+                **w,
+                "apiVersion": API_VERSION,
+                "kind": WORKLOAD,
+                "metadata": {
+                    **w["metadata"],
+                    "finalizers": [*(w["metadata"].get("finalizers") or ()), FINALIZER],
+                },
+            }
+        )
+        for w in queue.workloads
+        if reserved(w)
+        and not deleting(w)
+        and not is_true(w, "Finished")
+        and FINALIZER not in (w["metadata"].get("finalizers") or ())
+        and w["metadata"]["name"] not in touched
+    ]
 
 
 def released(
