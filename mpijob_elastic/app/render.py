@@ -88,16 +88,24 @@ def run(path: Path, settings: Settings) -> int:
         if unsupported is not None:
             print(f"{path}: {names.KIND} {name}: {unsupported}", file=sys.stderr)
             return 1
-        queued = kueue.local_queue(job, kueue.unlabelled_queue(settings)) is not None
+        # As the controller would see it in Kueue, whose caches render does not read.
+        queue = kueue.queued(
+            job,
+            kueue.Queue(
+                installed=False,
+                slices=settings.kueue_workload_slices,
+                unlabelled=kueue.unlabelled_queue(settings),
+            ),
+        )
         try:
             spec = parse(job, settings.default_drain_seconds)
         except InvalidSpec as err:
-            for warning in check(job, None, queued):
+            for warning in check(job, None, queue):
                 print(f"{names.KIND} {name}: warning: {warning}", file=sys.stderr)
             for error in err.errors:
                 print(f"{names.KIND} {name}: {error}", file=sys.stderr)
             return 1
-        for warning in check(job, spec, queued):
+        for warning in check(job, spec, queue):
             print(f"{names.KIND} {name}: warning: {warning}", file=sys.stderr)
         out += render_children(job, settings)
     yaml.safe_dump_all(out, sys.stdout, sort_keys=False)

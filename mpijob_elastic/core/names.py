@@ -5,7 +5,8 @@ stay byte-compatible with the upstream v1 controllers. Everything this project a
 under the ``mpijob-elastic.io/`` prefix.
 """
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 GROUP: Final = "kubeflow.org"
 VERSION: Final = "v1"
@@ -197,3 +198,12 @@ def object_labels(job: str, role: str | None) -> dict[str, str]:
     if role is not None:
         found[LABEL_ROLE] = role
     return found
+
+
+def asks_to_grow(job: Mapping[str, Any]) -> bool:
+    """The job's ANN_OPPORTUNISTIC says "true": the raw reading, for the checks made before
+    the spec is read (what the shell gathers, what the job asks Kueue for). The spec's
+    reader judges the value and its bounds (core/spec/fields.py)."""
+    meta = job.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return isinstance(annotations, Mapping) and annotations.get(ANN_OPPORTUNISTIC) == "true"

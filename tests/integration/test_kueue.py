@@ -849,14 +849,33 @@ def test_kueue_an_opportunistic_queued_job_runs_only_what_kueue_admitted(
     charged = Charged(cluster, namespace)
     charged.until(lambda: len(live_workers(job)) == 2, 60, "the job at its 2 admitted workers")
     wait_for(lambda: reason(job, "SpecWarnings") != "", 30, "SpecWarnings")
-    assert "ignored for a job queued in Kueue" in (job.condition("SpecWarnings") or {}).get(
-        "message", ""
-    )
+    assert "ignored for a job queued in Kueue without workload slices" in (
+        job.condition("SpecWarnings") or {}
+    ).get("message", "")
     # 4 of the ClusterQueue's GPUs stay idle: growth would take them within seconds.
     charged.during(10)
     assert charged.beyond == [], charged.beyond
     assert len(live_workers(job)) == 2
     assert queues.gpus_used() == 2
+
+
+@pytest.mark.usefixtures("kueue")
+def test_kueue_an_opportunistic_job_grows_through_kueue_by_workload_slices(
+    cluster: Cluster, namespace: str, queues: Queues, start_controller: StartController
+) -> None:
+    """With workload slices the opportunistic job asks Kueue for its maximum, a slice at a
+    time: it takes the idle quota, each worker charged before it runs."""
+    start_controller(namespace, args=("--kueue-workload-slices",))
+    job = Job(cluster, namespace, "sliced")
+    manifest = gpu_job(job.name, 2, min_replicas="1", max_replicas="6")
+    manifest["metadata"]["annotations"][names.ANN_OPPORTUNISTIC] = "true"
+    job.create(manifest)
+    charged = Charged(cluster, namespace)
+    charged.until(lambda: len(live_workers(job)) == 6, 90, "the job grown to its maximum")
+    wait_for(lambda: queues.gpus_used() == 6, 30, "6 GPUs reserved")
+    assert charged.beyond == [], charged.beyond
+    assert (job.condition("SpecWarnings") or {}).get("status") != "True"
+    print(f"FIGURE opportunistic by slices: {charged.samples} samples, none beyond the charge")
 
 
 @pytest.mark.usefixtures("kueue")

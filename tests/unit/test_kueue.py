@@ -630,3 +630,21 @@ def test_a_workload_written_before_the_finalizer_gets_it_unless_replaced_in_the_
     done = workload(j, 2, admitted=2, conditions=(("Finished", "Succeeded"),))
     done["metadata"]["finalizers"] = []
     assert workload_writes(j, Queue(True, [done], FLAVOR), (), NOW) == []
+
+
+def test_an_opportunistic_job_asks_kueue_for_its_maximum_by_slices_only() -> None:
+    j = job(2, low="1", high="6")
+    j["metadata"]["annotations"][names.ANN_OPPORTUNISTIC] = "true"
+    sliced = Queue(True, [workload(j, 2, admitted=2)], FLAVOR, slices=True)
+    assert kueue.wanted(j, sliced) == 6
+    (write,) = workload_writes(j, sliced, worker_pods(2, "Running"), NOW)
+    assert verb(write) == "create"
+    assert kueue.render_workload(j, sliced, 3)["spec"]["podSets"][1]["count"] == 3
+    assert obj(write)["spec"]["podSets"][1]["count"] == 3
+    # It runs what was admitted, up to its maximum, above its own replicas.
+    grown = Queue(True, [workload(j, 4, admitted=4)], FLAVOR, slices=True)
+    assert kueue.gate(j, grown)["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 4
+    # Without slices it asks for its replicas and runs no more than admitted.
+    partial = Queue(True, [workload(j, 2, admitted=2)], FLAVOR)
+    assert kueue.wanted(j, partial) == 2
+    assert kueue.gate(j, partial)["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2

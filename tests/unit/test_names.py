@@ -112,7 +112,7 @@ def test_every_name_under_the_prefix_is_spelled_in_names_py() -> None:
 
 def test_every_user_annotation_is_known_to_the_warnings() -> None:
     annotations = dict.fromkeys(names.USER_ANNOTATIONS, "1")
-    assert [str(w) for w in check(make_job(2, annotations=annotations), None, queued=False)] == []
+    assert [str(w) for w in check(make_job(2, annotations=annotations), None, queue=None)] == []
 
 
 def section(heading: str) -> str:

@@ -641,7 +641,10 @@ def test_a_job_of_a_kueue_queue_runs_only_what_kueue_admitted() -> None:
     assert len(workers(c)) == 2
     assert opportunistic(c) == []
     warnings = next(x for x in c.job["status"]["conditions"] if x["type"] == "SpecWarnings")
-    assert f"[{names.ANN_OPPORTUNISTIC}]: ignored for a job queued in Kueue" in warnings["message"]
+    assert (
+        f"[{names.ANN_OPPORTUNISTIC}]: ignored for a job queued in Kueue without workload slices"
+        in warnings["message"]
+    )
     # The same job without the label grows into the room.
     free = job()
     run(free, 8, 60)

@@ -190,7 +190,7 @@ def check(job: Any) -> None:
     if currently_in_test_context():
         event("rejected" if invalid else "accepted")  # see --hypothesis-show-statistics
     # The warnings are looked for in every turn, valid spec or not (spec_warnings.py).
-    warnings = spec_warnings.check(job, None if invalid else spec, queued=False)
+    warnings = spec_warnings.check(job, None if invalid else spec, queue=None)
     assert all(w.field and w.message for w in warnings), warnings
     if invalid is not None:
         assert invalid.errors, "InvalidSpec without a field"

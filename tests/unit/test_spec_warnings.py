@@ -29,7 +29,7 @@ def sample() -> dict[str, Any]:
 
 
 def warnings_of(job: dict[str, Any]) -> list[str]:
-    return [str(w) for w in check(job, parse(job, 30), queued=False)]
+    return [str(w) for w in check(job, parse(job, 30), queue=None)]
 
 
 def with_command(
@@ -86,7 +86,7 @@ def test_an_invalid_spec_still_gets_the_hint_that_explains_it() -> None:
     job = sample()
     specs = job["spec"]["mpiReplicaSpecs"]
     specs["worker"] = specs.pop("Worker")
-    assert [str(w) for w in check(job, None, queued=False)] == [
+    assert [str(w) for w in check(job, None, queue=None)] == [
         "spec.mpiReplicaSpecs.worker: unknown replica type, ignored; did you mean Worker?"
     ]
 

@@ -102,8 +102,7 @@ def reads_fleet(job: Mapping[str, Any]) -> bool:
     """Only an opportunistic job's decisions read the fleet, the capacity changes, its gone
     pods and their preemptors (opportunistic.py); the shell need not gather them for
     another (the preemptors cost a pass over the namespace's Preempted Events)."""
-    annotations = job["metadata"].get("annotations")
-    return isinstance(annotations, Mapping) and annotations.get(names.ANN_OPPORTUNISTIC) == "true"
+    return names.asks_to_grow(job)
 
 
 class View(Protocol):

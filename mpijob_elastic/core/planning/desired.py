@@ -145,7 +145,7 @@ def _decide(turn: Turn) -> Desired:
     workers, launcher = split_pods(turn.job_name, turn.observed.pods)
     run_policy.created(turn, workers, launcher)
     spec = run_policy.read_spec(turn)
-    conditions.spec_warnings(turn, spec_warnings.check(turn.job, spec, turn.queue is not None))
+    conditions.spec_warnings(turn, spec_warnings.check(turn.job, spec, turn.observed.queue))
     if spec is None:
         # Leave every child as it is: a typo must not cost the job its workers.
         return Desired({}, None, (), (), (), (), None)

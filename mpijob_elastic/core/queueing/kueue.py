@@ -261,6 +261,13 @@ def replicas(job: Mapping[str, Any]) -> int:
     return _replicas(job)
 
 
+def wanted(job: Mapping[str, Any], queue: Queue) -> int:
+    """The workers the job asks Kueue for: its replicas; an opportunistic job that grows by
+    workload slices, its maximum, a slice at a time as quota frees (docs/scheduling.md,
+    "Quota that holds")."""
+    return max_replicas(job) if elastic(job, queue) and names.asks_to_grow(job) else _replicas(job)
+
+
 def min_replicas(job: Mapping[str, Any]) -> int | None:
     annotations = _map(job["metadata"].get("annotations"))
     if names.ANN_MIN_REPLICAS not in annotations:
@@ -476,7 +483,7 @@ def gate(job: Obj, queue: Queue) -> Obj:
             continue
         count = admitted_workers(workload)
         if role == "Worker" and isinstance(replica.get("replicas"), int) and count is not None:
-            replica["replicas"] = min(replica["replicas"], count)
+            replica["replicas"] = min(wanted(job, queue), count)
         selector, tolerations = _placement(assigned[pod_set], queue)
         template = replica.setdefault("template", {})
         pod_spec = template.setdefault("spec", {}) if isinstance(template, dict) else None

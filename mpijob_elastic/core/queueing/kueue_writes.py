@@ -42,6 +42,7 @@ from mpijob_elastic.core.queueing.kueue import (
     replicas,
     reserved,
     slice_index,
+    wanted,
 )
 
 Obj = dict[str, Any]
@@ -159,7 +160,7 @@ def _admitted(
     """``PodsReady`` once the launcher and the admitted workers first run (what Kueue's
     waitForPodsReady waits for; the job's own scale-out timeout and below-min suspension
     handle later losses, so it is not turned back); then, for an elastic job, its size."""
-    if not is_true(workload, "PodsReady") and _started(job, workload, pods):
+    if not is_true(workload, "PodsReady") and _started(job, queue, workload, pods):
         message = "the launcher and the admitted workers run"
         return [
             _status_patch(workload, [_cond(workload, "PodsReady", True, "Started", message, now)])
@@ -168,7 +169,10 @@ def _admitted(
 
 
 def _started(
-    job: Mapping[str, Any], workload: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]
+    job: Mapping[str, Any],
+    queue: Queue,
+    workload: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
 ) -> bool:
     def running(role: str) -> int:
         return sum(
@@ -180,7 +184,7 @@ def _started(
         )
 
     admitted = admitted_workers(workload)
-    want = min(replicas(job), admitted if admitted is not None else replicas(job))
+    want = min(wanted(job, queue), admitted if admitted is not None else wanted(job, queue))
     return running(names.ROLE_LAUNCHER) >= 1 and running(names.ROLE_WORKER) >= want
 
 
@@ -245,7 +249,7 @@ def _resize(
 ) -> list[Action]:
     """Grow by a slice of one more worker while the job wants more; shrink in place once
     the workers beyond what the job wants are gone."""
-    count, want = admitted_workers(workload) or 0, replicas(job)
+    count, want = admitted_workers(workload) or 0, wanted(job, queue)
     waiting = pending(queue)
     if count < want:
         stale = [_delete(w) for w in waiting if _count(w) > want]

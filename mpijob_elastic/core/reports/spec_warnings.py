@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mpijob_elastic.core import names
+from mpijob_elastic.core.queueing.kueue import Queue, elastic
 from mpijob_elastic.core.reports import launcher_command
 from mpijob_elastic.core.shapes import FieldError
 from mpijob_elastic.core.spec.model import JobSpec
@@ -53,19 +54,20 @@ def unsupported_version(job: Mapping[str, Any]) -> str | None:
     )
 
 
-def check(job: Mapping[str, Any], spec: JobSpec | None, queued: bool) -> list[FieldError]:
+def check(job: Mapping[str, Any], spec: JobSpec | None, queue: Queue | None) -> list[FieldError]:
     """Every warning about the job, in the order of its fields; the launcher's command is
     compared with the bounds only once the spec is valid (``spec``). Any JSON at all:
-    it runs before ``parse`` has judged the job. ``queued``: the job is Kueue's."""
+    it runs before ``parse`` has judged the job. ``queue``: the job's in Kueue, if any."""
     if not isinstance(job, Mapping):
         return []
     found = _annotations(job) + _unknown_fields(job)
-    if spec is not None and spec.opportunistic and queued:
+    if spec is not None and spec.opportunistic and queue is not None and not elastic(job, queue):
         found.append(
             FieldError(
                 f"metadata.annotations[{names.ANN_OPPORTUNISTIC}]",
-                "ignored for a job queued in Kueue: it runs only the workers Kueue "
-                "admitted, and grows through Kueue",
+                "ignored for a job queued in Kueue without workload slices: it runs only "
+                "the workers Kueue admitted (with --kueue-workload-slices it grows through "
+                "Kueue, a slice at a time)",
             )
         )
     if spec is not None:
