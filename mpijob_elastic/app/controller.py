@@ -369,13 +369,7 @@ class Controller:
         are made from the job and its pods alone (core/planning/fallback.py). The caller
         raises ``err`` on, so the job is retried with backoff like any failed turn."""
         metrics.FAILED_TURNS.inc()
-        namespace, uid = key[0], job["metadata"]["uid"]
-        cache = self.caches.pick("Pod", namespace)
-        pods = [
-            p
-            for p in (cache.by_owner(uid) if cache is not None else [])
-            if p["metadata"]["namespace"] == namespace
-        ]
+        pods = self._owned_pods(key[0], job["metadata"]["uid"])
         memory = self.writer.of(key)
         # The writer's memory too: a delete it saw accepted is not made again, and a name
         # someone else holds stays reported (WriteRefused, read back by held_names).
