@@ -107,10 +107,22 @@ demo: venv kube-binaries
 # local KWOK cluster, or on MPIJOB_ELASTIC_KUBECONFIG's.
 # Then issue 20's: the largest size idle (BENCH_BASELINE=main adds that revision's
 # controller) and one worker added beside training-operator 1.9.2; then issue 31's memory
-# figures (bench-foreign and bench-exec-flood, without their baselines).
+# figures (bench-foreign and bench-exec-flood, without their baselines). Issue 33's mass
+# changes (bench-mass) run for each size too, after the fleet.
 BENCH_SIZES ?= 100
 bench: venv binaries
 	@$(PY) -m bench.report --sizes $(BENCH_SIZES)
+
+# Issue 33: a mass rescale of half the jobs and the loss of a fifth of the nodes, each beside
+# the cluster's floor (plain pods created and deleted by 32 requests in flight) measured in
+# the same run; BENCH_SIZES jobs of 8 workers, about 5 minutes at 100 (docs/benchmarks.md).
+# bench-floor: the floor alone, BENCH_FLOOR_PODS pods (default 1000).
+.PHONY: bench-mass bench-floor
+bench-mass: venv kube-binaries
+	@$(PY) -m bench.mass --jobs $(BENCH_SIZES)
+
+bench-floor: venv kube-binaries
+	@$(PY) -m bench.floor --pods $(or $(BENCH_FLOOR_PODS),1000)
 
 # ConfigMap change -> the launcher's mounted file, with and without the pod annotation, on
 # kind (see docs/benchmarks.md). Leaves the kind cluster up; `make kind-down` stops it.

@@ -1,0 +1,725 @@
+"""Benchmark: mass changes to a fleet of elastic MPIJobs, each beside the cluster's floor.
+
+Issue 33. N elastic MPIJobs of W workers (min W/2, max 3W/2, drain 0) run on a pool of
+ten fake KWOK nodes of the benchmark's own (every pod is pinned to the pool by a
+nodeSelector); our controller runs as a process. Then, one after the other:
+
+1. **Floor before the rescale** (``bench/floor.py``): as many plain pods as the rescale
+   creates (it deletes as many), created by a client with 32 requests in flight, first
+   create → last Running (``up``), then deleted the same way, first delete → last gone
+   (``down``).
+2. **Mass rescale**: half of the jobs edited at once (the issue's 500 of 1000), half of
+   those W → W/2 and half W → 3W/2; per job, its edit's answer → its host list right.
+3. **Node-pool loss, evicted**: the floor again, as many plain pods as the lost nodes
+   hold; then a fifth of the pool's nodes tainted NoExecute: the cluster's taint eviction
+   (kube-controller-manager) marks their pods DisruptionTarget and deletes them, as it
+   does when a node is lost; per job that had a pod there, the first taint → its host
+   list right.
+4. **Node-pool loss, deleted**: the floor again; another fifth tainted NoSchedule and
+   every pod on it deleted by the floor's 32-request client (the issue's "tainted and
+   their pods deleted"): pods deleted by someone, not evicted, which the controller counts
+   as worker failures (a job's second in a row waits 10 s: capacity.py's backoff).
+
+A Kueue admission wave is not part of it (not yet written).
+
+**Host list right**: ``discover_hosts.sh`` (the ``<job>-config`` ConfigMap) lists exactly
+the job's target number of workers, every one of them a pod that exists, is not being
+deleted and is on no lost node, and the job's launcher pod exists, likewise. Both ends on
+the benchmark's clock, from its own watches of the namespace.
+
+**The floor a change is compared with** is ``up + down`` of the floor measured just before
+it with the change's pod count: the time a 32-request client, with no controller in the
+way, takes to create that many pods to Running and to delete as many to gone, one after
+the other. The rescale creates and deletes ``W/2`` pods per edited job; the loss deletes
+the pods on the lost nodes and the controller creates as many. The issue's goals: the
+change's per-job p50 and max at most 1.5 times the floor; fair: max at most 1.5 times p50.
+
+**Writes per changed job**: every ADDED/MODIFIED/DELETED the watches saw of the job's own
+objects (its pods, ConfigMaps, Role, RoleBinding, ServiceAccount, budget, MPIJob and the
+Events named after them), from the first edit (or taint) until the namespace was quiet
+for 5 s, per job, by kind, beside what one change needs: the floor's own events per pod
+(creation, scheduling, KWOK's Running, deletion: on the Pod and Event watches) for each
+pod the change creates or deletes, plus one write each of the host list (ConfigMap), the
+Role (exec on the new set of workers), the launcher's refresh annotation (a Pod MODIFIED),
+the MPIJob's status and its ScaledUp/ScaledDown Event, and the edit itself (an MPIJob
+MODIFIED).
+
+The pods run no processes (KWOK), so the mock driver is not part of this benchmark; its
+"failures" here are jobs whose Failed condition is true; launcher restarts
+(``MPIJobRestarting`` Events: a launcher lost with its node is started again) are counted.
+
+    python -m bench.mass [--jobs 100] [--workers 8] [--kubeconfig PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import statistics
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes_asyncio import config as kube_config
+
+from bench import floor
+from bench.cluster import ROOT, Controller, cluster, job_manifest, kubectl_binary, machine, sh
+from bench.fleet import WATCHED, bounded, percentile, wait_for
+from mpijob_elastic.core import names
+from mpijob_elastic.machinery.informer import Informer
+from mpijob_elastic.machinery.kube import MERGE_PATCH, RESOURCES, ApiError, Kube
+
+Obj = dict[str, Any]
+
+POOL_LABEL = "mpijob-elastic.io/bench-pool"
+POOL = "mass"
+SELECTOR = {POOL_LABEL: POOL}
+POOL_NODES = 10
+LOST_SHARE = 5  # a fifth of the pool's nodes
+LOSS_TAINT = "mpijob-elastic.io/bench-pool-lost"
+# Quiet: nothing changed in the namespace for this long.
+QUIET_SECONDS = 5.0
+QUIET_LIMIT = 180.0
+CHANGE_LIMIT = 900.0
+# Every object of a job is named after it: job-7, job-7-worker-3, job-7-config, and its
+# Events job-7-worker-3.<hash>.
+_JOB = re.compile(r"^(job-\d+)(?:[-.]|$)")
+# Writes one change needs besides its pods' own (the module's docstring).
+ONE_CHANGE = {"ConfigMap": 1, "Role": 1, "MPIJob": 2, "Event": 1, "Pod": 1}
+
+
+def _keep(obj: Obj) -> Obj:
+    """What the benchmark reads of an object."""
+    meta = obj["metadata"]
+    kept: Obj = {
+        "metadata": {
+            k: meta[k]
+            for k in (
+                "name",
+                "namespace",
+                "uid",
+                "resourceVersion",
+                "labels",
+                "ownerReferences",
+                "deletionTimestamp",
+            )
+            if k in meta
+        }
+    }
+    script = (obj.get("data") or {}).get(names.DISCOVER_HOSTS)
+    if script is not None:
+        kept["data"] = {names.DISCOVER_HOSTS: script}
+    spec = obj.get("spec") or {}
+    if isinstance(spec, dict) and spec.get("nodeName"):
+        kept["spec"] = {"nodeName": spec["nodeName"]}
+    status = obj.get("status")
+    if isinstance(status, dict):
+        kept["status"] = {k: status[k] for k in ("phase", "conditions") if k in status}
+    if "reason" in obj:
+        kept["reason"] = obj["reason"]
+    return kept
+
+
+def listed(script: str) -> list[str]:
+    """The pod names a ``discover_hosts.sh`` lists (``echo <pod>[.<domain>][:<slots>]``)."""
+    return [
+        line.removeprefix("echo ").split(":")[0].split(".")[0]
+        for line in script.splitlines()
+        if line.startswith("echo ")
+    ]
+
+
+@dataclass
+class Pod:
+    node: str
+    deleting: bool
+    uid: str
+
+
+@dataclass
+class Job:
+    name: str
+    want: int
+    hosts: list[str] = field(default_factory=list)
+    pods: dict[str, Pod] = field(default_factory=dict)
+    converged: float | None = None
+    started: float | None = None  # the change's start for this job (edit answered, taint)
+    done: float | None = None
+    failed: bool = False
+
+
+@dataclass
+class Mass:
+    """The benchmark's view of its jobs, and every change it saw: when, kind, whose."""
+
+    jobs: dict[str, Job] = field(default_factory=dict)
+    lost: set[str] = field(default_factory=set)
+    # (when, kind, the job it is of or "", the object's UID)
+    changes: list[tuple[float, str, str, str]] = field(default_factory=list)
+    restarts: list[float] = field(default_factory=list)
+    gone: dict[str, float] = field(default_factory=dict)  # pod UID: when seen deleted
+
+    def handler(self, kind: str) -> Any:
+        def on_event(type_: str, obj: Obj) -> None:
+            now = time.monotonic()
+            name = obj["metadata"]["name"]
+            match = _JOB.match(name)
+            owner = match.group(1) if match else ""
+            self.changes.append((now, kind, owner, obj["metadata"].get("uid", "")))
+            job = self.jobs.get(owner)
+            if kind == "Event" and obj.get("reason") == "MPIJobRestarting" and type_ == "ADDED":
+                self.restarts.append(now)
+            if job is None:
+                return
+            if kind == "Pod":
+                uid = obj["metadata"].get("uid", "")
+                if type_ == "DELETED":
+                    job.pods.pop(name, None)
+                    self.gone[uid] = now
+                else:
+                    node = (obj.get("spec") or {}).get("nodeName") or ""
+                    job.pods[name] = Pod(node, "deletionTimestamp" in obj["metadata"], uid)
+            elif kind == "ConfigMap" and name == names.config_map_name(owner):
+                script = (
+                    "" if type_ == "DELETED" else (obj.get("data") or {}).get(names.DISCOVER_HOSTS)
+                )
+                job.hosts = listed(script or "")
+            elif kind == "MPIJob" and name == owner:
+                conditions = (obj.get("status") or {}).get("conditions") or []
+                job.failed = any(
+                    c.get("type") == "Failed" and c.get("status") == "True" for c in conditions
+                )
+            self.check(job, now)
+
+        return on_event
+
+    def alive(self, job: Job, pod_name: str) -> bool:
+        pod = job.pods.get(pod_name)
+        return pod is not None and not pod.deleting and pod.node not in self.lost
+
+    def right(self, job: Job) -> bool:
+        return (
+            len(job.hosts) == job.want
+            and all(self.alive(job, h) for h in job.hosts)
+            and self.alive(job, names.launcher_name(job.name))
+        )
+
+    def check(self, job: Job, now: float) -> None:
+        if not self.right(job):
+            return
+        if job.converged is None:
+            job.converged = now
+        if job.started is not None and job.done is None:
+            job.done = now
+
+    def writes(self, start: float, end: float, jobs: Iterable[str]) -> Counter[str]:
+        """Changes seen of these jobs' objects in [start, end), by kind."""
+        wanted = set(jobs)
+        return Counter(k for t, k, j, _ in self.changes if start <= t < end and j in wanted)
+
+    def floor_events(self, start: float, end: float) -> Counter[str]:
+        """Changes seen of objects of no job (the floor's pods and their Events)."""
+        return Counter(k for t, k, j, _ in self.changes if start <= t < end and not j)
+
+    def pod_uids(self, jobs: Iterable[Job]) -> set[str]:
+        return {p.uid for j in jobs for p in j.pods.values()}
+
+    def pod_writes(
+        self, start: float, end: float, jobs: Iterable[Job], before: set[str]
+    ) -> dict[str, Any]:
+        """The Pod changes seen of these jobs' pods in [start, end): of the pods that left
+        (there at ``start``, gone at the end), the new ones, and the ones kept; and how
+        many pods each of those was."""
+        jobs = list(jobs)
+        wanted = {j.name for j in jobs}
+        after = self.pod_uids(jobs)
+        seen: Counter[str] = Counter()
+        new: set[str] = set()
+        for t, kind, job, uid in self.changes:
+            if kind != "Pod" or not start <= t < end or job not in wanted:
+                continue
+            if uid not in before:
+                seen["new"] += 1
+                new.add(uid)
+            else:
+                seen["left" if uid not in after else "kept"] += 1
+        counts = {"left": len(before - after), "new": len(new), "kept": len(before & after)}
+        return {way: {"pods": counts[way], "events": seen[way]} for way in ("left", "new", "kept")}
+
+    async def quiet(self) -> float:
+        """Waits until nothing changed for QUIET_SECONDS (at most QUIET_LIMIT); the time of
+        the last change."""
+
+        def last() -> float:
+            return self.changes[-1][0] if self.changes else 0.0
+
+        with contextlib.suppress(TimeoutError):
+            await wait_for(lambda: time.monotonic() - last() >= QUIET_SECONDS, QUIET_LIMIT, "")
+        return last()
+
+
+@dataclass
+class Options:
+    jobs: int = 100
+    workers: int = 8
+    nodes: int = POOL_NODES
+
+
+def _ratios(lags: list[float], floor_s: float) -> dict[str, float]:
+    p50, worst = statistics.median(lags), max(lags)
+    return {
+        "p50_s": round(p50, 2),
+        "p99_s": round(percentile(lags, 0.99), 2),
+        "max_s": round(worst, 2),
+        "floor_s": round(floor_s, 2),
+        "p50_x_floor": round(p50 / floor_s, 2),
+        "max_x_floor": round(worst / floor_s, 2),
+        "max_x_p50": round(worst / p50, 2),
+    }
+
+
+def _per_job(counts: Counter[str], jobs: int) -> dict[str, float]:
+    return {k: round(v / jobs, 2) for k, v in sorted(counts.items())} if jobs else {}
+
+
+def _needed(floor_counts: Counter[str], floor_pods: int, pods_per_job: float) -> dict[str, float]:
+    """What one change of ``pods_per_job`` pods up or down needs, per kind: the floor's
+    events per pod for each (creation to Running, or deletion to gone) plus ONE_CHANGE."""
+    need = {k: v / max(floor_pods, 1) * pods_per_job for k, v in floor_counts.items()}
+    for kind, n in ONE_CHANGE.items():
+        need[kind] = need.get(kind, 0.0) + n
+    return {k: round(v, 2) for k, v in sorted(need.items())}
+
+
+async def _floor(api: Any, namespace: str, mass: Mass, count: int) -> dict[str, Any]:
+    result = await floor.measure(api, namespace, count, node_selector=SELECTOR)
+    marks = result.pop("marks")
+    up = mass.floor_events(marks["created"], marks["deleted"])
+    down = mass.floor_events(marks["deleted"], marks["ended"] + 1.0)
+    result["events_up"] = dict(up)
+    result["events_down"] = dict(down)
+    await mass.quiet()
+    return result
+
+
+async def measure(kubeconfig: str, namespace: str, opts: Options) -> dict[str, Any]:
+    api = await kube_config.new_client_from_config(config_file=kubeconfig)
+    kube = Kube(api)
+    mass = Mass()
+    informers = [
+        Informer(api, *RESOURCES[kind], mass.handler(kind), namespace=namespace, transform=_keep)
+        for kind in WATCHED
+    ]
+    controller = Controller(kubeconfig)
+    result: dict[str, Any] = {"jobs": opts.jobs, "workers": opts.workers, **machine()}
+    try:
+        for informer in informers:
+            informer.start()
+        await asyncio.gather(*(i.synced.wait() for i in informers))
+        controller.start()
+        await controller.ready()
+        await _create(kube, namespace, mass, opts, result)
+        await mass.quiet()
+        await _rescale(api, kube, namespace, mass, opts, result)
+        result["loss"] = await _loss(api, kube, namespace, mass, opts, "evict", 0)
+        result["loss_delete"] = await _loss(api, kube, namespace, mass, opts, "delete", 1)
+        result["failed_jobs"] = sum(1 for j in mass.jobs.values() if j.failed)
+        result["all_right_at_end"] = all(mass.right(j) for j in mass.jobs.values())
+    finally:
+        controller.stop()
+        for informer in informers:
+            await informer.stop()
+        await api.close()
+    result["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    return result
+
+
+async def _create(
+    kube: Kube, namespace: str, mass: Mass, opts: Options, result: dict[str, Any]
+) -> None:
+    w = opts.workers
+    for i in range(opts.jobs):
+        mass.jobs[f"job-{i}"] = Job(f"job-{i}", w)
+
+    async def create(job: Job) -> None:
+        manifest = job_manifest(job.name, w, max_workers=w + w // 2, min_workers=w // 2)
+        manifest["metadata"]["namespace"] = namespace
+        for role in manifest["spec"]["mpiReplicaSpecs"].values():
+            role["template"]["spec"]["nodeSelector"] = dict(SELECTOR)
+        await kube.create(manifest)
+
+    t0 = time.monotonic()
+    await bounded([lambda j=j: create(j) for j in mass.jobs.values()])
+    await wait_for(
+        lambda: all(j.converged is not None for j in mass.jobs.values()), CHANGE_LIMIT, "converge"
+    )
+    done = [j.converged - t0 for j in mass.jobs.values() if j.converged is not None]
+    result["converge_p50_s"] = round(statistics.median(done), 1)
+    result["converge_max_s"] = round(max(done), 1)
+
+
+async def _rescale(
+    api: Any, kube: Kube, namespace: str, mass: Mass, opts: Options, result: dict[str, Any]
+) -> None:
+    w = opts.workers
+    edited = list(mass.jobs.values())[: opts.jobs // 2]
+    down = edited[0::2]
+    up = edited[1::2]
+    deletes = len(down) * (w - w // 2)
+    creates = len(up) * (w // 2)
+    base = await _floor(api, namespace, mass, max(creates, deletes))
+
+    for job in down:
+        job.want = w // 2
+    for job in up:
+        job.want = w + w // 2
+
+    before = mass.pod_uids(edited)
+
+    async def edit(job: Job) -> None:
+        job.done = None
+        patch = {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": job.want}}}}
+        await kube.patch(names.KIND, namespace, job.name, patch)
+        job.started = time.monotonic()
+        mass.check(job, job.started)
+
+    t0 = time.monotonic()
+    await bounded([lambda j=j: edit(j) for j in edited])
+    await wait_for(lambda: all(j.done is not None for j in edited), CHANGE_LIMIT, "rescale")
+    t1 = time.monotonic()
+    end = await mass.quiet()
+    lags = [j.done - j.started for j in edited if j.done is not None and j.started is not None]
+    floor_s = base["up_s"] + base["down_s"]
+
+    def lag(jobs: list[Job]) -> str:
+        got = [j.done - j.started for j in jobs if j.done is not None and j.started is not None]
+        return f"{statistics.median(got):.2f} / {max(got):.2f}" if got else "-"
+
+    result["rescale"] = {
+        "floor": base,
+        "jobs": len(edited),
+        "pods_created": creates,
+        "pods_deleted": deletes,
+        "all_s": round(t1 - t0, 2),
+        "down_p50_max_s": lag(down),
+        "up_p50_max_s": lag(up),
+        **_ratios(lags, floor_s),
+        "writes_per_job_down": _per_job(
+            mass.writes(t0, end + 1, (j.name for j in down)), len(down)
+        ),
+        "writes_per_job_up": _per_job(mass.writes(t0, end + 1, (j.name for j in up)), len(up)),
+        "needed_per_job_down": _needed(Counter(base["events_down"]), base["pods"], (w - w // 2)),
+        "needed_per_job_up": _needed(Counter(base["events_up"]), base["pods"], w // 2),
+        "pod_writes": mass.pod_writes(t0, end + 1, edited, before),
+    }
+    for job in edited:
+        job.started = job.done = None
+
+
+async def _loss(
+    api: Any,
+    kube: Kube,
+    namespace: str,
+    mass: Mass,
+    opts: Options,
+    way: str,
+    fifth: int,
+) -> dict[str, Any]:
+    """The loss of the ``fifth``-th fifth of the pool's nodes, ``way`` "evict" (a NoExecute
+    taint: the cluster's taint eviction deletes their pods, marked DisruptionTarget first)
+    or "delete" (NoSchedule, and the pods deleted by a 32-request client)."""
+    pool = sorted(
+        (f"kwok-mass-{i}" for i in range(opts.nodes)), key=lambda n: int(n.rsplit("-")[-1])
+    )
+    share = max(1, opts.nodes // LOST_SHARE)
+    lost = set(pool[fifth * share : (fifth + 1) * share])
+    victims = [
+        (job, name, pod.uid)
+        for job in mass.jobs.values()
+        for name, pod in job.pods.items()
+        if pod.node in lost and not pod.deleting
+    ]
+    hit = {job.name: job for job, _, _ in victims}
+    base = await _floor(api, namespace, mass, len(victims))
+    before = mass.pod_uids(hit.values())
+
+    t0 = time.monotonic()
+    mass.lost |= lost
+    for job in hit.values():
+        job.started, job.done = t0, None
+    effect = "NoExecute" if way == "evict" else "NoSchedule"
+    taint = {"spec": {"taints": [{"key": LOSS_TAINT, "effect": effect}]}}
+    await asyncio.gather(
+        *(kube.request("PATCH", f"/api/v1/nodes/{n}", taint, MERGE_PATCH) for n in lost)
+    )
+
+    async def delete(name: str, uid: str) -> None:
+        try:
+            await kube.delete("Pod", namespace, name, uid)
+        except ApiError as err:
+            if not (err.not_found or err.conflict):
+                raise
+
+    restarts0 = len(mass.restarts)
+    answered = None
+    if way == "delete":
+        await floor.bounded([lambda n=n, u=u: delete(n, u) for _, n, u in victims])
+        answered = round(time.monotonic() - t0, 2)
+    await wait_for(lambda: all(j.done is not None for j in hit.values()), CHANGE_LIMIT, "loss")
+    t1 = time.monotonic()
+    end = await mass.quiet()
+    lags = [j.done - t0 for j in hit.values() if j.done is not None]
+    gone = [mass.gone.get(u) for _, _, u in victims]
+    # The controller's own share: per job, its last lost pod seen gone → its host list right.
+    last_gone: dict[str, float] = {}
+    for job, _, uid in victims:
+        if uid in mass.gone:
+            last_gone[job.name] = max(last_gone.get(job.name, 0.0), mass.gone[uid])
+    lost_launcher = {job.name for job, n, _ in victims if n.endswith("-launcher")}
+    after_gone = [
+        j.done - last_gone[j.name] for j in hit.values() if j.done and j.name in last_gone
+    ]
+    workers_only = [
+        j.done - last_gone[j.name]
+        for j in hit.values()
+        if j.done and j.name in last_gone and j.name not in lost_launcher
+    ]
+    for job in hit.values():
+        job.started = job.done = None
+    return {
+        "way": way,
+        "floor": base,
+        "nodes": len(pool),
+        "nodes_lost": len(lost),
+        "pods_deleted": len(victims),
+        "launchers_lost": sum(1 for _, n, _ in victims if n.endswith("-launcher")),
+        "jobs_hit": len(hit),
+        "last_gone_s": round(max(g for g in gone if g is not None) - t0, 2)
+        if all(g is not None for g in gone)
+        else None,
+        "deletes_answered_s": answered,
+        "first_gone_s": round(min(g for g in gone if g is not None) - t0, 2),
+        "all_s": round(t1 - t0, 2),
+        "restarts": len(mass.restarts) - restarts0,
+        "gone_to_right_p50_s": round(statistics.median(after_gone), 2),
+        "gone_to_right_max_s": round(max(after_gone), 2),
+        "workers_only_gone_to_right_p50_s": round(statistics.median(workers_only), 2)
+        if workers_only
+        else None,
+        **_ratios(lags, base["up_s"] + base["down_s"]),
+        "writes_per_job": _per_job(mass.writes(t0, end + 1, hit), len(hit)),
+        "pods_per_job": round(len(victims) / max(len(hit), 1), 2),
+        "pod_writes": mass.pod_writes(t0, end + 1, hit.values(), before),
+    }
+
+
+def pool_nodes(kubectl: list[str], count: int, pods_each: int) -> None:
+    """The benchmark's own fake nodes, labelled for its pods' nodeSelector."""
+    capacity = {"cpu": "1000", "memory": "4Ti", "pods": str(pods_each)}
+    nodes = [
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": f"kwok-mass-{i}",
+                "annotations": {"kwok.x-k8s.io/node": "fake"},
+                "labels": {
+                    "kubernetes.io/hostname": f"kwok-mass-{i}",
+                    "type": "kwok",
+                    POOL_LABEL: POOL,
+                },
+            },
+            "status": {"allocatable": capacity, "capacity": capacity},
+        }
+        for i in range(count)
+    ]
+    listing = {"apiVersion": "v1", "kind": "List", "items": nodes}
+    sh(*kubectl, "apply", "-f", "-", input=json.dumps(listing))
+    sh(
+        *kubectl,
+        "wait",
+        "--for=condition=Ready",
+        "node",
+        "-l",
+        f"{POOL_LABEL}={POOL}",
+        "--timeout=300s",
+    )
+
+
+def run(kubeconfig: str | None, opts: Options) -> dict[str, Any]:
+    """One size on the given cluster (which must run KWOK for the pool's fake nodes), or on
+    a fresh local one."""
+    w = opts.workers
+    # Room for every pod at the rescale's peak, plus a floor's, on the nodes left after both losses.
+    peak = opts.jobs * (w + w // 2 + 1) + opts.jobs * w
+    left = opts.nodes - 2 * max(1, opts.nodes // LOST_SHARE)
+    with cluster(kubeconfig) as config:
+        k = [kubectl_binary(), "--kubeconfig", config]
+        pool_nodes(k, opts.nodes, -(-peak // left) + 110)
+        sh(*k, "apply", "-f", str(ROOT / "config/crd/kubeflow.org_mpijobs.yaml"))
+        sh(*k, "wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
+        namespace = f"bench-mass-{os.getpid()}"
+        sh(*k, "create", "namespace", namespace)
+        floor.wait_default_service_account(k, namespace)
+        try:
+            return asyncio.run(measure(config, namespace, opts))
+        finally:
+            # A given cluster is someone's: leave it as found (the local one goes anyway).
+            if kubeconfig is not None:
+                sh(*k, "delete", "namespace", namespace, "--wait=false")
+                sh(*k, "delete", "node", "-l", f"{POOL_LABEL}={POOL}", "--wait=false")
+
+
+def _goal(x: float) -> str:
+    return f"{x} {'✓' if x <= 1.5 else '✗'}"
+
+
+def _kinds(counts: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in counts.items()) or "0"
+
+
+def _counts(change: dict[str, Any], jobs: str, *pods: str) -> str:
+    return f"{change[jobs]}; " + " / ".join(str(change[p]) for p in pods)
+
+
+def _seen_needed(change: dict[str, Any], way: str) -> str:
+    seen = _kinds(change[f"writes_per_job_{way}"])
+    return f"{seen} / {_kinds(change[f'needed_per_job_{way}'])}"
+
+
+def _floor_cell(f: dict[str, Any]) -> str:
+    return (
+        f"{f['pods']} pods: up {f['up_s']} s ({f['up_pods_per_s']}/s), "
+        f"down {f['down_s']} s ({f['down_pods_per_s']}/s)"
+    )
+
+
+def _change_rows(key: str, what: str) -> list[tuple[str, Any]]:
+    return [
+        (
+            f"{what}: per job → host list right, p50 / p99 / max",
+            lambda r: f"{r[key]['p50_s']} / {r[key]['p99_s']} / {r[key]['max_s']} s",
+        ),
+        (f"{what}: first change → all right", lambda r: f"{r[key]['all_s']} s"),
+        (f"{what}: floor (up + down, same pod count)", lambda r: f"{r[key]['floor_s']} s"),
+        (f"{what}: p50 / floor (goal ≤ 1.5)", lambda r: _goal(r[key]["p50_x_floor"])),
+        (f"{what}: max / floor (goal ≤ 1.5)", lambda r: _goal(r[key]["max_x_floor"])),
+        (f"{what}: max / p50 (fair: ≤ 1.5)", lambda r: _goal(r[key]["max_x_p50"])),
+    ]
+
+
+def _loss_rows(key: str, what: str) -> list[tuple[str, Any]]:
+    return [
+        (f"floor before the {what}", lambda r: _floor_cell(r[key]["floor"])),
+        (
+            f"{what}: nodes lost; pods on them (launchers); jobs hit; launcher restarts",
+            lambda r: (
+                f"{r[key]['nodes_lost']} of {r[key]['nodes']}; {r[key]['pods_deleted']}"
+                f" ({r[key]['launchers_lost']}); {r[key]['jobs_hit']}; {r[key]['restarts']}"
+            ),
+        ),
+        (
+            f"{what}: first taint → deletes answered / first / last of those pods gone",
+            lambda r: (
+                f"{r[key]['deletes_answered_s'] or '-'} / {r[key]['first_gone_s']}"
+                f" / {r[key]['last_gone_s']} s"
+            ),
+        ),
+        (
+            f"{what}: per job, its last lost pod gone → host list right, p50 / max",
+            lambda r: (
+                f"{r[key]['gone_to_right_p50_s']} / {r[key]['gone_to_right_max_s']} s (p50 of"
+                f" jobs that kept their launcher: {r[key]['workers_only_gone_to_right_p50_s']} s)"
+            ),
+        ),
+        *_change_rows(key, what),
+        (
+            f"{what}: writes per job hit (pods lost per job)",
+            lambda r: f"{_kinds(r[key]['writes_per_job'])} ({r[key]['pods_per_job']})",
+        ),
+        (f"{what}: Pod events per pod that left / new / kept", lambda r: _pods(r[key])),
+    ]
+
+
+def _pods(change: dict[str, Any]) -> str:
+    """Pod events per pod of each sort, and the floor's per pod (created to Running, deleted
+    to gone) beside them."""
+    f = change["floor"]
+    up, down = f["events_up"].get("Pod", 0) / f["pods"], f["events_down"].get("Pod", 0) / f["pods"]
+    cells = []
+    for way in ("left", "new", "kept"):
+        w = change["pod_writes"][way]
+        cells.append(f"{w['events'] / max(w['pods'], 1):.2f} ({w['pods']} pods)")
+    return " / ".join(cells) + f"; floor: {down:.2f} down, {up:.2f} up"
+
+
+def _end(r: dict[str, Any]) -> str:
+    return f"{r['failed_jobs']}; {'yes' if r['all_right_at_end'] else 'NO'}"
+
+
+ROWS: list[tuple[str, Any]] = [
+    ("jobs x workers", lambda r: f"{r['jobs']} x {r['workers']}"),
+    (
+        "first create → converged, p50 / max",
+        lambda r: f"{r['converge_p50_s']} / {r['converge_max_s']} s",
+    ),
+    (
+        "floor before the rescale (32 requests in flight)",
+        lambda r: _floor_cell(r["rescale"]["floor"]),
+    ),
+    (
+        "mass rescale: jobs edited (half ↓ W/2, half ↑ 3W/2); pods created / deleted",
+        lambda r: _counts(r["rescale"], "jobs", "pods_created", "pods_deleted"),
+    ),
+    *_change_rows("rescale", "rescale"),
+    (
+        "rescale: p50 / max of the jobs ↓, of the jobs ↑",
+        lambda r: f"{r['rescale']['down_p50_max_s']} s, {r['rescale']['up_p50_max_s']} s",
+    ),
+    (
+        "rescale: writes per job ↓ seen / one change needs",
+        lambda r: _seen_needed(r["rescale"], "down"),
+    ),
+    (
+        "rescale: writes per job ↑ seen / one change needs",
+        lambda r: _seen_needed(r["rescale"], "up"),
+    ),
+    ("rescale: Pod events per pod that left / new / kept", lambda r: _pods(r["rescale"])),
+    *_loss_rows("loss", "loss, evicted (NoExecute)"),
+    *_loss_rows("loss_delete", "loss, deleted (NoSchedule + deletes)"),
+    ("jobs failed at the end; all host lists right", lambda r: _end(r)),
+    ("load average before / after", lambda r: f"{r['load']} / {r['load_after']}"),
+]
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = [
+        "| | " + " | ".join(f"{r['jobs']} jobs" for r in results) + " |",
+        "|---|" + "---|" * len(results),
+    ]
+    for label, cell in ROWS:
+        lines.append(f"| {label} | " + " | ".join(cell(r) for r in results) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", default="100", help="comma-separated sizes, e.g. 100,1000")
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--kubeconfig", default=os.environ.get("MPIJOB_ELASTIC_KUBECONFIG"))
+    args = parser.parse_args()
+    results = []
+    for size in (int(s) for s in args.jobs.split(",")):
+        results.append(run(args.kubeconfig, Options(jobs=size, workers=args.workers)))
+        print(json.dumps(results[-1]), flush=True)
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
