@@ -17,8 +17,7 @@ nodeSelector); our controller runs as a process. Then, one after the other:
    list right.
 4. **Node-pool loss, deleted**: the floor again; another fifth tainted NoSchedule and
    every pod on it deleted by the floor's 32-request client (the issue's "tainted and
-   their pods deleted"): pods deleted by someone, not evicted, which the controller counts
-   as worker failures (a job's second in a row waits 10 s: capacity.py's backoff).
+   their pods deleted"): pods deleted by someone, without the eviction's DisruptionTarget.
 
 A Kueue admission wave is not part of it (not yet written).
 
