@@ -648,3 +648,21 @@ def test_an_opportunistic_job_asks_kueue_for_its_maximum_by_slices_only() -> Non
     partial = Queue(True, [workload(j, 2, admitted=2)], FLAVOR)
     assert kueue.wanted(j, partial) == 2
     assert kueue.gate(j, partial)["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
+
+
+def test_an_admitted_slice_finishes_the_slices_before_it_that_kueue_left_unfinished() -> None:
+    # Kueue admitted slice 2 and failed to finish slice 1 (a conflict): it holds its quota
+    # until the job's controller finishes it, as Kueue's jobframework would.
+    j = job()
+    old = workload(j, 3, 1, admitted=3, conditions=(("PodsReady", "Started"),))
+    new = workload(
+        j, 4, 2, admitted=4, conditions=(("PodsReady", "Started"),), replaces="ns/" + "x"
+    )
+    done = workload(j, 2, 0, admitted=2, conditions=(("Finished", "WorkloadSliceReplaced"),))
+    queue = Queue(True, [done, old, new], FLAVOR, slices=True)
+    pods = [launcher_pod(), *worker_pods(4, "Running")]
+    writes = workload_writes(j, queue, pods, NOW)
+    finished = [w for w in writes if isinstance(w, PatchStatus)]
+    assert [obj(w)["metadata"]["name"] for w in finished] == [old["metadata"]["name"]]
+    (cond,) = [c for c in obj(finished[0])["status"]["conditions"] if c["type"] == "Finished"]
+    assert (cond["status"], cond["reason"]) == ("True", "WorkloadSliceReplaced")

@@ -92,8 +92,24 @@ def _live(
     if not reserved(workload) and not pending(queue):
         return _follow(job, queue, workload)
     if reserved(workload) and is_true(workload, "Admitted"):
-        return _admitted(job, queue, workload, pods, now)
+        return [*_replaced(queue, workload, now), *_admitted(job, queue, workload, pods, now)]
     return []
+
+
+def _replaced(queue: Queue, workload: Mapping[str, Any], now: str) -> list[Action]:
+    """Each older slice still unfinished once a newer one is admitted: ``Finished``, as
+    Kueue's jobframework finishes a job's superseded slices. Kueue finishes the slice an
+    admitted one replaces itself, but when its write meets a conflict (this controller
+    marking that slice PodsReady at the same moment, say) it leaves that to "the job
+    reconciler": without this, the old slice kept its quota, and the job never grew past
+    the next step (seen with v0.19.2)."""
+    top = slice_index(workload)
+    message = "Replaced to accommodate a new workload slice"
+    return [
+        _status_patch(w, [_cond(w, "Finished", True, "WorkloadSliceReplaced", message, now)])
+        for w in queue.workloads
+        if slice_index(w) < top and not is_true(w, "Finished") and not deleting(w)
+    ]
 
 
 def _finalized(queue: Queue, writes: Sequence[Action]) -> list[Action]:
