@@ -118,6 +118,42 @@ def in_force(queues: Queues, job: Job) -> dict[str, Any] | None:
     return None
 
 
+def evicted_whole(
+    run: ElasticRun, queues: Queues, elastic: Job, urgent: Job, workers: int
+) -> tuple[Eviction, float]:
+    """A higher-priority job of ``workers`` made: Kueue evicts the elastic job's Workload
+    whole. Every pod gets the ``queue-evicted`` notice (the launcher's file too) before any
+    is deleted; no failure or blacklist before the stop, which is whole (Kueue evicts
+    Workloads whole). The eviction's samples, and the seconds to the launcher's delete."""
+    evicting = time.time()
+    urgent.create(gpu_job(urgent.name, workers, priority="high"))
+    wait_for(
+        lambda: (elastic.condition("QueueAdmitted") or {}).get("reason") == "Evicted",
+        30,
+        "the elastic job evicted",
+    )
+    eviction = Eviction(queues, elastic, CHECKPOINT)
+    launcher = names.launcher_name(elastic.name)
+
+    def launcher_deleted() -> bool:
+        eviction.gone()
+        pod = elastic.pods(names.ROLE_LAUNCHER).get(launcher)
+        return pod is None or bool(pod["metadata"].get("deletionTimestamp"))
+
+    wait_for(launcher_deleted, 60, "the launcher deleted after the window")
+    stopped_after = time.time() - evicting
+    # What the launcher's containers read (the kubelet stand-in's file).
+    found = parse_notice(run.notice_file.read_text().strip())
+    assert found is not None
+    assert (found[0], found[2]) == ("job-stopping", "queue-evicted"), found
+    run.close()  # the kubelet's SIGTERM to the driver, with the launcher pod
+    wait_for(eviction.gone, 60, "the elastic job's pods gone")
+    eviction.check()
+    graceful(run, evicting)
+    assert run.driver_events(ev.HOST_BLACKLISTED) == []
+    return eviction, stopped_after
+
+
 def test_kueue_elastic_job_grows_shrinks_gracefully_and_stops_whole_on_eviction(
     cluster: Cluster,
     e2e_namespace: str,
@@ -172,33 +208,7 @@ def test_kueue_elastic_job_grows_shrinks_gracefully_and_stops_whole_on_eviction(
         assert run.driver_events(ev.HOST_BLACKLISTED) == []
 
         # 4. A higher-priority job of 4: Kueue evicts the elastic job's Workload whole.
-        evicting = time.time()
-        urgent.create(gpu_job(urgent.name, 4, priority="high"))
-        wait_for(
-            lambda: (elastic.condition("QueueAdmitted") or {}).get("reason") == "Evicted",
-            30,
-            "the elastic job evicted",
-        )
-        eviction = Eviction(queues, elastic, CHECKPOINT)
-        launcher = names.launcher_name(elastic.name)
-
-        def launcher_deleted() -> bool:
-            eviction.gone()
-            pod = elastic.pods(names.ROLE_LAUNCHER).get(launcher)
-            return pod is None or bool(pod["metadata"].get("deletionTimestamp"))
-
-        wait_for(launcher_deleted, 60, "the launcher deleted after the window")
-        stopped_after = time.time() - evicting
-        # What the launcher's containers read (the kubelet stand-in's file).
-        found = parse_notice(run.notice_file.read_text().strip())
-        assert found is not None
-        assert (found[0], found[2]) == ("job-stopping", "queue-evicted"), found
-        run.close()  # the kubelet's SIGTERM to the driver, with the launcher pod
-        wait_for(eviction.gone, 60, "the elastic job's pods gone")
-        eviction.check()
-        # Graceful until the stop: the stop itself is whole (Kueue evicts Workloads whole).
-        graceful(run, evicting)
-        assert run.driver_events(ev.HOST_BLACKLISTED) == []
+        eviction, stopped_after = evicted_whole(run, queues, elastic, urgent, 4)
 
         # 5. Requeued at its minimum: back beside the higher-priority job.
         urgent.wait_hosts(4, timeout=60)
@@ -276,30 +286,7 @@ def test_kueue_without_slices_elastic_job_runs_as_partially_admitted_and_stops_w
         graceful(run, time.time())
 
         # 3. A higher-priority job of 5: Kueue evicts the elastic job's Workload whole.
-        evicting = time.time()
-        urgent.create(gpu_job(urgent.name, 5, priority="high"))
-        wait_for(
-            lambda: (elastic.condition("QueueAdmitted") or {}).get("reason") == "Evicted",
-            30,
-            "the elastic job evicted",
-        )
-        eviction = Eviction(queues, elastic, CHECKPOINT)
-        launcher = names.launcher_name(elastic.name)
-
-        def launcher_deleted() -> bool:
-            eviction.gone()
-            pod = elastic.pods(names.ROLE_LAUNCHER).get(launcher)
-            return pod is None or bool(pod["metadata"].get("deletionTimestamp"))
-
-        wait_for(launcher_deleted, 60, "the launcher deleted after the window")
-        found = parse_notice(run.notice_file.read_text().strip())
-        assert found is not None
-        assert (found[0], found[2]) == ("job-stopping", "queue-evicted"), found
-        run.close()
-        wait_for(eviction.gone, 60, "the elastic job's pods gone")
-        eviction.check()
-        graceful(run, evicting)
-        assert run.driver_events(ev.HOST_BLACKLISTED) == []
+        eviction, _ = evicted_whole(run, queues, elastic, urgent, 5)
         # Requeued: 1 GPU is left beside the urgent job, less than its minimum of 2.
         urgent.wait_hosts(5, timeout=60)
         wait_for(

@@ -120,17 +120,7 @@ def _finalized(queue: Queue, writes: Sequence[Action]) -> list[Action]:
         w.obj["metadata"]["name"] for w in writes if isinstance(w, Replace | PatchStatus)
     } | {w.name for w in writes if isinstance(w, DeleteObject)}
     return [
-        Replace(
-            {
-                **w,
-                "apiVersion": API_VERSION,
-                "kind": WORKLOAD,
-                "metadata": {
-                    **w["metadata"],
-                    "finalizers": [*(w["metadata"].get("finalizers") or ()), FINALIZER],
-                },
-            }
-        )
+        _with_finalizers(w, [*(w["metadata"].get("finalizers") or ()), FINALIZER])
         for w in queue.workloads
         if reserved(w)
         and not deleting(w)
@@ -148,22 +138,18 @@ def released(
     terminating ones included."""
     in_use = any((p.get("status") or {}).get("phase") not in ("Succeeded", "Failed") for p in pods)
     return [
-        Replace(
-            {
-                **w,
-                "apiVersion": API_VERSION,
-                "kind": WORKLOAD,
-                "metadata": {
-                    **w["metadata"],
-                    "finalizers": [f for f in w["metadata"]["finalizers"] if f != FINALIZER],
-                },
-            }
-        )
+        _with_finalizers(w, [f for f in w["metadata"]["finalizers"] if f != FINALIZER])
         for w in workloads
         if deleting(w)
         and FINALIZER in (w["metadata"].get("finalizers") or ())
         and not (reserved(w) and in_use)
     ]
+
+
+def _with_finalizers(workload: Mapping[str, Any], finalizers: Sequence[str]) -> Replace:
+    """The Workload as cached, with these finalizers: a PUT carrying its resourceVersion."""
+    meta = {**workload["metadata"], "finalizers": list(finalizers)}
+    return Replace({**workload, "apiVersion": API_VERSION, "kind": WORKLOAD, "metadata": meta})
 
 
 def _admitted(
