@@ -139,6 +139,18 @@ step = st.one_of(
     # the others: they replay in the world they were found in.
     beside=st.just(True),
 )
+# Found by a fresh seed: an opportunistic job scaled in below the workers it ran churned a
+# pod a turn: a probe created beside the surplus baseline worker, then deleted unscheduled
+# as the one worker too many (invariant (e), no convergence in 300 s).
+@example(
+    steps=[("scale", "opp", 4), ("scale", "opp", 4), ("evict", "queued", 0), ("scale", "opp", 1)],
+    seed=139068,
+    failure=0.3,
+    kill=0.02,
+    lag=0.0,
+    drain=0,
+    beside=True,
+)
 # Found by the opportunistic and queued jobs' first fresh seeds: a Workload's release of
 # the quota refused (403) after an eviction, and the job started again under that quota
 # while the next turn's release gave it back (invariant (k)).

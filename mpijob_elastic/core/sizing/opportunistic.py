@@ -151,7 +151,16 @@ def grow(turn: Turn, spec: JobSpec, workers: Sequence[Worker], baseline: int, he
         # preemption's victims stay counted (``why``) while they terminate.
         state = replace(state, attempts=0, since=None, retry_at=None)
     room = max(spec.bounds.max - baseline, 0)
-    have = min(len(staying), room)
+    # A baseline worker a scale-in left above the baseline holds a place growth would
+    # fill: counted, or a probe beside it would be the one worker too many, deleted
+    # unscheduled and asked for again at the next turn (a fresh simulation seed found
+    # that churn, a pod a turn).
+    surplus = max(
+        sum(1 for w in workers if not w.opportunistic and not w.terminating and not w.marked)
+        - baseline,
+        0,
+    )
+    have = min(len(staying) + surplus, room)
     ready = sum(1 for w in workers if not w.opportunistic and w.can_take_ranks(main))
     # Only a pod the scheduler has not placed yet is an unanswered probe.
     pending = any(not scheduled(w) and not w.terminating for w in ours)
