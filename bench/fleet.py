@@ -404,14 +404,19 @@ ROWS: list[tuple[str, Any]] = [
 ]
 
 
-def table(results: list[dict[str, Any]]) -> str:
+def sizes_table(rows: list[tuple[str, Any]], results: list[dict[str, Any]]) -> str:
+    """A column per fleet size, a line per row: (label, the cell from one size's result)."""
     lines = [
         "| | " + " | ".join(f"{r['jobs']} jobs" for r in results) + " |",
         "|---|" + "---|" * len(results),
     ]
-    for label, cell in ROWS:
+    for label, cell in rows:
         lines.append(f"| {label} | " + " | ".join(cell(r) for r in results) + " |")
     return "\n".join(lines) + "\n"
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    return sizes_table(ROWS, results)
 
 
 def main() -> None:

@@ -69,7 +69,7 @@ from kubernetes_asyncio import config as kube_config
 
 from bench import floor
 from bench.cluster import ROOT, Controller, cluster, job_manifest, kubectl_binary, machine, sh
-from bench.fleet import WATCHED, bounded, percentile, wait_for
+from bench.fleet import WATCHED, bounded, percentile, sizes_table, wait_for
 from mpijob_elastic.core import names
 from mpijob_elastic.machinery.informer import Informer
 from mpijob_elastic.machinery.kube import MERGE_PATCH, RESOURCES, ApiError, Kube
@@ -698,13 +698,7 @@ ROWS: list[tuple[str, Any]] = [
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = [
-        "| | " + " | ".join(f"{r['jobs']} jobs" for r in results) + " |",
-        "|---|" + "---|" * len(results),
-    ]
-    for label, cell in ROWS:
-        lines.append(f"| {label} | " + " | ".join(cell(r) for r in results) + " |")
-    return "\n".join(lines) + "\n"
+    return sizes_table(ROWS, results)
 
 
 def main() -> None:
