@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The body of `make test`, after lint and the Kubernetes binaries: the KWOK suite, then the
 # kind half. The builds only some tests need (`make test-tools`) and the kind cluster
-# (hack/kind-up.sh) go on meanwhile in the background, at a lower CPU priority and logged
-# to a file, instead of before the suite: from nothing they take about 40 minutes of their
-# own. A test that needs a tool asks its build script, which waits on the build's lock
-# and so on the background build; hack/e2e-kind.sh's kind-up waits on kind-up's lock the
-# same way. A background build that failed is run again in the foreground by whoever needs
-# it, and fails there loudly.
+# (hack/kind-up.sh) go on meanwhile in the background, logged to a file, instead of before
+# the suite. `nice` puts them behind the suite only on a kernel without autogroups; with
+# them (setsid gives the background a session, so an autogroup, of its own) the two share
+# the CPU evenly. A test that needs a tool asks its build script, which waits on the build's
+# lock and so on the background build; hack/e2e-kind.sh's kind-up waits on kind-up's lock
+# the same way. A background build that failed is run again in the foreground by whoever
+# needs it, and fails there loudly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cache_root=${MPIJOB_ELASTIC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mpijob-elastic}
@@ -16,7 +17,11 @@ log() { printf '[test %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 log "building the test tools and starting kind in the background (log: $bg_log)"
 # setsid: its own process group, so that it can be stopped whole when the suite fails.
-setsid bash -c 'nice -n 10 make -s test-tools && nice -n 10 hack/kind-up.sh >/dev/null' \
+# The two side by side: kind-up's debootstrap, apt and image steps wait on the network and
+# the disk while the tools compile.
+setsid bash -c 'nice -n 10 make -s test-tools & tools=$!
+  nice -n 10 hack/kind-up.sh >/dev/null & kind=$!
+  rc=0; wait $tools || rc=1; wait $kind || rc=1; exit $rc' \
   </dev/null >"$bg_log" 2>&1 &
 background=$!
 handed_over=0
