@@ -41,12 +41,13 @@ kube-binaries:
 # own in the cache, so two runs never build the same thing at once.
 binaries: kube-binaries test-tools
 
+# In the order their tests wait longest for them in `make test`: Kueue's run for minutes.
 test-tools:
+	@hack/build-kueue.sh >/dev/null
 	@hack/build-scheduler-plugins.sh >/dev/null
+	@hack/build-helm.sh >/dev/null
 	@hack/build-promtool.sh promtool >/dev/null
 	@hack/build-promtool.sh prometheus >/dev/null
-	@hack/build-helm.sh >/dev/null
-	@hack/build-kueue.sh >/dev/null
 
 cluster-up: kube-binaries
 	@hack/cluster-up.sh
@@ -108,7 +109,7 @@ demo: venv kube-binaries
 # Then issue 20's: the largest size idle (BENCH_BASELINE=main adds that revision's
 # controller) and one worker added beside training-operator 1.9.2; then issue 31's memory
 # figures (bench-foreign and bench-exec-flood, without their baselines). Issue 33's mass
-# changes (bench-mass) run for each size too, after the fleet.
+# changes (bench-mass) and Kueue wave (bench-wave) run for each size too, after the fleet.
 BENCH_SIZES ?= 100
 bench: venv binaries
 	@$(PY) -m bench.report --sizes $(BENCH_SIZES)
@@ -116,10 +117,14 @@ bench: venv binaries
 # Issue 33: a mass rescale of half the jobs and the loss of a fifth of the nodes, each beside
 # the cluster's floor (plain pods created and deleted by 32 requests in flight) measured in
 # the same run; BENCH_SIZES jobs of 8 workers, about 5 minutes at 100 (docs/benchmarks.md).
-# bench-floor: the floor alone, BENCH_FLOOR_PODS pods (default 1000).
-.PHONY: bench-mass bench-floor
+# bench-floor: the floor alone, BENCH_FLOOR_PODS pods (default 1000). bench-wave: a Kueue
+# admission wave of BENCH_SIZES jobs and its eviction, beside the floor.
+.PHONY: bench-mass bench-floor bench-wave
 bench-mass: venv kube-binaries
 	@$(PY) -m bench.mass --jobs $(BENCH_SIZES)
+
+bench-wave: venv binaries
+	@$(PY) -m bench.wave --jobs $(BENCH_SIZES)
 
 bench-floor: venv kube-binaries
 	@$(PY) -m bench.floor --pods $(or $(BENCH_FLOOR_PODS),1000)

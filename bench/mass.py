@@ -19,7 +19,7 @@ nodeSelector); our controller runs as a process. Then, one after the other:
    every pod on it deleted by the floor's 32-request client (the issue's "tainted and
    their pods deleted"): pods deleted by someone, without the eviction's DisruptionTarget.
 
-A Kueue admission wave is not part of it (not yet written).
+The Kueue admission wave and its eviction are bench/wave.py's.
 
 **Host list right**: ``discover_hosts.sh`` (the ``<job>-config`` ConfigMap) lists exactly
 the job's target number of workers, every one of them a pod that exists, is not being
@@ -93,7 +93,7 @@ _JOB = re.compile(r"^(job-\d+)(?:[-.]|$)")
 ONE_CHANGE = {"ConfigMap": 1, "Role": 1, "MPIJob": 2, "Event": 1, "Pod": 1}
 
 
-def _keep(obj: Obj) -> Obj:
+def slim(obj: Obj) -> Obj:
     """What the benchmark reads of an object."""
     meta = obj["metadata"]
     kept: Obj = {
@@ -270,7 +270,7 @@ class Options:
     nodes: int = POOL_NODES
 
 
-def _ratios(lags: list[float], floor_s: float) -> dict[str, float]:
+def ratios(lags: list[float], floor_s: float) -> dict[str, float]:
     p50, worst = statistics.median(lags), max(lags)
     return {
         "p50_s": round(p50, 2),
@@ -283,7 +283,7 @@ def _ratios(lags: list[float], floor_s: float) -> dict[str, float]:
     }
 
 
-def _per_job(counts: Counter[str], jobs: int) -> dict[str, float]:
+def per_job(counts: Counter[str], jobs: int) -> dict[str, float]:
     return {k: round(v / jobs, 2) for k, v in sorted(counts.items())} if jobs else {}
 
 
@@ -312,7 +312,7 @@ async def measure(kubeconfig: str, namespace: str, opts: Options) -> dict[str, A
     kube = Kube(api)
     mass = Mass()
     informers = [
-        Informer(api, *RESOURCES[kind], mass.handler(kind), namespace=namespace, transform=_keep)
+        Informer(api, *RESOURCES[kind], mass.handler(kind), namespace=namespace, transform=slim)
         for kind in WATCHED
     ]
     controller = Controller(kubeconfig)
@@ -408,11 +408,9 @@ async def _rescale(
         "all_s": round(t1 - t0, 2),
         "down_p50_max_s": lag(down),
         "up_p50_max_s": lag(up),
-        **_ratios(lags, floor_s),
-        "writes_per_job_down": _per_job(
-            mass.writes(t0, end + 1, (j.name for j in down)), len(down)
-        ),
-        "writes_per_job_up": _per_job(mass.writes(t0, end + 1, (j.name for j in up)), len(up)),
+        **ratios(lags, floor_s),
+        "writes_per_job_down": per_job(mass.writes(t0, end + 1, (j.name for j in down)), len(down)),
+        "writes_per_job_up": per_job(mass.writes(t0, end + 1, (j.name for j in up)), len(up)),
         "needed_per_job_down": _needed(Counter(base["events_down"]), base["pods"], (w - w // 2)),
         "needed_per_job_up": _needed(Counter(base["events_up"]), base["pods"], w // 2),
         "pod_writes": mass.pod_writes(t0, end + 1, edited, before),
@@ -511,8 +509,8 @@ async def _loss(
         "workers_only_gone_to_right_p50_s": round(statistics.median(workers_only), 2)
         if workers_only
         else None,
-        **_ratios(lags, base["up_s"] + base["down_s"]),
-        "writes_per_job": _per_job(mass.writes(t0, end + 1, hit), len(hit)),
+        **ratios(lags, base["up_s"] + base["down_s"]),
+        "writes_per_job": per_job(mass.writes(t0, end + 1, hit), len(hit)),
         "pods_per_job": round(len(victims) / max(len(hit), 1), 2),
         "pod_writes": mass.pod_writes(t0, end + 1, hit.values(), before),
     }

@@ -1,9 +1,10 @@
 """``make bench``: the benchmarks of issues 9, 20, 31 and 33 in one report, with the machine's load.
 
 Runs ``bench.propagation`` (a worker Running → its line, one at a time and in bursts),
-``bench.fleet`` for each size and ``bench.mass`` for each size (issue 33: a mass rescale
+``bench.fleet`` for each size, ``bench.mass`` for each size (issue 33: a mass rescale
 of half the jobs and the loss of a fifth of the nodes, each beside the cluster's floor
-measured just before it), then ``bench.idle`` (an idle fleet of the largest size: its
+measured just before it) and ``bench.wave`` for each size (a Kueue admission wave and its
+eviction, beside the floor), then ``bench.idle`` (an idle fleet of the largest size: its
 cost with this controller, with none, and with ``--baseline``'s if given; one edit while
 idle), ``bench.sidebyside`` (one worker added, beside training-operator 1.9.2), and what a
 tenant's input costs the controller's memory (``bench.foreign``: 40 ConfigMaps of 1 MB with
@@ -22,7 +23,7 @@ import json
 import os
 from pathlib import Path
 
-from bench import exec_flood, fleet, foreign, idle, mass, propagation, sidebyside
+from bench import exec_flood, fleet, foreign, idle, mass, propagation, sidebyside, wave
 from bench.cluster import ROOT, machine
 
 
@@ -45,6 +46,10 @@ def main() -> None:
     for size in (int(s) for s in args.sizes.split(",")):
         changes.append(mass.run(args.kubeconfig, mass.Options(jobs=size, workers=args.workers)))
         print(json.dumps(changes[-1]), flush=True)
+    waves = []
+    for size in (int(s) for s in args.sizes.split(",")):
+        waves.append(wave.run(args.kubeconfig, size, args.workers))
+        print(json.dumps(waves[-1]), flush=True)
     largest = max(int(s) for s in args.sizes.split(","))
     idle_args = argparse.Namespace(
         jobs=largest,
@@ -72,6 +77,8 @@ def main() -> None:
         f"{fleet.table(sizes)}\n"
         f"### Mass changes beside the cluster's floor (issue 33)\n\n"
         f"{mass.table(changes)}\n"
+        f"### A Kueue admission wave and its eviction, beside the floor (issue 33)\n\n"
+        f"{wave.table(waves)}\n"
         f"### An idle fleet\n\n{idle.table(quiet)}\n"
         f"### One worker added, beside training-operator 1.9.2\n\n"
         f"{sidebyside.side_by_side(beside)}\n"
@@ -86,6 +93,7 @@ def main() -> None:
         "propagation": single,
         "fleet": sizes,
         "mass": changes,
+        "wave": waves,
         "idle": quiet,
         "sidebyside": beside,
         "foreign": foreign_objects,

@@ -7,7 +7,9 @@
 # published tags with replace directives, which only a main module may carry. So, as
 # hack/build-binaries.sh does for Kubernetes, a go.mod of ours requires the module and
 # repeats its replace directives. Progress goes to stderr; stdout is only the directory.
-# SCHEDULER_PLUGINS_BINARY points at a binary built elsewhere instead.
+# SCHEDULER_PLUGINS_BINARY points at a binary built elsewhere instead. `crd` prints the
+# CRD's path only, from the module's download, without waiting for a build under way: a
+# test that needs the PodGroup API but not the scheduler goes on at once.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -19,6 +21,16 @@ src_dir="$cache_root/src/scheduler-plugins-$version"
 binary="$bin_dir/kube-scheduler-plugins"
 mkdir -p "$bin_dir" "$src_dir"
 log() { printf '[build-scheduler-plugins %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+case "${1:-}" in
+  "") ;;
+  crd)
+    module_dir=$(go mod download -json "sigs.k8s.io/scheduler-plugins@$version" |
+      python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+    echo "$module_dir/manifests/coscheduling/crd.yaml"
+    exit 0
+    ;;
+  *) echo "usage: $0 [crd]" >&2; exit 2 ;;
+esac
 
 # Test sessions may ask at once; one builds, the others wait for it.
 exec 9>"$cache_root/.scheduler-plugins.lock"

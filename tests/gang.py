@@ -59,28 +59,31 @@ def kai_crd(cluster: Cluster) -> str:
     return "scheduling.run.ai/v2alpha2"
 
 
-def scheduler_plugins_dir() -> Path:
+def scheduler_plugins_build(*args: str) -> Path:
     out = subprocess.run(
-        [str(HACK / "build-scheduler-plugins.sh")], check=True, stdout=subprocess.PIPE, text=True
+        [str(HACK / "build-scheduler-plugins.sh"), *args],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     return Path(out.stdout.strip())
 
 
 @pytest.fixture(scope="session")
-def scheduler_plugins_crd(cluster: Cluster) -> Path:
-    """The scheduler-plugins release's PodGroup CRD installed; returns the build's dir."""
-    bin_dir = scheduler_plugins_dir()
+def scheduler_plugins_crd(cluster: Cluster) -> None:
+    """The scheduler-plugins release's PodGroup CRD installed, from its module: no wait for
+    the scheduler's build."""
     crd = "podgroups.scheduling.x-k8s.io"
-    install_crd(cluster, bin_dir / "coscheduling-crd.yaml", crd, crd)
-    return bin_dir
+    install_crd(cluster, scheduler_plugins_build("crd"), crd, crd)
 
 
 @pytest.fixture(scope="session")
 def scheduler_plugins(
-    cluster: Cluster, scheduler_plugins_crd: Path, tmp_path_factory: pytest.TempPathFactory
+    cluster: Cluster, scheduler_plugins_crd: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """The coscheduling scheduler running against the cluster; yields its name."""
-    bin_dir = scheduler_plugins_crd
+    """The coscheduling scheduler running against the cluster (its CRD installed first);
+    yields its name."""
+    bin_dir = scheduler_plugins_build()
     work = tmp_path_factory.mktemp("scheduler-plugins")
     # The module's manifests/coscheduling/scheduler-config.yaml, under the second
     # scheduler's name.

@@ -1,0 +1,337 @@
+"""Benchmark: a Kueue admission wave, and the eviction of it, beside the cluster's floor.
+
+Issue 33's third mass change ("Kueue admits or evicts a wave"). N MPIJobs of W workers
+(min W/2, max W), each labelled for a LocalQueue whose ClusterQueue has no quota yet, wait
+as Workloads Kueue cannot admit. Kueue (built by hack/build-kueue.sh, run as the tests run
+it: tests/kueue.py, workload slices on) and our controller run as processes against the
+local KWOK cluster, on the pool of fake nodes bench/mass.py uses. Then:
+
+1. **Floor** (``bench/floor.py``): N(W+1) plain pods, the wave's pod count, created by the
+   32-request client to Running (``up``) and deleted to gone (``down``).
+2. **Admission wave**: the ClusterQueue's quota raised to what every job asks, one patch;
+   per job, the patch's answer → Kueue admitted its Workload (Kueue's share) → its host
+   list right (bench/mass.py's "right": W workers listed, each alive, and its launcher).
+3. **Eviction wave**: the ClusterQueue stopped (``stopPolicy: HoldAndDrain``): Kueue
+   evicts every admitted Workload; per job, the patch's answer → its last pod gone. The
+   jobs ask for no checkpoint window (``checkpoint-seconds: 0``; 60 s by default): the
+   notice still comes before the deletes, and nothing else waits by design.
+
+The goals are bench/mass.py's: per job p50 and max at most 1.5 times the floor (``up`` for
+the admission, ``down`` for the eviction: Kueue's own admission time is in the job's
+figure, not in the floor's); fair: max at most 1.5 times p50. Writes per job are counted
+as bench/mass.py counts them, from the patch until the namespace was quiet.
+
+    python -m bench.wave [--jobs 100] [--workers 8] [--kubeconfig PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import config as kube_config
+
+from bench import floor
+from bench.cluster import ROOT, Controller, cluster, job_manifest, kubectl_binary, machine, sh
+from bench.fleet import WATCHED, bounded, sizes_table, wait_for
+from bench.mass import (
+    CHANGE_LIMIT,
+    POOL,
+    POOL_LABEL,
+    SELECTOR,
+    Job,
+    Mass,
+    per_job,
+    pool_nodes,
+    ratios,
+    slim,
+)
+from mpijob_elastic.core import names
+from mpijob_elastic.core.queueing import kueue
+from mpijob_elastic.machinery.informer import Informer
+from mpijob_elastic.machinery.kube import MERGE_PATCH, RESOURCES, Kube
+from tests.cluster import Cluster
+from tests.kueue import KueueRunner
+
+Obj = dict[str, Any]
+
+QUEUE = "bench-wave"
+KUEUE_API = "/apis/kueue.x-k8s.io/v1beta2"
+# The controller's Workloads are named mpijob-<job>-<uid[:5]>[-<slice>].
+_WORKLOAD_JOB = re.compile(r"^mpijob-(job-\d+)-")
+
+
+class Admissions:
+    """When each job's Workload was first seen admitted, and when its last pod went."""
+
+    def __init__(self, mass: Mass) -> None:
+        self.mass = mass
+        self.admitted: dict[str, float] = {}
+
+    def on_workload(self, type_: str, obj: Obj) -> None:
+        match = _WORKLOAD_JOB.match(obj["metadata"]["name"])
+        if match is None or type_ == "DELETED":
+            return
+        admitted = kueue.condition(obj, "Admitted")
+        if admitted is not None and admitted.get("status") == "True":
+            self.admitted.setdefault(match.group(1), time.monotonic())
+
+
+def queues(k: list[str], namespace: str) -> None:
+    """A ResourceFlavor on the pool's nodes, the ClusterQueue with no quota, the LocalQueue."""
+    objects: list[Obj] = [
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": QUEUE},
+            "spec": {"nodeLabels": {POOL_LABEL: POOL}},
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": QUEUE},
+            "spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu"],
+                        "flavors": [
+                            {"name": QUEUE, "resources": [{"name": "cpu", "nominalQuota": "0"}]}
+                        ],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": QUEUE, "namespace": namespace},
+            "spec": {"clusterQueue": QUEUE},
+        },
+    ]
+    sh(
+        *k,
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}),
+    )
+
+
+def queued_job(name: str, namespace: str, workers: int) -> Obj:
+    """An elastic job of one CPU a pod, for the LocalQueue, on the pool."""
+    manifest = job_manifest(name, workers, max_workers=workers, min_workers=workers // 2)
+    manifest["metadata"]["namespace"] = namespace
+    manifest["metadata"]["labels"] = {kueue.QUEUE_LABEL: QUEUE}
+    manifest["metadata"]["annotations"][names.ANN_CHECKPOINT_SECONDS] = "0"
+    for role in manifest["spec"]["mpiReplicaSpecs"].values():
+        spec = role["template"]["spec"]
+        spec["nodeSelector"] = dict(SELECTOR)
+        spec["containers"][0]["resources"] = {"requests": {"cpu": "1"}}
+    return manifest
+
+
+async def _quota(kube: Kube, patch: Obj) -> float:
+    """Patches the ClusterQueue; the time its answer came."""
+    await kube.request("PATCH", f"{KUEUE_API}/clusterqueues/{QUEUE}", patch, MERGE_PATCH)
+    return time.monotonic()
+
+
+def _lags(start: float, ends: dict[str, float | None]) -> list[float]:
+    return [end - start for end in ends.values() if end is not None]
+
+
+async def measure(kubeconfig: str, namespace: str, jobs: int, workers: int) -> dict[str, Any]:
+    api = await kube_config.new_client_from_config(config_file=kubeconfig)
+    kube = Kube(api)
+    mass = Mass()
+    admissions = Admissions(mass)
+    informers = [
+        Informer(api, *RESOURCES[kind], mass.handler(kind), namespace=namespace, transform=slim)
+        for kind in WATCHED
+    ]
+    informers.append(
+        Informer(api, *RESOURCES["Workload"], admissions.on_workload, namespace=namespace)
+    )
+    controller = Controller(kubeconfig)
+    pods = jobs * (workers + 1)
+    result: dict[str, Any] = {"jobs": jobs, "workers": workers, "pods": pods, **machine()}
+    try:
+        for informer in informers:
+            informer.start()
+        await asyncio.gather(*(i.synced.wait() for i in informers))
+        controller.start()
+        await controller.ready()
+        for i in range(jobs):
+            mass.jobs[f"job-{i}"] = Job(f"job-{i}", workers)
+        await bounded(
+            [lambda j=j: kube.create(queued_job(j, namespace, workers)) for j in mass.jobs]
+        )
+        workloads = f"{KUEUE_API}/namespaces/{namespace}/workloads"
+
+        async def all_pending() -> int:
+            found = await kube.request("GET", workloads)
+            return len((found or {}).get("items") or [])
+
+        deadline = time.monotonic() + CHANGE_LIMIT
+        while await all_pending() < jobs:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the Workloads of every job")
+            await asyncio.sleep(1)
+        await mass.quiet()
+        base = await floor.measure(api, namespace, pods, node_selector=SELECTOR)
+        base.pop("marks")
+        await mass.quiet()
+
+        # The wave: room for every job at once.
+        t0 = await _quota(
+            kube,
+            {
+                "spec": {
+                    "resourceGroups": [
+                        {
+                            "coveredResources": ["cpu"],
+                            "flavors": [
+                                {
+                                    "name": QUEUE,
+                                    "resources": [{"name": "cpu", "nominalQuota": str(pods)}],
+                                }
+                            ],
+                        }
+                    ]
+                }
+            },
+        )
+        for job in mass.jobs.values():
+            job.started = t0
+            mass.check(job, t0)
+        await wait_for(
+            lambda: all(j.done is not None for j in mass.jobs.values()), CHANGE_LIMIT, "admission"
+        )
+        end = await mass.quiet()
+        admitted = _lags(t0, dict(admissions.admitted))
+        lags = _lags(t0, {j.name: j.done for j in mass.jobs.values()})
+        names_ = list(mass.jobs)
+        result["admission"] = {
+            "floor": base,
+            "kueue_admitted_p50_max_s": f"{statistics.median(admitted):.2f} / {max(admitted):.2f}",
+            **ratios(lags, base["up_s"]),
+            "writes_per_job": per_job(mass.writes(t0, end + 1, names_), jobs),
+        }
+
+        # The eviction: Kueue drains the ClusterQueue. A job's end: its last pod gone.
+        held = {j.name: mass.pod_uids([j]) for j in mass.jobs.values()}
+        t1 = await _quota(kube, {"spec": {"stopPolicy": "HoldAndDrain"}})
+        await wait_for(
+            lambda: all(not j.pods for j in mass.jobs.values()), CHANGE_LIMIT, "eviction"
+        )
+        end = await mass.quiet()
+        lags = [max(mass.gone[uid] for uid in uids) - t1 for uids in held.values() if uids]
+        result["eviction"] = {
+            **ratios(lags, base["down_s"]),
+            "writes_per_job": per_job(mass.writes(t1, end + 1, names_), jobs),
+        }
+        result["failed_jobs"] = sum(1 for j in mass.jobs.values() if j.failed)
+    finally:
+        controller.stop()
+        for informer in informers:
+            await informer.stop()
+        await api.close()
+    result["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    return result
+
+
+def run(kubeconfig: str | None, jobs: int, workers: int) -> dict[str, Any]:
+    """One size on the given cluster (which must run KWOK), or on a fresh local one."""
+    with cluster(kubeconfig) as config:
+        k = [kubectl_binary(), "--kubeconfig", config]
+        # Room for the wave and a floor of its size at once.
+        pool_nodes(k, 10, -(-2 * jobs * (workers + 1) // 10) + 110)
+        sh(*k, "apply", "-f", str(ROOT / "config/crd/kubeflow.org_mpijobs.yaml"))
+        sh(*k, "wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
+        runner = KueueRunner(Cluster(config, k[0]), Path(tempfile.mkdtemp(prefix="bench-wave-")))
+        try:
+            runner.ensure(slices=True)
+            namespace = f"bench-wave-{os.getpid()}"
+            sh(*k, "create", "namespace", namespace)
+            floor.wait_default_service_account(k, namespace)
+            queues(k, namespace)
+            return asyncio.run(measure(config, namespace, jobs, workers))
+        finally:
+            runner.stop()
+
+
+ROWS: list[tuple[str, Any]] = [
+    ("jobs x workers; pods", lambda r: f"{r['jobs']} x {r['workers']}; {r['pods']}"),
+    (
+        "floor (32 requests in flight)",
+        lambda r: (
+            f"up {r['admission']['floor']['up_s']} s, down {r['admission']['floor']['down_s']} s"
+        ),
+    ),
+    (
+        "admission: quota raised → Workload admitted, p50 / max (Kueue's share)",
+        lambda r: f"{r['admission']['kueue_admitted_p50_max_s']} s",
+    ),
+    *[
+        (f"{what}: per job, p50 / p99 / max", lambda r, k=key: _three(r[k]))
+        for key, what in (
+            ("admission", "admission → host list right"),
+            ("eviction", "eviction → pods gone"),
+        )
+    ],
+    *[
+        (f"{key}: p50 / floor; max / floor; max / p50 (goals ≤ 1.5)", lambda r, k=key: _goals(r[k]))
+        for key in ("admission", "eviction")
+    ],
+    *[
+        (f"{key}: writes per job", lambda r, k=key: _writes(r[k]))
+        for key in ("admission", "eviction")
+    ],
+    ("jobs failed", lambda r: str(r["failed_jobs"])),
+    ("load average before / after", lambda r: f"{r['load']} / {r['load_after']}"),
+]
+
+
+def _three(change: dict[str, Any]) -> str:
+    return f"{change['p50_s']} / {change['p99_s']} / {change['max_s']} s"
+
+
+def _goals(change: dict[str, Any]) -> str:
+    return "; ".join(
+        f"{change[k]} {'✓' if change[k] <= 1.5 else '✗'}"
+        for k in ("p50_x_floor", "max_x_floor", "max_x_p50")
+    )
+
+
+def _writes(change: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in change["writes_per_job"].items()) or "0"
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    return sizes_table(ROWS, results)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", default="100", help="comma-separated sizes, e.g. 100,1000")
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--kubeconfig", default=os.environ.get("MPIJOB_ELASTIC_KUBECONFIG"))
+    args = parser.parse_args()
+    results = []
+    for size in (int(s) for s in args.jobs.split(",")):
+        results.append(run(args.kubeconfig, size, args.workers))
+        print(json.dumps(results[-1]), flush=True)
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
