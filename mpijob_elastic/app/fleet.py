@@ -11,6 +11,7 @@ which watches while some job is hungry (its growth backoff is on).
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -36,8 +37,11 @@ class Fleet:
         self.watch = watch
         watch.changed = lambda: wake(self.changed())
         # Per job, the last states of its pods deleted while disrupted, by UID, with when
-        # they went (monotonic seconds).
+        # they went (monotonic seconds); and the same entries oldest first, so that the old
+        # ones are let go without a scan of every job at each deletion (a pool's loss
+        # deletes thousands of disrupted pods at once).
         self._gone: dict[Key, dict[str, tuple[float, Obj]]] = {}
+        self._kept: deque[tuple[float, Key, str]] = deque()
 
     def config_map(self, type_: str, obj: Obj, job_uid: str | None) -> list[Key]:
         """A job's ConfigMap changed: the jobs to wake (a newly hungry job's peers, which
@@ -85,24 +89,28 @@ class Fleet:
         preemption would go unreported."""
         meta = pod["metadata"]
         now = time.monotonic()
-        for key in list(self._gone):
-            self._forget_old(key, now)
+        self._forget_old(now)
         for ref in meta.get("ownerReferences") or []:
             if ref.get("controller") and ref.get("kind") == names.KIND:
                 key = (str(meta["namespace"]), str(ref.get("name")))
-                self._gone.setdefault(key, {})[str(meta.get("uid"))] = (now, pod)
+                uid = str(meta.get("uid"))
+                self._gone.setdefault(key, {})[uid] = (now, pod)
+                self._kept.append((now, key, uid))
 
     def gone(self, key: Key) -> list[Obj]:
         """The last states of the job's pods deleted while disrupted, lately."""
-        self._forget_old(key, time.monotonic())
+        self._forget_old(time.monotonic())
         return [pod for _, pod in (self._gone.get(key) or {}).values()]
 
-    def _forget_old(self, key: Key, now: float) -> None:
-        kept = {u: e for u, e in (self._gone.get(key) or {}).items() if now - e[0] < GONE_SECONDS}
-        if kept:
-            self._gone[key] = kept
-        else:
-            self._gone.pop(key, None)
+    def _forget_old(self, now: float) -> None:
+        while self._kept and now - self._kept[0][0] >= GONE_SECONDS:
+            at, key, uid = self._kept.popleft()
+            entries = self._gone.get(key)
+            # Kept again since (the same UID deleted twice): that newer entry stays.
+            if entries is not None and uid in entries and entries[uid][0] == at:
+                del entries[uid]
+                if not entries:
+                    del self._gone[key]
 
     def others(self, key: Key) -> list[Share]:
         return [s for k, s in self.shares.items() if k != key]

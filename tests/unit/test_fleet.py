@@ -44,3 +44,20 @@ def test_a_disrupted_pod_s_last_state_is_kept_for_its_job_for_a_while(
     # Another job's delete forgets every old state: the memory does not grow with time.
     fleet.pod_deleted(pod("c-worker-0", "u9", "c", disrupted=True))
     assert set(fleet._gone) == {("ns", "c")}
+
+
+def test_a_state_kept_again_outlives_its_first_keeping(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same pod's deletion seen twice (a relist after a lost watch): its state is kept
+    from the second, not dropped when the first keeping runs out."""
+    clock = [1000.0]
+    monkeypatch.setattr("mpijob_elastic.app.fleet.time.monotonic", lambda: clock[0])
+    fleet = Fleet(CapacityWatch(None, ("ns",)), lambda _keys: None)  # type: ignore[arg-type]
+    victim = pod("a-worker-3", "u3", "a", disrupted=True)
+    fleet.pod_deleted(victim)
+    clock[0] += GONE_SECONDS / 2
+    fleet.pod_deleted(victim)
+    clock[0] += GONE_SECONDS / 2
+    assert fleet.gone(("ns", "a")) == [victim]
+    clock[0] += GONE_SECONDS / 2
+    assert fleet.gone(("ns", "a")) == []
+    assert not fleet._gone
