@@ -32,6 +32,7 @@ import os
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -413,6 +414,25 @@ def sizes_table(rows: list[tuple[str, Any]], results: list[dict[str, Any]]) -> s
     for label, cell in rows:
         lines.append(f"| {label} | " + " | ".join(cell(r) for r in results) + " |")
     return "\n".join(lines) + "\n"
+
+
+def sizes_main(
+    doc: str,
+    run: Callable[[str | None, int, int], dict[str, Any]],
+    table: Callable[[list[dict[str, Any]]], str],
+) -> None:
+    """A benchmark's command line that runs ``run(kubeconfig, jobs, workers)`` for each
+    size in --jobs, prints each result as JSON and then the table of them all."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--jobs", default="100", help="comma-separated sizes, e.g. 100,1000")
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--kubeconfig", default=os.environ.get("MPIJOB_ELASTIC_KUBECONFIG"))
+    args = parser.parse_args()
+    results = []
+    for size in (int(s) for s in args.jobs.split(",")):
+        results.append(run(args.kubeconfig, size, args.workers))
+        print(json.dumps(results[-1]), flush=True)
+    print(table(results))
 
 
 def table(results: list[dict[str, Any]]) -> str:

@@ -52,7 +52,6 @@ The pods run no processes (KWOK), so the mock driver is not part of this benchma
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -69,7 +68,7 @@ from kubernetes_asyncio import config as kube_config
 
 from bench import floor
 from bench.cluster import ROOT, Controller, cluster, job_manifest, kubectl_binary, machine, sh
-from bench.fleet import WATCHED, bounded, percentile, sizes_table, wait_for
+from bench.fleet import WATCHED, bounded, percentile, sizes_main, sizes_table, wait_for
 from mpijob_elastic.core import names
 from mpijob_elastic.machinery.informer import Informer
 from mpijob_elastic.machinery.kube import MERGE_PATCH, RESOURCES, ApiError, Kube
@@ -700,16 +699,11 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", default="100", help="comma-separated sizes, e.g. 100,1000")
-    parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--kubeconfig", default=os.environ.get("MPIJOB_ELASTIC_KUBECONFIG"))
-    args = parser.parse_args()
-    results = []
-    for size in (int(s) for s in args.jobs.split(",")):
-        results.append(run(args.kubeconfig, Options(jobs=size, workers=args.workers)))
-        print(json.dumps(results[-1]), flush=True)
-    print(table(results))
+    sizes_main(
+        __doc__ or "",
+        lambda kubeconfig, jobs, workers: run(kubeconfig, Options(jobs=jobs, workers=workers)),
+        table,
+    )
 
 
 if __name__ == "__main__":

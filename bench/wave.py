@@ -26,7 +26,6 @@ as bench/mass.py counts them, from the patch until the namespace was quiet.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -41,7 +40,7 @@ from kubernetes_asyncio import config as kube_config
 
 from bench import floor
 from bench.cluster import ROOT, Controller, cluster, job_manifest, kubectl_binary, machine, sh
-from bench.fleet import WATCHED, bounded, sizes_table, wait_for
+from bench.fleet import WATCHED, bounded, sizes_main, sizes_table, wait_for
 from bench.mass import (
     CHANGE_LIMIT,
     POOL,
@@ -70,10 +69,9 @@ _WORKLOAD_JOB = re.compile(r"^mpijob-(job-\d+)-")
 
 
 class Admissions:
-    """When each job's Workload was first seen admitted, and when its last pod went."""
+    """When each job's Workload was first seen admitted."""
 
-    def __init__(self, mass: Mass) -> None:
-        self.mass = mass
+    def __init__(self) -> None:
         self.admitted: dict[str, float] = {}
 
     def on_workload(self, type_: str, obj: Obj) -> None:
@@ -153,7 +151,7 @@ async def measure(kubeconfig: str, namespace: str, jobs: int, workers: int) -> d
     api = await kube_config.new_client_from_config(config_file=kubeconfig)
     kube = Kube(api)
     mass = Mass()
-    admissions = Admissions(mass)
+    admissions = Admissions()
     informers = [
         Informer(api, *RESOURCES[kind], mass.handler(kind), namespace=namespace, transform=slim)
         for kind in WATCHED
@@ -321,16 +319,7 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", default="100", help="comma-separated sizes, e.g. 100,1000")
-    parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--kubeconfig", default=os.environ.get("MPIJOB_ELASTIC_KUBECONFIG"))
-    args = parser.parse_args()
-    results = []
-    for size in (int(s) for s in args.jobs.split(",")):
-        results.append(run(args.kubeconfig, size, args.workers))
-        print(json.dumps(results[-1]), flush=True)
-    print(table(results))
+    sizes_main(__doc__ or "", run, table)
 
 
 if __name__ == "__main__":
