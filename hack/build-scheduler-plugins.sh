@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Builds the scheduler-plugins scheduler (kube-scheduler with the Coscheduling plugin among
 # others) from its Go module into the versioned cache, and prints the directory holding the
-# binary `kube-scheduler-plugins` and the module's PodGroup CRD `coscheduling-crd.yaml`.
+# binary `kube-scheduler-plugins`.
 #
 # The module cannot be `go install`ed: its go.mod points Kubernetes' staging modules at
 # published tags with replace directives, which only a main module may carry. So, as
 # hack/build-binaries.sh does for Kubernetes, a go.mod of ours requires the module and
 # repeats its replace directives. Progress goes to stderr; stdout is only the directory.
-# SCHEDULER_PLUGINS_BINARY points at a binary built elsewhere instead. `crd` prints the
-# CRD's path only, from the module's download, without waiting for a build under way: a
-# test that needs the PodGroup API but not the scheduler goes on at once.
+# SCHEDULER_PLUGINS_BINARY points at a binary built elsewhere instead. `crd` prints the path
+# of the module's PodGroup CRD instead, from the module's download, without waiting for a
+# build under way: a test that needs the PodGroup API but not the scheduler goes on at once.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -42,7 +42,6 @@ fi
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
 start=$SECONDS
 module_json=$(go mod download -json "sigs.k8s.io/scheduler-plugins@$version")
-module_dir=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])' <<<"$module_json")
 gomod=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])' <<<"$module_json")
 
 if [ -n "${SCHEDULER_PLUGINS_BINARY:-}" ]; then
@@ -85,7 +84,4 @@ GO
   mv "$binary.tmp" "$binary"
   log "built scheduler-plugins $version in $((SECONDS - start))s"
 fi
-crd="$bin_dir/coscheduling-crd.yaml"
-[ -s "$crd" ] || cp "$module_dir/manifests/coscheduling/crd.yaml" "$crd"
-chmod u+w "$crd"
 echo "$bin_dir"
