@@ -69,15 +69,17 @@ _WORKLOAD_JOB = re.compile(r"^mpijob-(job-\d+)-")
 
 
 class Admissions:
-    """When each job's Workload was first seen admitted."""
+    """The jobs whose Workload the watch has seen, and when each was first seen admitted."""
 
     def __init__(self) -> None:
+        self.queued: set[str] = set()
         self.admitted: dict[str, float] = {}
 
     def on_workload(self, type_: str, obj: Obj) -> None:
         match = _WORKLOAD_JOB.match(obj["metadata"]["name"])
         if match is None or type_ == "DELETED":
             return
+        self.queued.add(match.group(1))
         admitted = kueue.condition(obj, "Admitted")
         if admitted is not None and admitted.get("status") == "True":
             self.admitted.setdefault(match.group(1), time.monotonic())
@@ -173,17 +175,7 @@ async def measure(kubeconfig: str, namespace: str, jobs: int, workers: int) -> d
         await bounded(
             [lambda j=j: kube.create(queued_job(j, namespace, workers)) for j in mass.jobs]
         )
-        workloads = f"{KUEUE_API}/namespaces/{namespace}/workloads"
-
-        async def all_pending() -> int:
-            found = await kube.request("GET", workloads)
-            return len((found or {}).get("items") or [])
-
-        deadline = time.monotonic() + CHANGE_LIMIT
-        while await all_pending() < jobs:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the Workloads of every job")
-            await asyncio.sleep(1)
+        await wait_for(lambda: len(admissions.queued) == jobs, CHANGE_LIMIT, "every Workload")
         await mass.quiet()
         base = await floor.measure(api, namespace, pods, node_selector=SELECTOR)
         base.pop("marks")
