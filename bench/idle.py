@@ -4,7 +4,7 @@ N jobs of W workers are created and left to run; nothing changes. Over a window 
 clock the benchmark takes the CPU time of the controller and of the API server (both local
 processes on the KWOK cluster) and the exec requests the API server counted
 (``apiserver_request_total`` with ``subresource="exec"``, from its /metrics), in up to
-three phases on the same fleet and cluster:
+three phases on the same fleet and cluster, with the controller's RSS at each window's end:
 
 1. our controller (this checkout), then, still idle, one job's Worker replicas edited
    ``--edits`` times (up, down, ...): each edit's answer → its ``discover_hosts.sh`` listing
@@ -41,6 +41,7 @@ from bench.cluster import (
     kubectl_binary,
     machine,
     revision_tree,
+    rss_mb,
     sh,
 )
 from bench.fleet import WATCHED, Fleet, Job, bounded, percentile, slim, wait_for
@@ -86,6 +87,7 @@ async def window(
     }
     if controller:
         result["controller_core"] = round((cpu_seconds(controller) - ctl0) / took, 3)
+        result["controller_rss_mb"] = round(rss_mb(controller), 1)
     return result
 
 
@@ -213,12 +215,13 @@ def table(r: dict[str, Any]) -> str:
     lines = [
         f"Idle fleet, {r['jobs']} jobs x {r['workers']} workers, measured {r['date']}",
         "",
-        "| | controller CPU | exec/s | API server CPU | load (1, 5, 15 min) |",
-        "|---|---|---|---|---|",
+        "| | controller CPU | controller RSS | exec/s | API server CPU | load (1, 5, 15 min) |",
+        "|---|---|---|---|---|---|",
     ]
     for label, p in phases:
+        rss = f"{p['controller_rss_mb']} MB" if "controller_rss_mb" in p else "-"
         lines.append(
-            f"| {label} | {p.get('controller_core', '-')} core | {p['exec_per_s']} |"
+            f"| {label} | {p.get('controller_core', '-')} core | {rss} | {p['exec_per_s']} |"
             f" {p['apiserver_core']} core | {p['load']} |"
         )
     e = r["edit_ms"]

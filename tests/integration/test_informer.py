@@ -598,6 +598,9 @@ async def test_a_dead_watch_is_replaced_within_the_idle_bound_and_a_quiet_one_is
         # It was the idle cut that noticed, not some other end of the watch.
         assert caught_up > WATCH_IDLE_SECONDS - 5
         assert records(caplog, "taking the connection for dead") == 1
+        # Once, after the server was heard, a silence may be a bookmark late under load:
+        # the replacement is routine, not a warning (issue 33).
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
         assert informer.watching
         assert informer.healthy
         assert records(caplog, "listed") == 2  # one each; the replacement resumed, no relist
@@ -678,7 +681,8 @@ async def test_a_quiet_watch_of_events_ends_cleanly_under_the_idle_bound(
     every 65 s (issue 33, 5 runs of 6). The scheduler's Preempted Events are watched with a
     server timeout under the idle bound (app/preemptions.py). The same at a small scale,
     the idle bound made 4 s: a server timeout of 2 s ends each quiet watch cleanly; beside
-    it, one of 8 s is cut as dead, as before."""
+    it, one of 8 s is cut as dead, as before: at INFO the first time, which may be a bookmark
+    late under load, with a warning the second time in a row."""
     assert preemptions.WATCH_SECONDS * 1.1 < WATCH_IDLE_SECONDS
     monkeypatch.setattr(informer_module, "WATCH_IDLE_SECONDS", 4.0)
     caplog.set_level(logging.DEBUG, logger="mpijob_elastic.machinery.informer")
@@ -707,4 +711,7 @@ async def test_a_quiet_watch_of_events_ends_cleanly_under_the_idle_bound(
     assert watches >= 3
     assert warned == []
     _, warned = await quiet_for(6, 8)
-    assert [m for m in warned if "taking the connection for dead" in m], warned
+    assert warned == []
+    assert records(caplog, "taking the connection for dead; resuming") == 1
+    _, warned = await quiet_for(10, 8)
+    assert [m for m in warned if "for dead, 2 times in a row" in m], warned
