@@ -295,7 +295,7 @@ def _needed(floor_counts: Counter[str], floor_pods: int, pods_per_job: float) ->
     return {k: round(v, 2) for k, v in sorted(need.items())}
 
 
-async def _floor(api: Any, namespace: str, mass: Mass, count: int) -> dict[str, Any]:
+async def floor_with_events(api: Any, namespace: str, mass: Mass, count: int) -> dict[str, Any]:
     result = await floor.measure(api, namespace, count, node_selector=SELECTOR)
     marks = result.pop("marks")
     up = mass.floor_events(marks["created"], marks["deleted"])
@@ -371,7 +371,7 @@ async def _rescale(
     up = edited[1::2]
     deletes = len(down) * (w - w // 2)
     creates = len(up) * (w // 2)
-    base = await _floor(api, namespace, mass, max(creates, deletes))
+    base = await floor_with_events(api, namespace, mass, max(creates, deletes))
 
     for job in down:
         job.want = w // 2
@@ -442,7 +442,7 @@ async def _loss(
         if pod.node in lost and not pod.deleting
     ]
     hit = {job.name: job for job, _, _ in victims}
-    base = await _floor(api, namespace, mass, len(victims))
+    base = await floor_with_events(api, namespace, mass, len(victims))
     before = mass.pod_uids(hit.values())
 
     t0 = time.monotonic()
@@ -639,11 +639,11 @@ def _loss_rows(key: str, what: str) -> list[tuple[str, Any]]:
             f"{what}: writes per job hit (pods lost per job)",
             lambda r: f"{_kinds(r[key]['writes_per_job'])} ({r[key]['pods_per_job']})",
         ),
-        (f"{what}: Pod events per pod that left / new / kept", lambda r: _pods(r[key])),
+        (f"{what}: Pod events per pod that left / new / kept", lambda r: pod_events(r[key])),
     ]
 
 
-def _pods(change: dict[str, Any]) -> str:
+def pod_events(change: dict[str, Any]) -> str:
     """Pod events per pod of each sort, and the floor's per pod (created to Running, deleted
     to gone) beside them."""
     f = change["floor"]
@@ -686,7 +686,7 @@ ROWS: list[tuple[str, Any]] = [
         "rescale: writes per job ↑ seen / one change needs",
         lambda r: _seen_needed(r["rescale"], "up"),
     ),
-    ("rescale: Pod events per pod that left / new / kept", lambda r: _pods(r["rescale"])),
+    ("rescale: Pod events per pod that left / new / kept", lambda r: pod_events(r["rescale"])),
     *_loss_rows("loss", "loss, evicted (NoExecute)"),
     *_loss_rows("loss_delete", "loss, deleted (NoSchedule + deletes)"),
     ("jobs failed at the end; all host lists right", lambda r: _end(r)),

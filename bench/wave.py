@@ -48,7 +48,9 @@ from bench.mass import (
     SELECTOR,
     Job,
     Mass,
+    floor_with_events,
     per_job,
+    pod_events,
     pool_nodes,
     ratios,
     slim,
@@ -177,9 +179,7 @@ async def measure(kubeconfig: str, namespace: str, jobs: int, workers: int) -> d
         )
         await wait_for(lambda: len(admissions.queued) == jobs, CHANGE_LIMIT, "every Workload")
         await mass.quiet()
-        base = await floor.measure(api, namespace, pods, node_selector=SELECTOR)
-        base.pop("marks")
-        await mass.quiet()
+        base = await floor_with_events(api, namespace, mass, pods)
 
         # The wave: room for every job at once.
         t0 = await _quota(
@@ -215,6 +215,7 @@ async def measure(kubeconfig: str, namespace: str, jobs: int, workers: int) -> d
             "kueue_admitted_p50_max_s": f"{statistics.median(admitted):.2f} / {max(admitted):.2f}",
             **ratios(lags, base["up_s"]),
             "writes_per_job": per_job(mass.writes(t0, end + 1, names_), jobs),
+            "pod_writes": mass.pod_writes(t0, end + 1, mass.jobs.values(), set()),
         }
 
         # The eviction: Kueue drains the ClusterQueue. A job's end: its last pod gone.
@@ -286,6 +287,10 @@ ROWS: list[tuple[str, Any]] = [
         (f"{key}: writes per job", lambda r, k=key: _writes(r[k]))
         for key in ("admission", "eviction")
     ],
+    (
+        "admission: Pod events per pod that left / new / kept",
+        lambda r: pod_events(r["admission"]),
+    ),
     ("jobs failed", lambda r: str(r["failed_jobs"])),
     ("load average before / after", lambda r: f"{r['load']} / {r['load_after']}"),
 ]

@@ -31,8 +31,11 @@ kubeconfig=$("$kind_hack/kind-up.sh")
 eval "$("$kind_hack/images.sh" | sed 's/^/export /')"
 BIN_DIR=$(PATH="/usr/local/go/bin:$PATH" "$kind_hack/build-binaries.sh")
 export PATH="$BIN_DIR:$PATH"
-# Built now (about 80 s the first time), so that a build failure stops the run early.
-PATH="/usr/local/go/bin:$PATH" "$kind_hack/build-helm.sh" >/dev/null
+# Built beside the suite (about 80 s the first time), waited for only before the chart's
+# run: under `make test` another build of it may hold its lock, and the suite waited 2 min
+# for that at its start (2026-12-06, from nothing).
+PATH="/usr/local/go/bin:$PATH" "$kind_hack/build-helm.sh" >/dev/null &
+helm_build=$!
 k() { kubectl --kubeconfig "$kubeconfig" "$@"; }
 
 overlay=$(mktemp -d)
@@ -148,5 +151,6 @@ if [ "${KEEP_CLUSTER:-}" = 1 ]; then
   exit 0
 fi
 uninstall
+wait "$helm_build" || die "the helm build failed (hack/build-helm.sh)"
 # The same install as a Helm chart, on the same cluster (it cleans up after itself).
 "$kind_hack/e2e-kind-helm.sh" "$kubeconfig"
