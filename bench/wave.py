@@ -3,8 +3,9 @@
 Issue 33's third mass change ("Kueue admits or evicts a wave"). N MPIJobs of W workers
 (min W/2, max W), each labelled for a LocalQueue whose ClusterQueue has no quota yet, wait
 as Workloads Kueue cannot admit. Kueue (built by hack/build-kueue.sh, run as the tests run
-it: tests/kueue.py, workload slices on) and our controller run as processes against the
-local KWOK cluster, on the pool of fake nodes bench/mass.py uses. Then:
+it: tests/kueue.py, workload slices on, but with Kueue's default PodsReady timeout, 5 min)
+and our controller run as processes against the local KWOK cluster, on the pool of fake
+nodes bench/mass.py uses. Then:
 
 1. **Floor** (``bench/floor.py``): N(W+1) plain pods, the wave's pod count, created by the
    32-request client to Running (``up``) and deleted to gone (``down``).
@@ -76,6 +77,10 @@ class Admissions:
     def __init__(self) -> None:
         self.queued: set[str] = set()
         self.admitted: dict[str, float] = {}
+        # Evicted for not running all their pods within Kueue's PodsReady timeout.
+        self.pods_ready_timeouts: set[str] = set()
+        # When each job's Workload was last seen turn Evicted.
+        self.evicted: dict[str, float] = {}
 
     def on_workload(self, type_: str, obj: Obj) -> None:
         match = _WORKLOAD_JOB.match(obj["metadata"]["name"])
@@ -85,6 +90,13 @@ class Admissions:
         admitted = kueue.condition(obj, "Admitted")
         if admitted is not None and admitted.get("status") == "True":
             self.admitted.setdefault(match.group(1), time.monotonic())
+        evicted = kueue.condition(obj, "Evicted")
+        if evicted is None or evicted.get("status") != "True":
+            self.evicted.pop(match.group(1), None)
+            return
+        self.evicted.setdefault(match.group(1), time.monotonic())
+        if evicted.get("reason") == "PodsReadyTimeout":
+            self.pods_ready_timeouts.add(match.group(1))
 
 
 def queues(k: list[str], namespace: str) -> None:
@@ -145,6 +157,10 @@ async def _quota(kube: Kube, patch: Obj) -> float:
     """Patches the ClusterQueue; the time its answer came."""
     await kube.request("PATCH", f"{KUEUE_API}/clusterqueues/{QUEUE}", patch, MERGE_PATCH)
     return time.monotonic()
+
+
+def _p50_max(lags: list[float]) -> str:
+    return f"{statistics.median(lags):.2f} / {max(lags):.2f}" if lags else "-"
 
 
 def _lags(start: float, ends: dict[str, float | None]) -> list[float]:
@@ -212,10 +228,11 @@ async def measure(kubeconfig: str, namespace: str, jobs: int, workers: int) -> d
         names_ = list(mass.jobs)
         result["admission"] = {
             "floor": base,
-            "kueue_admitted_p50_max_s": f"{statistics.median(admitted):.2f} / {max(admitted):.2f}",
+            "kueue_admitted_p50_max_s": _p50_max(admitted),
             **ratios(lags, base["up_s"]),
             "writes_per_job": per_job(mass.writes(t0, end + 1, names_), jobs),
             "pod_writes": mass.pod_writes(t0, end + 1, mass.jobs.values(), set()),
+            "pods_ready_timeouts": len(admissions.pods_ready_timeouts),
         }
 
         # The eviction: Kueue drains the ClusterQueue. A job's end: its last pod gone.
@@ -225,8 +242,13 @@ async def measure(kubeconfig: str, namespace: str, jobs: int, workers: int) -> d
             lambda: all(not j.pods for j in mass.jobs.values()), CHANGE_LIMIT, "eviction"
         )
         end = await mass.quiet()
-        lags = [max(mass.gone[uid] for uid in uids) - t1 for uids in held.values() if uids]
+        gone = {job: max(mass.gone[uid] for uid in uids) for job, uids in held.items() if uids}
+        lags = [at - t1 for at in gone.values()]
+        evicted = {j: t for j, t in admissions.evicted.items() if t >= t1}
+        ours = [gone[j] - evicted[j] for j in gone if j in evicted]
         result["eviction"] = {
+            "kueue_evicted_p50_max_s": _p50_max(_lags(t1, dict(evicted))),
+            "controller_share_p50_max_s": _p50_max(ours),
             **ratios(lags, base["down_s"]),
             "writes_per_job": per_job(mass.writes(t1, end + 1, names_), jobs),
         }
@@ -248,7 +270,11 @@ def run(kubeconfig: str | None, jobs: int, workers: int) -> dict[str, Any]:
         pool_nodes(k, 10, -(-2 * jobs * (workers + 1) // 10) + 110)
         sh(*k, "apply", "-f", str(ROOT / "config/crd/kubeflow.org_mpijobs.yaml"))
         sh(*k, "wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
-        runner = KueueRunner(Cluster(config, k[0]), Path(tempfile.mkdtemp(prefix="bench-wave-")))
+        # Kueue's own default PodsReady timeout: the tests' 15 s evicted 79 of 100 jobs of
+        # the wave and made their pods again (2026-12-06 15:10), the floor itself taking 16 s.
+        runner = KueueRunner(
+            Cluster(config, k[0]), Path(tempfile.mkdtemp(prefix="bench-wave-")), "5m"
+        )
         try:
             runner.ensure(slices=True)
             namespace = f"bench-wave-{os.getpid()}"
@@ -272,6 +298,14 @@ ROWS: list[tuple[str, Any]] = [
         "admission: quota raised → Workload admitted, p50 / max (Kueue's share)",
         lambda r: f"{r['admission']['kueue_admitted_p50_max_s']} s",
     ),
+    (
+        "eviction: queue stopped → Workload evicted, p50 / max (Kueue's share)",
+        lambda r: f"{r['eviction'].get('kueue_evicted_p50_max_s', '-')} s",
+    ),
+    (
+        "eviction: Workload evicted → the job's last pod gone, p50 / max (ours)",
+        lambda r: f"{r['eviction'].get('controller_share_p50_max_s', '-')} s",
+    ),
     *[
         (f"{what}: per job, p50 / p99 / max", lambda r, k=key: _three(r[k]))
         for key, what in (
@@ -290,6 +324,10 @@ ROWS: list[tuple[str, Any]] = [
     (
         "admission: Pod events per pod that left / new / kept",
         lambda r: pod_events(r["admission"]),
+    ),
+    (
+        "admission: jobs Kueue evicted for their pods not ready in time",
+        lambda r: str(r["admission"].get("pods_ready_timeouts", "-")),
     ),
     ("jobs failed", lambda r: str(r["failed_jobs"])),
     ("load average before / after", lambda r: f"{r['load']} / {r['load_after']}"),

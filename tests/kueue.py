@@ -52,7 +52,7 @@ def _build(what: str) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def configuration(cert_dir: Path) -> dict[str, Any]:
+def configuration(cert_dir: Path, pods_ready_timeout: str) -> dict[str, Any]:
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
@@ -62,8 +62,7 @@ def configuration(cert_dir: Path) -> dict[str, Any]:
         "webhook": {"port": free_port(), "host": "127.0.0.1", "certDir": str(cert_dir)},
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
-        # Short, so a job whose Workload never got PodsReady would be evicted within a test.
-        "waitForPodsReady": {"timeout": "15s", "blockAdmission": False},
+        "waitForPodsReady": {"timeout": pods_ready_timeout, "blockAdmission": False},
         "integrations": {
             # Kueue's own MPIJob integration speaks v2beta1 of the same group and kind.
             "frameworks": ["batch/job"],
@@ -90,7 +89,9 @@ class KueueRunner:
     on or off: a test module asks for one (``kueue``, ``kueue_without_slices``), and the
     manager is restarted only when the gate must change."""
 
-    def __init__(self, cluster: Cluster, home: Path) -> None:
+    # Short, so a job whose Workload never got PodsReady would be evicted within a test.
+    # bench/wave.py takes Kueue's default: a wave's last pods run after 15 s.
+    def __init__(self, cluster: Cluster, home: Path, pods_ready_timeout: str = "15s") -> None:
         self.cluster, self.home = cluster, home
         self.binary = _build("binary")
         self.crds = _build("crds")
@@ -113,7 +114,7 @@ class KueueRunner:
         cluster.kubectl("create", "namespace", "kueue-system", check=False)
         _certificate(home / "certs")
         self.config = home / "config.yaml"
-        self.config.write_text(yaml.safe_dump(configuration(home / "certs")))
+        self.config.write_text(yaml.safe_dump(configuration(home / "certs", pods_ready_timeout)))
 
     def ensure(self, slices: bool) -> Kueue:
         if self.running is not None and self.running.slices == slices:
