@@ -32,10 +32,9 @@ once per ``WATCH_IDLE_SECONDS`` with a warning that says why. A bookmark late un
 connection once: the first silence after the server was heard is logged at INFO and the
 watch resumed at once; only a second in a row, with nothing heard on either connection,
 is a WARNING (a server that sends no bookmarks, a relay that keeps dropping the stream).
-Events are served without
-one by default (kube-apiserver disables the watch cache for them): an informer of Events
-sets a server timeout under ``WATCH_IDLE_SECONDS``, so that its quiet watches end cleanly
-and start again instead (app/preemptions.py).
+Events are served without one by default (kube-apiserver disables the watch cache for
+them): an informer of Events sets a server timeout under ``WATCH_IDLE_SECONDS``, so that
+its quiet watches end cleanly and start again instead (app/preemptions.py).
 
 The HTTP is done through the ApiClient (so its authentication, including refreshed tokens,
 applies) with ``_preload_content=False``, and the JSON is parsed here: kubernetes_asyncio's
