@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -186,12 +185,17 @@ def namespace(cluster: Cluster) -> Iterator[str]:
         "/api/v1/namespaces",
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
     )
-    # Pods need the default ServiceAccount, which the controller-manager adds shortly after;
-    # under a load of 14 it once took longer than 30 s (cluster-up.sh allows 90).
-    deadline = time.monotonic() + 90
-    while cluster.raw("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default") is None:
-        assert time.monotonic() < deadline, f"no default ServiceAccount in {name} after 90 s"
-        time.sleep(0.1)
+    # Pods need the default ServiceAccount. The controller-manager adds it, but on a starved
+    # machine not always within 90 s (3 tests of one cluster in a make test from nothing,
+    # load 32, 2026-12-06): made here, it is one request, and the controller-manager's own
+    # create then meets ours and keeps it.
+    with contextlib.suppress(AssertionError):  # 409: the controller-manager was first
+        cluster.raw(
+            "POST",
+            f"/api/v1/namespaces/{name}/serviceaccounts",
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}},
+        )
+    assert cluster.raw("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default") is not None
     yield name
     delete_namespace(cluster, name)
 
