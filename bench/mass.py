@@ -282,6 +282,11 @@ def ratios(lags: list[float], floor_s: float) -> dict[str, float]:
     }
 
 
+def p50_max(lags: list[float]) -> str:
+    """``p50 / max`` of seconds, or "-" for none."""
+    return f"{statistics.median(lags):.2f} / {max(lags):.2f}" if lags else "-"
+
+
 def per_job(counts: Counter[str], jobs: int) -> dict[str, float]:
     return {k: round(v / jobs, 2) for k, v in sorted(counts.items())} if jobs else {}
 
@@ -396,8 +401,9 @@ async def _rescale(
     floor_s = base["up_s"] + base["down_s"]
 
     def lag(jobs: list[Job]) -> str:
-        got = [j.done - j.started for j in jobs if j.done is not None and j.started is not None]
-        return f"{statistics.median(got):.2f} / {max(got):.2f}" if got else "-"
+        return p50_max(
+            [j.done - j.started for j in jobs if j.done is not None and j.started is not None]
+        )
 
     result["rescale"] = {
         "floor": base,

@@ -31,7 +31,6 @@ import asyncio
 import json
 import os
 import re
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -50,6 +49,7 @@ from bench.mass import (
     Job,
     Mass,
     floor_with_events,
+    p50_max,
     per_job,
     pod_events,
     pool_nodes,
@@ -159,10 +159,6 @@ async def _quota(kube: Kube, patch: Obj) -> float:
     return time.monotonic()
 
 
-def _p50_max(lags: list[float]) -> str:
-    return f"{statistics.median(lags):.2f} / {max(lags):.2f}" if lags else "-"
-
-
 def _lags(start: float, ends: dict[str, float | None]) -> list[float]:
     return [end - start for end in ends.values() if end is not None]
 
@@ -228,7 +224,7 @@ async def measure(kubeconfig: str, namespace: str, jobs: int, workers: int) -> d
         names_ = list(mass.jobs)
         result["admission"] = {
             "floor": base,
-            "kueue_admitted_p50_max_s": _p50_max(admitted),
+            "kueue_admitted_p50_max_s": p50_max(admitted),
             **ratios(lags, base["up_s"]),
             "writes_per_job": per_job(mass.writes(t0, end + 1, names_), jobs),
             "pod_writes": mass.pod_writes(t0, end + 1, mass.jobs.values(), set()),
@@ -247,8 +243,8 @@ async def measure(kubeconfig: str, namespace: str, jobs: int, workers: int) -> d
         evicted = {j: t for j, t in admissions.evicted.items() if t >= t1}
         ours = [gone[j] - evicted[j] for j in gone if j in evicted]
         result["eviction"] = {
-            "kueue_evicted_p50_max_s": _p50_max(_lags(t1, dict(evicted))),
-            "controller_share_p50_max_s": _p50_max(ours),
+            "kueue_evicted_p50_max_s": p50_max(_lags(t1, dict(evicted))),
+            "controller_share_p50_max_s": p50_max(ours),
             **ratios(lags, base["down_s"]),
             "writes_per_job": per_job(mass.writes(t1, end + 1, names_), jobs),
         }
