@@ -38,10 +38,16 @@ objects (its pods, ConfigMaps, Role, RoleBinding, ServiceAccount, budget, MPIJob
 Events named after them), from the first edit (or taint) until the namespace was quiet
 for 5 s, per job, by kind, beside what one change needs: the floor's own events per pod
 (creation, scheduling, KWOK's Running, deletion: on the Pod and Event watches) for each
-pod the change creates or deletes, plus one write each of the host list (ConfigMap), the
-Role (exec on the new set of workers), the launcher's refresh annotation (a Pod MODIFIED),
-the MPIJob's status and its ScaledUp/ScaledDown Event, and the edit itself (an MPIJob
-MODIFIED).
+pod the change creates or deletes, plus the writes of the change itself (``NEEDS_DOWN``,
+``NEEDS_UP``): the edit (an MPIJob MODIFIED); the status twice, while the change is under
+way (``Scaling`` true) and once it is done; the Role once (exec on the new set of
+workers); the launcher's refresh annotation once (a Pod MODIFIED); its ScaledUp or
+WorkerDeleted Event. A scale-in writes its host list once (both files in one write) and
+gives each victim its ``worker-leaving`` notice before its delete (a Pod MODIFIED each);
+the benchmark's drain of 0 s adds its ``DrainDisabled`` warning. A scale-out writes the
+``hostfile`` at its edit (as training-operator 1.9 does: a launcher that starts reads it)
+and ``discover_hosts.sh`` once its workers run. Changes of the job's goodput state
+(docs/operations.md) are written with the status when they come apart from it.
 
 The pods run no processes (KWOK), so the mock driver is not part of this benchmark; its
 "failures" here are jobs whose Failed condition is true; launcher restarts
@@ -88,8 +94,10 @@ CHANGE_LIMIT = 900.0
 # Every object of a job is named after it: job-7, job-7-worker-3, job-7-config, and its
 # Events job-7-worker-3.<hash>.
 _JOB = re.compile(r"^(job-\d+)(?:[-.]|$)")
-# Writes one change needs besides its pods' own (the module's docstring).
-ONE_CHANGE = {"ConfigMap": 1, "Role": 1, "MPIJob": 2, "Event": 1, "Pod": 1}
+# Writes one change needs besides its pods' own (the module's docstring); a scale-in's
+# Pod writes also count a notice per victim (``_needed``).
+NEEDS_DOWN = {"ConfigMap": 1, "Role": 1, "MPIJob": 3, "Event": 2, "Pod": 1}
+NEEDS_UP = {"ConfigMap": 2, "Role": 1, "MPIJob": 3, "Event": 1, "Pod": 1}
 
 
 def slim(obj: Obj) -> Obj:
@@ -138,6 +146,7 @@ class Pod:
     node: str
     deleting: bool
     uid: str
+    running: float | None = None  # when first seen Running
 
 
 @dataclass
@@ -182,7 +191,11 @@ class Mass:
                     self.gone[uid] = now
                 else:
                     node = (obj.get("spec") or {}).get("nodeName") or ""
-                    job.pods[name] = Pod(node, "deletionTimestamp" in obj["metadata"], uid)
+                    was = job.pods.get(name)
+                    running = was.running if was is not None and was.uid == uid else None
+                    if running is None and (obj.get("status") or {}).get("phase") == "Running":
+                        running = now
+                    job.pods[name] = Pod(node, "deletionTimestamp" in obj["metadata"], uid, running)
             elif kind == "ConfigMap" and name == names.config_map_name(owner):
                 script = (
                     "" if type_ == "DELETED" else (obj.get("data") or {}).get(names.DISCOVER_HOSTS)
@@ -291,12 +304,17 @@ def per_job(counts: Counter[str], jobs: int) -> dict[str, float]:
     return {k: round(v / jobs, 2) for k, v in sorted(counts.items())} if jobs else {}
 
 
-def _needed(floor_counts: Counter[str], floor_pods: int, pods_per_job: float) -> dict[str, float]:
+def _needed(
+    floor_counts: Counter[str], floor_pods: int, pods_per_job: float, down: bool
+) -> dict[str, float]:
     """What one change of ``pods_per_job`` pods up or down needs, per kind: the floor's
-    events per pod for each (creation to Running, or deletion to gone) plus ONE_CHANGE."""
+    events per pod for each (creation to Running, or deletion to gone), its own writes,
+    and a scale-in's notice to each victim."""
     need = {k: v / max(floor_pods, 1) * pods_per_job for k, v in floor_counts.items()}
-    for kind, n in ONE_CHANGE.items():
+    for kind, n in (NEEDS_DOWN if down else NEEDS_UP).items():
         need[kind] = need.get(kind, 0.0) + n
+    if down:
+        need["Pod"] += pods_per_job
     return {k: round(v, 2) for k, v in sorted(need.items())}
 
 
@@ -405,6 +423,15 @@ async def _rescale(
             [j.done - j.started for j in jobs if j.done is not None and j.started is not None]
         )
 
+    def controller_share(jobs: list[Job]) -> str:
+        """Per job scaled up, its last new worker seen Running → its host list right."""
+        lags = []
+        for j in jobs:
+            runs = [p.running for p in j.pods.values() if p.uid not in before and p.running]
+            if j.done is not None and runs:
+                lags.append(j.done - max(runs))
+        return p50_max(lags)
+
     result["rescale"] = {
         "floor": base,
         "jobs": len(edited),
@@ -413,11 +440,14 @@ async def _rescale(
         "all_s": round(t1 - t0, 2),
         "down_p50_max_s": lag(down),
         "up_p50_max_s": lag(up),
+        "up_running_to_right_s": controller_share(up),
         **ratios(lags, floor_s),
         "writes_per_job_down": per_job(mass.writes(t0, end + 1, (j.name for j in down)), len(down)),
         "writes_per_job_up": per_job(mass.writes(t0, end + 1, (j.name for j in up)), len(up)),
-        "needed_per_job_down": _needed(Counter(base["events_down"]), base["pods"], (w - w // 2)),
-        "needed_per_job_up": _needed(Counter(base["events_up"]), base["pods"], w // 2),
+        "needed_per_job_down": _needed(
+            Counter(base["events_down"]), base["pods"], w - w // 2, down=True
+        ),
+        "needed_per_job_up": _needed(Counter(base["events_up"]), base["pods"], w // 2, down=False),
         "pod_writes": mass.pod_writes(t0, end + 1, edited, before),
     }
     for job in edited:
@@ -683,6 +713,10 @@ ROWS: list[tuple[str, Any]] = [
     (
         "rescale: p50 / max of the jobs ↓, of the jobs ↑",
         lambda r: f"{r['rescale']['down_p50_max_s']} s, {r['rescale']['up_p50_max_s']} s",
+    ),
+    (
+        "rescale: per job ↑, its last new worker Running → host list right, p50 / max",
+        lambda r: f"{r['rescale']['up_running_to_right_s']} s",
     ),
     (
         "rescale: writes per job ↓ seen / one change needs",

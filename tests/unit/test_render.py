@@ -467,6 +467,10 @@ def test_exit_code_policy_maps_to_never() -> None:
     assert render_pods.worker_pod(parse(job, 30), 0)["spec"]["restartPolicy"] == "Never"
 
 
-def test_config_hash_changes_with_the_data_only() -> None:
-    assert render.config_hash({"a": "1"}) == render.config_hash({"a": "1"})
-    assert render.config_hash({"a": "1"}) != render.config_hash({"a": "2"})
+def test_config_hash_changes_with_the_files_a_running_launcher_reads_again() -> None:
+    data = {names.HOSTFILE: "a\n", names.KUBEXEC: "k", names.DISCOVER_HOSTS: "echo a\n"}
+    assert render.config_hash(data) == render.config_hash(dict(data))
+    for key in (names.KUBEXEC, names.DISCOVER_HOSTS):
+        assert render.config_hash(data) != render.config_hash({**data, key: "changed"})
+    # Read once, at start: a scale-out's hostfile change costs no launcher patch.
+    assert render.config_hash(data) == render.config_hash({**data, names.HOSTFILE: "a\nb\n"})

@@ -2,12 +2,20 @@
 
 The job's wanted list (its kept workers that can take ranks and that the Role we wrote
 grants) goes through the rules of Horovod's driver (host_rules.py) at this one place.
+
+The workers of one change enter the list together (``gathered``): each host-list change
+is one reset of the driver, and after one that added hosts the list holds still until
+their ranks have joined (host_rules.py, rule 1), so a worker that started a moment after
+its sibling was listed would wait a whole reset, and a second reset would stop every rank
+again. A new worker that runs waits, ``GATHER_SECONDS`` at most from its start, while the
+others of its change are being created or start.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from mpijob_elastic.core import names
@@ -15,10 +23,14 @@ from mpijob_elastic.core.hosts import drain, host_rules
 from mpijob_elastic.core.hosts.membership import Membership
 from mpijob_elastic.core.objects import render
 from mpijob_elastic.core.outputs.turn import Turn
-from mpijob_elastic.core.sizing import opportunistic
 from mpijob_elastic.core.spec.model import JobSpec
 from mpijob_elastic.core.times import format_precise_time
 from mpijob_elastic.core.workers import Worker, discovered_hosts
+
+# How long a new worker that runs waits for the others of its change to be listed with it:
+# pods created together start within a second or two of each other on an idle cluster; a
+# sibling later than this goes into the next reset.
+GATHER_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -42,14 +54,18 @@ def hosts(
     create_now: Sequence[int],
     launcher: Mapping[str, Any] | None,
 ) -> Hosts:
+    current = discovered_hosts((turn.observed.config_map or {}).get("data"))
     # Exec rights only on pods the job controls or creates in this turn: never on a
-    # name that someone else's pod holds.
-    role_names = by_index(spec.name, workers, create_now)
+    # name that someone else's pod holds. A terminating worker keeps them only while it
+    # is listed (the driver may start ranks on it until then): so a scale-in's victims
+    # leave the Role in one write once deleted, not one write each as they vanish.
+    granting = [w for w in workers if not w.terminating or w.name in current]
+    role_names = by_index(spec.name, granting, create_now)
     granted = render.exec_names(turn.observed.role)
     main = spec.main_container
     listed = [w.name for w in m.keep if w.can_take_ranks(main) and w.name in granted]
-    current = discovered_hosts((turn.observed.config_map or {}).get("data"))
-    listed = opportunistic.gathered(turn, spec, m.keep, listed, current, bool(create_now))
+    if _driver_reads(launcher):
+        listed = gathered(turn, spec, m.keep, listed, current, bool(create_now))
     # A launcher that is a host may exec into itself once it exists as the job's (a pod
     # of that name that is not ours is never granted), and is listed, first, once the
     # Role we wrote grants it. It is no worker: never a victim, not counted against
@@ -64,6 +80,45 @@ def hosts(
     launcher_listed = launcher_host and names.launcher_name(spec.name) in granted
     rules = _allowed_hosts(turn, spec, workers, m, listed, launcher, launcher_listed)
     return Hosts(role_names, list(rules.hosts), launcher_listed, rules)
+
+
+def _driver_reads(launcher: Mapping[str, Any] | None) -> bool:
+    """Whether a driver reads the list: a running launcher. Before it runs a change costs
+    no reset, and the launcher is created once the list holds the workers it needs."""
+    return (
+        launcher is not None
+        and not launcher["metadata"].get("deletionTimestamp")
+        and (launcher.get("status") or {}).get("phase") == "Running"
+    )
+
+
+def gathered(
+    turn: Turn,
+    spec: JobSpec,
+    keep: Sequence[Worker],
+    wanted: Sequence[str],
+    listed: set[str],
+    creating: bool,
+) -> list[str]:
+    """The host list the job wants, less the new workers that wait for the rest of their
+    change: while workers are created this turn or a kept one cannot be listed yet
+    (unplaced, starting, or its exec grant not written yet), a new one that runs waits up
+    to ``GATHER_SECONDS`` from its start."""
+    main = spec.main_container
+    coming = creating or any(w.name not in wanted and w.name not in listed for w in keep)
+    if not coming:
+        return list(wanted)
+    by_name = {w.name: w for w in keep}
+    hold = timedelta(seconds=GATHER_SECONDS)
+    out = []
+    for name in wanted:
+        worker = by_name.get(name)
+        since = worker.running_since(main) if worker is not None else None
+        if name not in listed and since is not None and turn.now < since + hold:
+            turn.requeue((since + hold - turn.now).total_seconds())
+        else:
+            out.append(name)
+    return out
 
 
 def _allowed_hosts(

@@ -187,8 +187,18 @@ def config_data(
     }
 
 
+# The files a running launcher reads again: Horovod's driver runs discover_hosts.sh every
+# second and each rank's remote shell runs kubexec.sh. The hostfile is read once, at start
+# (mpirun and horovodrun alike): a change of it alone needs no refresh of the launcher.
+REREAD = (names.DISCOVER_HOSTS, names.KUBEXEC)
+
+
 def config_hash(data: Mapping[str, str]) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+    """The hash the launcher's ``names.ANN_CONFIG_HASH`` carries: of the files it reads
+    again, so that it is patched (and its mounted files refreshed) when one of them
+    changed, not on every write of the ConfigMap."""
+    read = {k: v for k, v in data.items() if k in REREAD}
+    return hashlib.sha256(json.dumps(read, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def config_map(

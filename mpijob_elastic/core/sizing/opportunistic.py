@@ -12,10 +12,8 @@ room; this module never models the cluster's capacity. It only probes:
   as many probes as it runs. It grows only while the baseline is complete and the
   scheduler has placed every opportunistic pod (bound to a node: a bound pod has its room,
   its containers may still be starting); an unplaced pod is a probe not yet answered.
-  The workers of a step enter ``discover_hosts.sh`` together (``gathered``): one that runs
-  waits, ``GATHER_SECONDS`` at most, while its step's others are being created or start,
-  since each host-list change is one reset of the driver, and after one that adds hosts
-  the list holds still until their ranks have joined (host_rules.py, rule 1).
+  The workers of a step enter ``discover_hosts.sh`` together, as any change's do
+  (host_list.py, ``gathered``).
 * An opportunistic pod the scheduler reports unschedulable (``PodScheduled=False``,
   ``Unschedulable``) is deleted at once (a Pending pod holds no rank), and growth backs
   off: 10 s doubling per failed probe up to ``--growth-backoff-max-seconds``. A probe
@@ -61,10 +59,6 @@ BACKOFF_SECONDS = 10.0
 # backoff step.
 WAVE = timedelta(seconds=5)
 PREEMPTED = "preempted"
-# How long a running worker of a growth step waits for its siblings to be listed with it:
-# pods of one step start within a second or two of each other; a sibling later than this
-# goes into the next reset.
-GATHER_SECONDS = 5.0
 
 
 def _condition(worker: Worker, type_: str) -> Mapping[str, Any] | None:
@@ -283,40 +277,6 @@ def mark(pod: dict[str, Any], spec: JobSpec, settings: Settings) -> dict[str, An
     pod_spec.pop("priority", None)
     pod_spec.pop("preemptionPolicy", None)
     return pod
-
-
-def gathered(
-    turn: Turn,
-    spec: JobSpec,
-    keep: Sequence[Worker],
-    wanted: Sequence[str],
-    listed: set[str],
-    creating: bool,
-) -> list[str]:
-    """The host list the job wants, less the new opportunistic workers that wait for the
-    rest of their growth step: while workers are created this turn or a kept
-    opportunistic one cannot be listed yet (unplaced, starting, or its exec grant not
-    written yet), one that runs waits up to ``GATHER_SECONDS`` so that they enter the list
-    together. Each host-list change is a reset of the driver, and rule 1 (host_rules.py)
-    holds the list after one that added hosts until their ranks have joined: a worker
-    that came a moment too late would wait a whole reset, and one that waits here for a
-    slow sibling waits no longer than a few seconds."""
-    main = spec.main_container
-    coming = creating or any(w.opportunistic and w.name not in wanted for w in keep)
-    if not spec.opportunistic or not coming:
-        return list(wanted)
-    by_name = {w.name: w for w in keep}
-    hold = timedelta(seconds=GATHER_SECONDS)
-    out = []
-    for name in wanted:
-        worker = by_name.get(name)
-        since = worker.running_since(main) if worker is not None else None
-        new = worker is not None and worker.opportunistic and name not in listed
-        if new and since is not None and turn.now < since + hold:
-            turn.requeue((since + hold - turn.now).total_seconds())
-        else:
-            out.append(name)
-    return out
 
 
 def grown(turn: Turn, workers: Sequence[Worker], listed: Sequence[str], old: set[str]) -> None:
