@@ -132,7 +132,9 @@ def start(c: Cluster, name: str) -> None:
     """The pod runs, with its start time as a kubelet reports it (the simulation's pods
     carry none: taken as running for long)."""
     c.world.start(name)
-    pod = copy.deepcopy(c.get("Pod", name))
+    found = c.get("Pod", name)
+    assert found is not None
+    pod = copy.deepcopy(found)
     for status in pod["status"]["containerStatuses"]:
         status["state"]["running"]["startedAt"] = format_precise_time(c.now)
     c.world._put(pod)
