@@ -129,6 +129,9 @@ def slim(obj: Obj) -> Obj:
         kept["status"] = {k: status[k] for k in ("phase", "conditions") if k in status}
     if "reason" in obj:
         kept["reason"] = obj["reason"]
+    fields = [f for f in meta.get("managedFields") or [] if isinstance(f, dict)]
+    if fields:
+        kept["writer"] = max(fields, key=lambda f: str(f.get("time", ""))).get("manager", "")
     return kept
 
 
@@ -167,8 +170,9 @@ class Mass:
 
     jobs: dict[str, Job] = field(default_factory=dict)
     lost: set[str] = field(default_factory=set)
-    # (when, kind, the job it is of or "", the object's UID)
-    changes: list[tuple[float, str, str, str]] = field(default_factory=list)
+    # (when, kind, the job it is of or "", the object's UID, who wrote it last: the
+    # field manager of its newest managedFields entry, to the second)
+    changes: list[tuple[float, str, str, str, str]] = field(default_factory=list)
     restarts: list[float] = field(default_factory=list)
     gone: dict[str, float] = field(default_factory=dict)  # pod UID: when seen deleted
 
@@ -178,7 +182,8 @@ class Mass:
             name = obj["metadata"]["name"]
             match = _JOB.match(name)
             owner = match.group(1) if match else ""
-            self.changes.append((now, kind, owner, obj["metadata"].get("uid", "")))
+            writer = "" if type_ == "DELETED" else str(obj.get("writer", ""))
+            self.changes.append((now, kind, owner, obj["metadata"].get("uid", ""), writer))
             job = self.jobs.get(owner)
             if kind == "Event" and obj.get("reason") == "MPIJobRestarting" and type_ == "ADDED":
                 self.restarts.append(now)
@@ -232,11 +237,11 @@ class Mass:
     def writes(self, start: float, end: float, jobs: Iterable[str]) -> Counter[str]:
         """Changes seen of these jobs' objects in [start, end), by kind."""
         wanted = set(jobs)
-        return Counter(k for t, k, j, _ in self.changes if start <= t < end and j in wanted)
+        return Counter(k for t, k, j, _, _ in self.changes if start <= t < end and j in wanted)
 
     def floor_events(self, start: float, end: float) -> Counter[str]:
         """Changes seen of objects of no job (the floor's pods and their Events)."""
-        return Counter(k for t, k, j, _ in self.changes if start <= t < end and not j)
+        return Counter(k for t, k, j, _, _ in self.changes if start <= t < end and not j)
 
     def pod_uids(self, jobs: Iterable[Job]) -> set[str]:
         return {p.uid for j in jobs for p in j.pods.values()}
@@ -251,17 +256,25 @@ class Mass:
         wanted = {j.name for j in jobs}
         after = self.pod_uids(jobs)
         seen: Counter[str] = Counter()
+        writers: Counter[str] = Counter()
         new: set[str] = set()
-        for t, kind, job, uid in self.changes:
+        for t, kind, job, uid, writer in self.changes:
             if kind != "Pod" or not start <= t < end or job not in wanted:
                 continue
             if uid not in before:
                 seen["new"] += 1
                 new.add(uid)
+            elif uid not in after:
+                seen["left"] += 1
             else:
-                seen["left" if uid not in after else "kept"] += 1
+                seen["kept"] += 1
+                writers[writer or "?"] += 1
         counts = {"left": len(before - after), "new": len(new), "kept": len(before & after)}
-        return {way: {"pods": counts[way], "events": seen[way]} for way in ("left", "new", "kept")}
+        found: dict[str, Any] = {
+            way: {"pods": counts[way], "events": seen[way]} for way in ("left", "new", "kept")
+        }
+        found["kept"]["writers"] = dict(writers.most_common())
+        return found
 
     async def quiet(self) -> float:
         """Waits until nothing changed for QUIET_SECONDS (at most QUIET_LIMIT); the time of
@@ -688,7 +701,9 @@ def pod_events(change: dict[str, Any]) -> str:
     for way in ("left", "new", "kept"):
         w = change["pod_writes"][way]
         cells.append(f"{w['events'] / max(w['pods'], 1):.2f} ({w['pods']} pods)")
-    return " / ".join(cells) + f"; floor: {down:.2f} down, {up:.2f} up"
+    kept = change["pod_writes"]["kept"]
+    by = ", ".join(f"{k} {v}" for k, v in kept.get("writers", {}).items())
+    return " / ".join(cells) + f"; floor: {down:.2f} down, {up:.2f} up; kept pods' by writer: {by}"
 
 
 def _end(r: dict[str, Any]) -> str:

@@ -3,15 +3,12 @@ runs below its requested size and says why, and tries again with backoff."""
 
 from __future__ import annotations
 
-import copy
 from datetime import UTC, datetime, timedelta
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Create, DeletePod
-from mpijob_elastic.core.hosts.host_list import GATHER_SECONDS
 from mpijob_elastic.core.sizing.capacity import Backoff, next_backoff, parse_backoff
-from mpijob_elastic.core.times import format_precise_time
-from tests.unit.simulation import Cluster, discovered, make_job
+from tests.unit.simulation import Cluster, make_job
 
 UNSCHEDULABLE = {
     "phase": "Pending",
@@ -122,65 +119,3 @@ def test_zero_waits_forever() -> None:
     c.objects[("Pod", "job-worker-1")]["status"] = dict(UNSCHEDULABLE)
     c.tick(3600)
     assert not c.plan().of_type(DeletePod)
-
-
-def listed(c: Cluster) -> list[str]:
-    return discovered(c.get("ConfigMap", "job-config"))
-
-
-def start(c: Cluster, name: str) -> None:
-    """The pod runs, with its start time as a kubelet reports it (the simulation's pods
-    carry none: taken as running for long)."""
-    c.world.start(name)
-    found = c.get("Pod", name)
-    assert found is not None
-    pod = copy.deepcopy(found)
-    for status in pod["status"]["containerStatuses"]:
-        status["state"]["running"]["startedAt"] = format_precise_time(c.now)
-    c.world._put(pod)
-
-
-def test_the_workers_of_a_scale_out_enter_the_host_list_together() -> None:
-    # Each host-list change is one reset of the driver: a scale-out by three written as
-    # its workers come running would stop every rank three times (seen in bench/mass.py:
-    # about three host-list writes per job scaled up).
-    c = elastic(2)
-    c.set_replicas(5)
-    c.apply(c.plan())
-    start(c, "job-worker-2")
-    c.tick(1)
-    c.apply(c.plan())
-    assert listed(c) == ["job-worker-0", "job-worker-1"]
-    start(c, "job-worker-3")
-    c.tick(1)
-    c.apply(c.plan())
-    assert listed(c) == ["job-worker-0", "job-worker-1"]
-    start(c, "job-worker-4")
-    c.tick(0.5)
-    c.apply(c.plan())
-    assert listed(c) == [f"job-worker-{i}" for i in range(5)]
-
-
-def test_a_slow_sibling_holds_a_running_worker_no_longer_than_the_gather_window() -> None:
-    c = elastic(2)
-    c.set_replicas(4)
-    c.apply(c.plan())
-    start(c, "job-worker-2")
-    c.tick(GATHER_SECONDS - 0.5)
-    p = c.plan()
-    assert p.requeue_after is not None
-    assert p.requeue_after <= 0.5
-    c.apply(p)
-    assert listed(c) == ["job-worker-0", "job-worker-1"]
-    c.tick(0.5)
-    c.apply(c.plan())
-    assert listed(c) == ["job-worker-0", "job-worker-1", "job-worker-2"]
-
-
-def test_before_the_launcher_runs_workers_are_listed_as_they_come() -> None:
-    # No driver reads the list yet, and the launcher waits for the workers it needs.
-    c = Cluster(make_job(3, annotations={names.ANN_MIN_REPLICAS: "1", names.ANN_MAX_REPLICAS: "8"}))
-    c.apply(c.plan())
-    start(c, "job-worker-0")
-    c.apply(c.plan())
-    assert listed(c) == ["job-worker-0"]

@@ -55,12 +55,6 @@ def hosts(
     launcher: Mapping[str, Any] | None,
 ) -> Hosts:
     current = discovered_hosts((turn.observed.config_map or {}).get("data"))
-    # Exec rights only on pods the job controls or creates in this turn: never on a
-    # name that someone else's pod holds. A terminating worker keeps them only while it
-    # is listed (the driver may start ranks on it until then): so a scale-in's victims
-    # leave the Role in one write once deleted, not one write each as they vanish.
-    granting = [w for w in workers if not w.terminating or w.name in current]
-    role_names = by_index(spec.name, granting, create_now)
     granted = render.exec_names(turn.observed.role)
     main = spec.main_container
     listed = [w.name for w in m.keep if w.can_take_ranks(main) and w.name in granted]
@@ -75,10 +69,17 @@ def hosts(
         and launcher is not None
         and not launcher["metadata"].get("deletionTimestamp")
     )
-    if launcher_host:
-        role_names.insert(0, names.launcher_name(spec.name))
     launcher_listed = launcher_host and names.launcher_name(spec.name) in granted
     rules = _allowed_hosts(turn, spec, workers, m, listed, launcher, launcher_listed)
+    # Exec rights only on pods the job controls or creates in this turn: never on a
+    # name that someone else's pod holds. A terminating worker keeps them only while the
+    # list names it (the driver may start ranks on it until then; the Role is written
+    # after the host list, write_order.py): so the workers a change takes leave the Role
+    # in that change's write, not one write each as they vanish.
+    granting = [w for w in workers if not w.terminating or w.name in rules.hosts]
+    role_names = by_index(spec.name, granting, create_now)
+    if launcher_host:
+        role_names.insert(0, names.launcher_name(spec.name))
     return Hosts(role_names, list(rules.hosts), launcher_listed, rules)
 
 

@@ -1,0 +1,149 @@
+"""One change, the writes it needs (issue 33): bench/mass.py counts every write of a
+changed job; these pin the ones a change made more than once. The workers of a scale-out
+enter the host list together (each host-list change is one reset of Horovod's driver),
+and the workers a change takes leave the launcher's Role in one write."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from mpijob_elastic.core import names
+from mpijob_elastic.core.hosts.host_list import GATHER_SECONDS
+from mpijob_elastic.core.times import format_precise_time
+from tests.unit.simulation import Cluster, discovered, make_job
+
+
+def elastic(replicas: int, **more: str) -> Cluster:
+    annotations = {names.ANN_MIN_REPLICAS: "1", names.ANN_MAX_REPLICAS: "8", **more}
+    c = Cluster(make_job(replicas, annotations=annotations))
+    c.converge()
+    return c
+
+
+def listed(c: Cluster) -> list[str]:
+    return discovered(c.get("ConfigMap", "job-config"))
+
+
+def start(c: Cluster, name: str) -> None:
+    """The pod runs, with its start time as a kubelet reports it (the simulation's pods
+    carry none: taken as running for long)."""
+    c.world.start(name)
+    found = c.get("Pod", name)
+    assert found is not None
+    pod = copy.deepcopy(found)
+    for status in pod["status"]["containerStatuses"]:
+        status["state"]["running"]["startedAt"] = format_precise_time(c.now)
+    c.world._put(pod)
+
+
+def test_the_workers_of_a_scale_out_enter_the_host_list_together() -> None:
+    # Each host-list change is one reset of the driver: a scale-out by three written as
+    # its workers come running would stop every rank three times (seen in bench/mass.py:
+    # about three host-list writes per job scaled up).
+    c = elastic(2)
+    c.set_replicas(5)
+    c.apply(c.plan())
+    start(c, "job-worker-2")
+    c.tick(1)
+    c.apply(c.plan())
+    assert listed(c) == ["job-worker-0", "job-worker-1"]
+    start(c, "job-worker-3")
+    c.tick(1)
+    c.apply(c.plan())
+    assert listed(c) == ["job-worker-0", "job-worker-1"]
+    start(c, "job-worker-4")
+    c.tick(0.5)
+    c.apply(c.plan())
+    assert listed(c) == [f"job-worker-{i}" for i in range(5)]
+
+
+def test_a_slow_sibling_holds_a_running_worker_no_longer_than_the_gather_window() -> None:
+    c = elastic(2)
+    c.set_replicas(4)
+    c.apply(c.plan())
+    start(c, "job-worker-2")
+    c.tick(GATHER_SECONDS - 0.5)
+    p = c.plan()
+    assert p.requeue_after is not None
+    assert p.requeue_after <= 0.5
+    c.apply(p)
+    assert listed(c) == ["job-worker-0", "job-worker-1"]
+    c.tick(0.5)
+    c.apply(c.plan())
+    assert listed(c) == ["job-worker-0", "job-worker-1", "job-worker-2"]
+
+
+def test_before_the_launcher_runs_workers_are_listed_as_they_come() -> None:
+    # No driver reads the list yet, and the launcher waits for the workers it needs.
+    c = Cluster(make_job(3, annotations={names.ANN_MIN_REPLICAS: "1", names.ANN_MAX_REPLICAS: "8"}))
+    c.apply(c.plan())
+    start(c, "job-worker-0")
+    c.apply(c.plan())
+    assert listed(c) == ["job-worker-0"]
+
+
+def writes(c: Cluster, since: int, kind: str) -> list[dict[str, Any]]:
+    return [obj for _, typ, obj in c.world.changes[since:] if obj["kind"] == kind]
+
+
+def granted(role: dict[str, Any]) -> list[str]:
+    rule = next(r for r in role["rules"] if r["resources"] == ["pods/exec"])
+    return list(rule["resourceNames"])
+
+
+def turns(c: Cluster, n: int, vanish: bool = True) -> None:
+    for _ in range(n):
+        c.apply(c.plan())
+        if vanish:
+            c.finalize_deletions()
+        c.run_pods()
+        c.tick(1)
+
+
+def test_a_scale_in_takes_its_victims_out_of_the_role_in_one_write() -> None:
+    c = elastic(8, **{names.ANN_DRAIN_SECONDS: "0"})
+    since = len(c.world.changes)
+    c.set_replicas(4)
+    c.apply(c.plan())  # unlisted and deleted: terminating
+    turns(c, 4, vanish=False)  # they take their grace period
+    roles = writes(c, since, "Role")
+    assert len(roles) == 1, [granted(r) for r in roles]
+    assert granted(roles[0]) == [f"job-worker-{i}" for i in range(4)]
+    c.finalize_deletions()
+    turns(c, 3)
+    assert len(writes(c, since, "Role")) == 1
+
+
+def test_a_loss_changes_the_role_once_replacements_and_lost_workers_together() -> None:
+    c = elastic(4, **{names.ANN_DRAIN_SECONDS: "0"})
+    c.tick(60)
+    since = len(c.world.changes)
+    for name in ("job-worker-1", "job-worker-2"):
+        pod = copy.deepcopy(c.get("Pod", name))
+        pod["metadata"]["deletionTimestamp"] = format_precise_time(c.now)
+        pod["status"]["conditions"] = [
+            {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}
+        ]
+        c.world._put(pod)
+    turns(c, 5, vanish=False)
+    roles = writes(c, since, "Role")
+    assert len(roles) == 1, [granted(r) for r in roles]
+    assert granted(roles[0]) == ["job-worker-0", "job-worker-3", "job-worker-4", "job-worker-5"]
+    assert discovered(c.get("ConfigMap", "job-config")) == granted(roles[0])
+
+
+def test_a_hostfile_change_alone_does_not_patch_the_launcher() -> None:
+    # The hostfile is read once, at start: a scale-out writes it at its edit, and the
+    # launcher is patched (its mounted files refreshed) once its workers are listed.
+    c = elastic(2)
+    since = len(c.world.changes)
+    c.set_replicas(3)
+    c.apply(c.plan())
+    assert len(writes(c, since, "ConfigMap")) == 1
+    refreshes = [p for p in writes(c, since, "Pod") if p["metadata"]["name"] == "job-launcher"]
+    assert refreshes == []
+    start(c, "job-worker-2")
+    c.apply(c.plan())
+    refreshes = [p for p in writes(c, since, "Pod") if p["metadata"]["name"] == "job-launcher"]
+    assert len(refreshes) == 1
