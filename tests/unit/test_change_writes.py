@@ -120,7 +120,9 @@ def test_a_loss_changes_the_role_once_replacements_and_lost_workers_together() -
     c.tick(60)
     since = len(c.world.changes)
     for name in ("job-worker-1", "job-worker-2"):
-        pod = copy.deepcopy(c.get("Pod", name))
+        found = c.get("Pod", name)
+        assert found is not None
+        pod = copy.deepcopy(found)
         pod["metadata"]["deletionTimestamp"] = format_precise_time(c.now)
         pod["status"]["conditions"] = [
             {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}
