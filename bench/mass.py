@@ -112,6 +112,7 @@ def slim(obj: Obj) -> Obj:
                 "uid",
                 "resourceVersion",
                 "labels",
+                "annotations",
                 "ownerReferences",
                 "deletionTimestamp",
             )
@@ -175,6 +176,8 @@ class Mass:
     changes: list[tuple[float, str, str, str, str]] = field(default_factory=list)
     restarts: list[float] = field(default_factory=list)
     gone: dict[str, float] = field(default_factory=dict)  # pod UID: when seen deleted
+    # Pod UID: its labels, annotations and status as last seen (what its next event changed)
+    seen: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def handler(self, kind: str) -> Any:
         def on_event(type_: str, obj: Obj) -> None:
@@ -183,6 +186,9 @@ class Mass:
             match = _JOB.match(name)
             owner = match.group(1) if match else ""
             writer = "" if type_ == "DELETED" else str(obj.get("writer", ""))
+            if kind == "Pod" and type_ != "DELETED":
+                what = self._changed(obj)
+                writer = f"{writer} {what}" if type_ == "MODIFIED" else writer
             self.changes.append((now, kind, owner, obj["metadata"].get("uid", ""), writer))
             job = self.jobs.get(owner)
             if kind == "Event" and obj.get("reason") == "MPIJobRestarting" and type_ == "ADDED":
@@ -214,6 +220,21 @@ class Mass:
             self.check(job, now)
 
         return on_event
+
+    def _changed(self, pod: Obj) -> str:
+        """What changed of a pod since its last event: its labels', annotations' keys
+        (the last part of each), its status; "?" if nothing the benchmark keeps."""
+        meta = pod["metadata"]
+        now = {
+            **{f"label {k}": v for k, v in (meta.get("labels") or {}).items()},
+            **{f"annotation {k}": v for k, v in (meta.get("annotations") or {}).items()},
+            "deleting": str(bool(meta.get("deletionTimestamp"))),
+            "status": json.dumps(pod.get("status"), sort_keys=True),
+        }
+        before = self.seen.get(meta.get("uid", ""), now)
+        self.seen[meta.get("uid", "")] = now
+        keys = sorted(k for k in now.keys() | before.keys() if now.get(k) != before.get(k))
+        return "+".join(k.rsplit("/", 1)[-1] for k in keys) or "?"
 
     def alive(self, job: Job, pod_name: str) -> bool:
         pod = job.pods.get(pod_name)

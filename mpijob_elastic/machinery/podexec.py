@@ -56,7 +56,7 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 
-from mpijob_elastic.machinery.clients import USER_AGENT
+from mpijob_elastic.machinery.clients import USER_AGENT, environment_proxy
 from mpijob_elastic.machinery.kube import ApiError
 from mpijob_elastic.machinery.kubeclient import (
     ERROR_CHANNEL,
@@ -153,13 +153,14 @@ class PodExec:
         configuration = copy.deepcopy(configuration)
         # 0 is aiohttp's "no limit"; see the module docstring.
         configuration.connection_pool_maxsize = 0
+        # The environment's proxy read once (clients.py), not on every exec.
+        configuration.proxy = configuration.proxy or environment_proxy(configuration.host)
         self._api = ApiClient(configuration)
         trace = aiohttp.TraceConfig()
         trace.on_request_end.append(_keep_refusal_body)
         self._session = aiohttp.ClientSession(
             connector=self._api.rest_client.pool_manager.connector,
             connector_owner=False,
-            trust_env=True,
             # No session-wide bound: each call's own timeout is the only one.
             timeout=aiohttp.ClientTimeout(),
             trace_configs=[trace],

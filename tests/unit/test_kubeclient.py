@@ -66,3 +66,39 @@ def test_both_loaders_work_without_the_models(tmp_path: Path) -> None:
         "https://10.0.0.2:443 Bearer from-serviceaccount",
         "False",
     ]
+
+
+CONNECT = """
+import asyncio
+from mpijob_elastic.machinery import clients
+from mpijob_elastic.machinery.kubeclient import Configuration
+
+async def main() -> None:
+    for host in ("https://10.0.0.1:6443", "https://api.example:6443"):
+        configuration = Configuration(host=host)
+        made = clients.connect(configuration, write_connections=4)
+        for client in (made.write, made.watch):
+            rest = client.rest_client
+            print(host, rest.proxy, rest.pool_manager.trust_env)
+        await made.close()
+        print(configuration.proxy)
+
+asyncio.run(main())
+"""
+
+
+def test_the_environment_s_proxy_is_read_once_and_never_per_request() -> None:
+    # aiohttp's trust_env reads the proxy variables and ~/.netrc on every request, in a
+    # thread each: a tenth of the controller's CPU in a mass change.
+    env = {"HTTPS_PROXY": "http://proxy.example:3128", "NO_PROXY": "10.0.0.1", "PATH": ""}
+    out = subprocess.run(
+        [sys.executable, "-c", CONNECT], check=True, capture_output=True, text=True, env=env
+    ).stdout.splitlines()
+    assert out == [
+        "https://10.0.0.1:6443 None False",
+        "https://10.0.0.1:6443 None False",
+        "None",
+        "https://api.example:6443 http://proxy.example:3128 False",
+        "https://api.example:6443 http://proxy.example:3128 False",
+        "None",  # the caller's configuration is left as it was
+    ]
