@@ -151,6 +151,7 @@ class Pod:
     deleting: bool
     uid: str
     running: float | None = None  # when first seen Running
+    created: float | None = None  # when first seen
 
 
 @dataclass
@@ -206,7 +207,10 @@ class Mass:
                     running = was.running if was is not None and was.uid == uid else None
                     if running is None and (obj.get("status") or {}).get("phase") == "Running":
                         running = now
-                    job.pods[name] = Pod(node, "deletionTimestamp" in obj["metadata"], uid, running)
+                    created = was.created if was is not None and was.uid == uid else now
+                    job.pods[name] = Pod(
+                        node, "deletionTimestamp" in obj["metadata"], uid, running, created
+                    )
             elif kind == "ConfigMap" and name == names.config_map_name(owner):
                 script = (
                     "" if type_ == "DELETED" else (obj.get("data") or {}).get(names.DISCOVER_HOSTS)
@@ -327,6 +331,25 @@ def ratios(lags: list[float], floor_s: float) -> dict[str, float]:
         "max_x_floor": round(worst / floor_s, 2),
         "max_x_p50": round(worst / p50, 2),
     }
+
+
+def new_pod_steps(
+    jobs: Iterable[Job], before: set[str], start: dict[str, float | None]
+) -> dict[str, str]:
+    """Per job, from its change's ``start``: its last new pod (not in ``before``) seen
+    created; from then, the last seen Running; from then, its host list right."""
+    steps: dict[str, list[float]] = {"created": [], "running": [], "listed": []}
+    for j in jobs:
+        new = [p for p in j.pods.values() if p.uid not in before]
+        made = [p.created for p in new if p.created]
+        runs = [p.running for p in new if p.running]
+        began = start.get(j.name)
+        if j.done is None or began is None or not made or not runs:
+            continue
+        steps["created"].append(max(made) - began)
+        steps["running"].append(max(runs) - max(made))
+        steps["listed"].append(j.done - max(runs))
+    return {k: p50_max(v) for k, v in steps.items()}
 
 
 def p50_max(lags: list[float]) -> str:
@@ -457,15 +480,6 @@ async def _rescale(
             [j.done - j.started for j in jobs if j.done is not None and j.started is not None]
         )
 
-    def controller_share(jobs: list[Job]) -> str:
-        """Per job scaled up, its last new worker seen Running → its host list right."""
-        lags = []
-        for j in jobs:
-            runs = [p.running for p in j.pods.values() if p.uid not in before and p.running]
-            if j.done is not None and runs:
-                lags.append(j.done - max(runs))
-        return p50_max(lags)
-
     result["rescale"] = {
         "floor": base,
         "jobs": len(edited),
@@ -474,7 +488,7 @@ async def _rescale(
         "all_s": round(t1 - t0, 2),
         "down_p50_max_s": lag(down),
         "up_p50_max_s": lag(up),
-        "up_running_to_right_s": controller_share(up),
+        "up_steps_s": new_pod_steps(up, before, {j.name: j.started for j in up}),
         **ratios(lags, floor_s),
         "writes_per_job_down": per_job(mass.writes(t0, end + 1, (j.name for j in down)), len(down)),
         "writes_per_job_up": per_job(mass.writes(t0, end + 1, (j.name for j in up)), len(up)),
@@ -556,10 +570,12 @@ async def _loss(
         for j in hit.values()
         if j.done and j.name in last_gone and j.name not in lost_launcher
     ]
+    steps = new_pod_steps(hit.values(), before, {j: t0 for j in hit})
     for job in hit.values():
         job.started = job.done = None
     return {
         "way": way,
+        "new_pod_steps_s": steps,
         "floor": base,
         "nodes": len(pool),
         "nodes_lost": len(lost),
@@ -582,6 +598,9 @@ async def _loss(
         "writes_per_job": per_job(mass.writes(t0, end + 1, hit), len(hit)),
         "pods_per_job": round(len(victims) / max(len(hit), 1), 2),
         "pod_writes": mass.pod_writes(t0, end + 1, hit.values(), before),
+        "kept_launcher_pod_writes": mass.pod_writes(
+            t0, end + 1, (j for j in hit.values() if j.name not in lost_launcher), before
+        )["kept"],
     }
 
 
@@ -704,13 +723,27 @@ def _loss_rows(key: str, what: str) -> list[tuple[str, Any]]:
                 f" jobs that kept their launcher: {r[key]['workers_only_gone_to_right_p50_s']} s)"
             ),
         ),
+        (
+            f"{what}: per job, first taint → last new pod created; → last Running; → host"
+            " list right, p50 / max",
+            lambda r: "; ".join(f"{v} s" for v in r[key]["new_pod_steps_s"].values()),
+        ),
         *_change_rows(key, what),
         (
             f"{what}: writes per job hit (pods lost per job)",
             lambda r: f"{_kinds(r[key]['writes_per_job'])} ({r[key]['pods_per_job']})",
         ),
         (f"{what}: Pod events per pod that left / new / kept", lambda r: pod_events(r[key])),
+        (
+            f"{what}: of those, the kept pods of jobs that kept their launcher, by writer",
+            lambda r: _by_writer(r[key]["kept_launcher_pod_writes"]),
+        ),
     ]
+
+
+def _by_writer(kept: dict[str, Any]) -> str:
+    by = ", ".join(f"{k} {v}" for k, v in kept.get("writers", {}).items())
+    return f"{kept['events'] / max(kept['pods'], 1):.2f} per pod ({kept['pods']} pods): {by}"
 
 
 def pod_events(change: dict[str, Any]) -> str:
@@ -722,9 +755,8 @@ def pod_events(change: dict[str, Any]) -> str:
     for way in ("left", "new", "kept"):
         w = change["pod_writes"][way]
         cells.append(f"{w['events'] / max(w['pods'], 1):.2f} ({w['pods']} pods)")
-    kept = change["pod_writes"]["kept"]
-    by = ", ".join(f"{k} {v}" for k, v in kept.get("writers", {}).items())
-    return " / ".join(cells) + f"; floor: {down:.2f} down, {up:.2f} up; kept pods' by writer: {by}"
+    by = _by_writer(change["pod_writes"]["kept"])
+    return " / ".join(cells) + f"; floor: {down:.2f} down, {up:.2f} up; kept pods: {by}"
 
 
 def _end(r: dict[str, Any]) -> str:
@@ -751,8 +783,9 @@ ROWS: list[tuple[str, Any]] = [
         lambda r: f"{r['rescale']['down_p50_max_s']} s, {r['rescale']['up_p50_max_s']} s",
     ),
     (
-        "rescale: per job ↑, its last new worker Running → host list right, p50 / max",
-        lambda r: f"{r['rescale']['up_running_to_right_s']} s",
+        "rescale: per job ↑, edit → last new pod created; → last Running; → host list right,"
+        " p50 / max",
+        lambda r: "; ".join(f"{v} s" for v in r["rescale"]["up_steps_s"].values()),
     ),
     (
         "rescale: writes per job ↓ seen / one change needs",
