@@ -47,7 +47,7 @@ from mpijob_elastic.core.actions import (
     WriteStatus,
 )
 from mpijob_elastic.core.outputs.status import merge_patch
-from mpijob_elastic.core.planning.write_order import BULK, HOST_LIST, STEP, Step
+from mpijob_elastic.core.planning.write_order import BULK, HOST_LIST, STEP
 from mpijob_elastic.core.times import format_precise_time
 from mpijob_elastic.core.workers import discovered_hosts
 from mpijob_elastic.machinery import held_names, metrics
@@ -59,7 +59,6 @@ from mpijob_elastic.machinery.job_memory import (
     refusal,
 )
 from mpijob_elastic.machinery.kube import ApiError, Kube
-from mpijob_elastic.machinery.slots import Slots
 
 log = logging.getLogger("mpijob_elastic.machinery.writer")
 
@@ -119,7 +118,10 @@ class Writer:
         self._cache = cache
         self._cached = cached
         self.memory: dict[Key, JobMemory] = {}
-        self._lanes = {HOST_LIST: Slots(HOST_LIST_WRITES), BULK: Slots(BULK_WRITES)}
+        self._lanes = {
+            HOST_LIST: asyncio.Semaphore(HOST_LIST_WRITES),
+            BULK: asyncio.Semaphore(BULK_WRITES),
+        }
         self.events = EventRecorder(kube, EVENT_WRITES)
 
     def of(self, key: Key) -> JobMemory:
@@ -134,9 +136,9 @@ class Writer:
         key = (meta["namespace"], meta["name"])
         turn = asyncio.Semaphore(TURN_CONCURRENCY)
         for phase in plan.phases:
-            step = STEP[phase.step]
+            lane = STEP[phase.step].lane
             results = await asyncio.gather(
-                *(self._one(turn, step, key, job, a) for a in phase.writes),
+                *(self._one(turn, lane, key, job, a) for a in phase.writes),
                 return_exceptions=True,
             )
             # The first failure in the plan's order, so that a retry meets the same one and
@@ -157,12 +159,12 @@ class Writer:
         self.of(key).refused = None
 
     async def _one(
-        self, turn: asyncio.Semaphore, step: Step, key: Key, job: Obj, action: Action
+        self, turn: asyncio.Semaphore, lane: str, key: Key, job: Obj, action: Action
     ) -> None:
         if isinstance(action, Emit):
             self.events.emit_soon(job, action)
             return
-        async with turn, self._lanes[step.lane].slot(ahead=step.ahead):
+        async with turn, self._lanes[lane]:
             if isinstance(action, WriteStatus):
                 await self._write_status(job, action.status, action.resource_version)
             else:

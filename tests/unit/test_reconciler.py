@@ -23,7 +23,6 @@ from mpijob_elastic.core.times import parse_time
 from mpijob_elastic.machinery import writer as writer_module
 from mpijob_elastic.machinery.job_memory import CONFLICT_RECHECK_SECONDS, JobMemory, refusal
 from mpijob_elastic.machinery.kube import ApiError, Kube
-from mpijob_elastic.machinery.slots import Slots
 from mpijob_elastic.machinery.writer import BULK_WRITES, Writer
 
 
@@ -243,78 +242,6 @@ def test_a_write_takes_the_lane_of_its_step_not_of_its_kind() -> None:
     assert "hosts" in started
     assert "bulk-cm" not in started
     assert len(started) == BULK_WRITES + 1
-
-
-class _Gated(Kube):
-    """Lets one write through per ``gate.release()``; records the names as they start."""
-
-    def __init__(self) -> None:
-        self.started: list[str] = []
-        self.gate = asyncio.Semaphore(0)
-
-    async def replace(self, obj: Mapping[str, Any]) -> dict[str, Any]:
-        self.started.append(obj["metadata"]["name"])
-        await self.gate.acquire()
-        return {**obj, "metadata": {**obj["metadata"], "namespace": "ns"}}
-
-
-def test_what_a_host_list_waits_for_goes_ahead_in_the_bulk_lane() -> None:
-    """With every bulk slot taken, a Role (a scale-out's grant) that came after a budget
-    write of another job takes the first freed slot (write_order.py, ``Step.ahead``)."""
-
-    def job(i: int) -> dict[str, Any]:
-        return {"kind": "MPIJob", "metadata": {"name": f"j{i}", "namespace": "ns", "uid": "u"}}
-
-    def phase(step: str, name: str) -> Writes:
-        return Writes((Phase(step, (Replace({"kind": "X", "metadata": {"name": name}}),)),))
-
-    async def scenario() -> list[str]:
-        kube = _Gated()
-        writer = Writer(kube, lambda _: None)
-        tasks = [
-            asyncio.create_task(writer.run(job(i), phase("PodDisruptionBudget", f"busy-{i}")))
-            for i in range(BULK_WRITES)
-        ]
-        await asyncio.sleep(0)
-        tasks.append(asyncio.create_task(writer.run(job(100), phase("status", "behind"))))
-        await asyncio.sleep(0)
-        tasks.append(asyncio.create_task(writer.run(job(101), phase("Role", "ahead"))))
-        for _ in range(5):
-            await asyncio.sleep(0)
-        assert len(kube.started) == BULK_WRITES
-        kube.gate.release()
-        for _ in range(10):
-            await asyncio.sleep(0)
-        started = list(kube.started)
-        for _ in range(BULK_WRITES + 2):
-            kube.gate.release()
-        await asyncio.gather(*tasks)
-        return started
-
-    started = asyncio.run(scenario())
-    assert started[BULK_WRITES:] == ["ahead"]
-
-
-def test_a_lane_slot_handed_to_a_cancelled_waiter_is_passed_on() -> None:
-    async def scenario() -> list[str]:
-        slots = Slots(1)
-        order: list[str] = []
-
-        async def take(name: str, ahead: bool) -> None:
-            async with slots.slot(ahead=ahead):
-                order.append(name)
-                await asyncio.sleep(0)
-
-        async with slots.slot():
-            first = asyncio.create_task(take("cancelled", True))
-            second = asyncio.create_task(take("behind", False))
-            third = asyncio.create_task(take("ahead", True))
-            await asyncio.sleep(0)
-            first.cancel()
-        await asyncio.gather(second, third)
-        return order
-
-    assert asyncio.run(scenario()) == ["ahead", "behind"]
 
 
 def test_only_pod_changes_that_can_move_a_host_are_urgent() -> None:

@@ -65,14 +65,9 @@ refused, so every write may rely on the phases above it having landed:
 A turn that claims children (``handover.py``) writes only its ``claims``, then ``events``.
 Only drift is written: a settled job yields no writes.
 
-Each step also says which of the writer's lanes its writes take, whether they go ahead of
-the lane's other waiting writes, and how many of them one turn makes (``Step``). In the
-bulk lane, what a scale-out's host-list write waits for goes ahead: its pod creates, the
-Role that grants them and the launcher; deletes of victims already unlisted, statuses
-and the rest wait (in a mass change of 1000 jobs the creates of the jobs scaled up came
-29 s after their edits, behind the others' deletes and statuses: docs/benchmarks.md).
-A step with more writes than its bound makes the first ones, and the job comes back at
-once for the rest. The order above holds across that cut because
+Each step also says which of the writer's lanes its writes take and how many of them one
+turn makes (``Step``). A step with more writes than its bound makes the first ones, and
+the job comes back at once for the rest. The order above holds across that cut because
 of ``relied_on``: a step that the steps below rely on (``notices``: a victim's host-list
 write relies on its notice, a stopped job's deletes on theirs) ends the turn with it, so
 nothing below it goes out before the last of its writes landed, in a later turn. Only
@@ -138,8 +133,6 @@ class Step:
     # Whether the steps below rely on every write of this one, so that a turn whose step
     # was cut at its bound ends with it.
     relied_on: bool = True
-    # Whether its writes take a free slot of the lane before the lane's other waiting ones.
-    ahead: bool = False
 
 
 # The steps of a plan, in the order they are written (above).
@@ -157,11 +150,11 @@ STEPS = (
     Step("pod marks", HOST_LIST, POD_WRITES_PER_TURN, relied_on=False),
     # Victims whose drain is over, workers to replace, and a launcher to restart.
     Step("deletes", BULK, 2 * POD_WRITES_PER_TURN + 1),
-    Step("creates", BULK, POD_WRITES_PER_TURN, ahead=True),
-    Step("Role", BULK, ahead=True),
+    Step("creates", BULK, POD_WRITES_PER_TURN),
+    Step("Role", BULK),
     Step("RoleBinding", BULK),
     Step("ranks report", HOST_LIST),
-    Step("launcher", BULK, ahead=True),
+    Step("launcher", BULK),
     Step("Workload", BULK),
     Step("job delete", BULK),
     Step("status", BULK),
