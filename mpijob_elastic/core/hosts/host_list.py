@@ -72,12 +72,8 @@ def hosts(
     launcher_listed = launcher_host and names.launcher_name(spec.name) in granted
     rules = _allowed_hosts(turn, spec, workers, m, listed, launcher, launcher_listed)
     # Exec rights only on pods the job controls or creates in this turn: never on a
-    # name that someone else's pod holds. A terminating worker keeps them only while the
-    # list names it (the driver may start ranks on it until then; the Role is written
-    # after the host list, write_order.py): so the workers a change takes leave the Role
-    # in that change's write, not one write each as they vanish.
-    granting = [w for w in workers if not w.terminating or w.name in rules.hosts]
-    role_names = by_index(spec.name, granting, create_now)
+    # name that someone else's pod holds.
+    role_names = by_index(spec.name, workers, create_now)
     if launcher_host:
         role_names.insert(0, names.launcher_name(spec.name))
     return Hosts(role_names, list(rules.hosts), launcher_listed, rules)
