@@ -54,11 +54,14 @@ def hosts(
     create_now: Sequence[int],
     launcher: Mapping[str, Any] | None,
 ) -> Hosts:
-    current = discovered_hosts((turn.observed.config_map or {}).get("data"))
+    # Exec rights only on pods the job controls or creates in this turn: never on a
+    # name that someone else's pod holds.
+    role_names = by_index(spec.name, workers, create_now)
     granted = render.exec_names(turn.observed.role)
     main = spec.main_container
     listed = [w.name for w in m.keep if w.can_take_ranks(main) and w.name in granted]
-    if _driver_reads(launcher):
+    current = discovered_hosts((turn.observed.config_map or {}).get("data"))
+    if host_rules.driver_reads(launcher):
         listed = gathered(turn, spec, m.keep, listed, current, bool(create_now))
     # A launcher that is a host may exec into itself once it exists as the job's (a pod
     # of that name that is not ours is never granted), and is listed, first, once the
@@ -69,24 +72,11 @@ def hosts(
         and launcher is not None
         and not launcher["metadata"].get("deletionTimestamp")
     )
-    launcher_listed = launcher_host and names.launcher_name(spec.name) in granted
-    rules = _allowed_hosts(turn, spec, workers, m, listed, launcher, launcher_listed)
-    # Exec rights only on pods the job controls or creates in this turn: never on a
-    # name that someone else's pod holds.
-    role_names = by_index(spec.name, workers, create_now)
     if launcher_host:
         role_names.insert(0, names.launcher_name(spec.name))
+    launcher_listed = launcher_host and names.launcher_name(spec.name) in granted
+    rules = _allowed_hosts(turn, spec, workers, m, listed, launcher, launcher_listed)
     return Hosts(role_names, list(rules.hosts), launcher_listed, rules)
-
-
-def _driver_reads(launcher: Mapping[str, Any] | None) -> bool:
-    """Whether a driver reads the list: a running launcher. Before it runs a change costs
-    no reset, and the launcher is created once the list holds the workers it needs."""
-    return (
-        launcher is not None
-        and not launcher["metadata"].get("deletionTimestamp")
-        and (launcher.get("status") or {}).get("phase") == "Running"
-    )
 
 
 def gathered(

@@ -316,6 +316,16 @@ def next_hosts(
     return HostList(ordered, frozenset(ordered) - set(wanted), holders, why, recheck, committed)
 
 
+def driver_reads(launcher: Mapping[str, Any] | None) -> bool:
+    """Whether a driver reads the list: a running launcher, not being deleted. Before it
+    runs a change costs no reset, and nothing reads the list."""
+    return (
+        launcher is not None
+        and not launcher["metadata"].get("deletionTimestamp")
+        and (launcher.get("status") or {}).get("phase") == "Running"
+    )
+
+
 def for_job(
     spec: JobSpec,
     workers: Sequence[Worker],
@@ -330,12 +340,7 @@ def for_job(
     worker host list the planner would write; ``discover_hosts.sh`` as observed says what
     is listed now. Only a running launcher's driver is bound by them; before it runs,
     nothing reads the list."""
-    status = (launcher or {}).get("status") or {}
-    if (
-        launcher is None
-        or launcher["metadata"].get("deletionTimestamp")
-        or status.get("phase") != "Running"
-    ):
+    if not driver_reads(launcher):
         return HostList(tuple(wanted), frozenset(), frozenset())
     listed = discovered_hosts((observed.config_map or {}).get("data"))
     main = spec.main_container
