@@ -37,6 +37,7 @@ from typing import Any
 
 from mpijob_elastic.core.actions import Probe
 from mpijob_elastic.core.inputs.ranks import (
+    NO_REMOTE_SHELL,
     PROBE_TIMEOUT_SECONDS,
     RankSnapshot,
     pushed,
@@ -168,9 +169,7 @@ class RankProbes:
             )
         else:
             hosts = remote_shell_hosts(output, key[1])
-            snapshot = RankSnapshot(
-                at, hosts, "" if hosts is not None else "no kubexec.sh process in the launcher"
-            )
+            snapshot = RankSnapshot(at, hosts, "" if hosts is not None else NO_REMOTE_SHELL)
         previous = self._answers.get(key)
         if previous is not None:
             lost = previous.lost

@@ -306,3 +306,35 @@ def test_a_change_waits_while_the_driver_s_first_ranks_start_unreported() -> Non
     # Without a probe (a driver given --network-interface, or none at all): nothing to
     # wait for.
     assert rules(wanted, listed, hosts, pushed({}, NOW), NOW).hosts == tuple(wanted)
+
+
+def test_a_name_taken_back_waits_on_a_former_pods_shell_until_a_read_finds_it_gone() -> None:
+    # worker-1 was drained and a scale-out took its name back: the new pod runs since 20 s
+    # ago, and the reports still show the old pod's shell (started 60 s ago), its exit
+    # report lost. The list waits on it and says it doubts the claim.
+    started = NOW - timedelta(seconds=60)
+    hosts = {w(0): host(0), w(1): host(1, NOW - timedelta(seconds=20))}
+    reports = pushed(
+        {
+            f"{w(0)}_1_{int(started.timestamp())}": "start",
+            f"{w(1)}_2_{int(started.timestamp())}": "start",
+        },
+        NOW,
+    )
+    draining = {w(1): LONG_AGO}
+    got = rules([w(0), w(1)], [w(0)], hosts, signal(reports, None), NOW, draining=draining)
+    assert got.hosts == (w(0),)
+    assert got.doubted == {w(1)}
+    # A read that began after the shell started and no longer finds it settles it.
+    read = RankSnapshot(NOW - timedelta(seconds=2), frozenset({w(0)}))
+    got = rules([w(0), w(1)], [w(0)], hosts, signal(reports, read), NOW, draining=draining)
+    assert got.hosts == (w(0), w(1))
+    # A shell the read found still runs: the name waits, and is no longer in doubt only
+    # once its pod ran before the shell started (its own rank, not a former pod's).
+    read = RankSnapshot(NOW - timedelta(seconds=2), frozenset({w(0), w(1)}))
+    got = rules([w(0), w(1)], [w(0)], hosts, signal(reports, read), NOW, draining=draining)
+    assert got.hosts == (w(0),)
+    hosts[w(1)] = host(1, started - timedelta(seconds=5))
+    got = rules([w(0), w(1)], [w(0)], hosts, signal(reports, read), NOW, draining=draining)
+    assert got.hosts == (w(0),)
+    assert got.doubted == frozenset()

@@ -10,7 +10,11 @@ import pytest
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import AnnotatePod, Create, DeletePod
-from mpijob_elastic.core.hosts.drain import DRAIN_FLOOR_SECONDS, RANK_FREE_GRACE_SECONDS
+from mpijob_elastic.core.hosts.drain import (
+    CONFIRM_INTERVAL_SECONDS,
+    DRAIN_FLOOR_SECONDS,
+    RANK_FREE_GRACE_SECONDS,
+)
 from mpijob_elastic.core.hosts.membership import (
     DISRUPTED,
     NAMED,
@@ -223,7 +227,7 @@ def test_a_drain_ends_once_the_launcher_no_longer_reaches_the_victim() -> None:
     assert state == {names.ANN_RETIRED_WORKERS: "2", names.ANN_WORKERS: "1"}
 
 
-def test_a_drain_on_the_launchers_reports_asks_for_no_exec_read() -> None:
+def test_a_drain_on_the_launchers_reports_reads_the_launcher_only_now_and_then() -> None:
     c = started(4)
     c.set_replicas(1)
     c.apply(c.plan())  # worker-1, 2 and 3 unlisted and marked
@@ -249,11 +253,35 @@ def test_a_drain_on_the_launchers_reports_asks_for_no_exec_read() -> None:
     p = c.plan()
     assert [d.name for d in p.of_type(DeletePod)] == ["job-worker-3"]
     c.apply(p)
-    # worker-2 waits for its report; no read is asked for it.
+    # worker-2 waits for its report; a read checks it only now and then.
     c.tick(1)
     p = c.plan()
     assert p.probe is None
     assert not p.of_type(DeletePod)
+    c.tick(CONFIRM_INTERVAL_SECONDS - 1)
+    assert c.plan().probe is not None
+
+
+def test_a_lost_exit_report_ends_the_drain_at_the_next_read_and_retires_nobody() -> None:
+    c = started(2)
+    c.set_replicas(1)
+    c.apply(c.plan())  # worker-1 unlisted and marked
+    c.tick(DRAIN_FLOOR_SECONDS)
+    # worker-1's rank has left, but the report of its shell's exit never came.
+    c.reports = pushed({"job-worker-0_1_5": "start", "job-worker-1_2_5": "start"}, c.now)
+    p = c.plan()
+    assert not p.of_type(DeletePod)
+    assert p.probe is not None
+    c.apply(p)
+    c.ranks = RankSnapshot(c.now, frozenset({"job-worker-0"}))
+    p = c.plan()
+    assert [(d.name, d.grace_seconds) for d in p.of_type(DeletePod)] == [
+        ("job-worker-1", RANK_FREE_GRACE_SECONDS)
+    ]
+    c.apply(p)
+    c.converge()
+    state = c.get("ConfigMap", "job-config")["metadata"]["annotations"]  # type: ignore[index]
+    assert names.ANN_RETIRED_WORKERS not in state
 
 
 def worker_1_replaced(c: Cluster) -> None:

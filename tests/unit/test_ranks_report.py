@@ -1,10 +1,18 @@
-"""The ranks ConfigMap compacted (ranks.py ``compacted``): bounded, and read the same."""
+"""The ranks ConfigMap: compacted (ranks.py ``compacted``), bounded and read the same; and
+corrected by a later read of the launcher (``corrected``)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from mpijob_elastic.core.inputs.ranks import COMPACT_AT, compacted, pushed
+from mpijob_elastic.core.inputs.ranks import (
+    COMPACT_AT,
+    NO_REMOTE_SHELL,
+    RankSnapshot,
+    compacted,
+    corrected,
+    pushed,
+)
 
 AT = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 START = int(AT.timestamp()) - 100_000
@@ -67,3 +75,33 @@ def test_keys_that_are_no_report_are_kept_and_never_raise() -> None:
     kept = compacted(data)
     assert kept is not None
     assert kept["stray"] == "x"
+
+
+def test_a_read_corrects_only_the_shells_that_started_before_it_and_it_missed() -> None:
+    at = datetime(2026, 1, 1, 12, tzinfo=UTC)
+    second = int(at.timestamp())
+    reports = pushed(
+        {
+            f"job-worker-0_1_{second - 30}": "start",
+            f"job-worker-1_2_{second - 30}": "start",  # its exit report lost
+            f"job-worker-2_3_{second}": "start",  # in the second the read began
+            f"job-worker-3_4_{second - 30}": "start",
+            f"job-worker-3_4_{second - 30}_committed": str(second - 29),
+        },
+        at,
+    )
+    read = RankSnapshot(at, frozenset({"job-worker-0"}))
+    got = corrected(reports, read)
+    assert got.hosts == frozenset({"job-worker-0", "job-worker-2"})
+    assert set(got.since) == set(got.latest) == {"job-worker-0", "job-worker-2"}
+    assert got.committed == frozenset()
+    assert {k.split("_")[0] for k in got.running_shells} == {"job-worker-0", "job-worker-2"}
+    # What the reports say of shells that ended stays: who was reached, and when.
+    assert got.known == reports.known
+    assert got.started == reports.started
+    # A launcher where no remote shell runs at all: every older claim has ended.
+    none_left = RankSnapshot(at, None, NO_REMOTE_SHELL)
+    assert corrected(reports, none_left).hosts == frozenset({"job-worker-2"})
+    # A read that failed, or none, says nothing.
+    assert corrected(reports, RankSnapshot(at, None, "TimeoutError: ")) is reports
+    assert corrected(reports, None) is reports

@@ -5,7 +5,8 @@ Victims of a scale-in (chosen in ``membership.py``) leave ``hostfile`` and
 the observed host list still names is stale (a scale-up took the worker back and a restart
 lost the clean-up), so its drain starts again instead of ending at once. A victim is
 deleted once the launcher's reports (or, where they name it not, an exec read of the
-launcher) show its ranks have left (``ranks.py``), no sooner
+launcher; where they still show its shell, a read every ``CONFIRM_INTERVAL_SECONDS``, for an
+exit report may be lost) show its ranks have left (``ranks.py``), no sooner
 than ``DRAIN_FLOOR_SECONDS`` after the mark and no later than ``drain-seconds`` after it;
 one that cannot run ranks goes at once.
 """
@@ -33,6 +34,10 @@ from mpijob_elastic.core.workers import Worker
 DRAIN_FLOOR_SECONDS = 3.0
 # How often a job with victims in their drain window reads the launcher.
 PROBE_INTERVAL_SECONDS = 1.0
+# How often, where the launcher's reports still show a remote shell that should have
+# ended (a victim past its floor, a former pod of a name taken back), a read checks
+# them (ranks.corrected): an exit report comes within a second unless it is lost.
+CONFIRM_INTERVAL_SECONDS = 5.0
 # A victim whose ranks have left is deleted with this grace period rather than the pod's
 # own: nothing of the training runs there any more, and a `sleep` that ignores SIGTERM
 # would hold its GPUs for the pod's full grace period (30 s by default).
@@ -125,9 +130,11 @@ def _step(
         return Victim(w, item.why, deadline)
     if seen is not None and w.name not in seen:
         return Victim(w, item.why, deadline, "delete", RANK_FREE_GRACE_SECONDS)
-    if not reported(w.name, turn.observed.ranks):
-        # The reports say nothing of it: an exec read must (ranks.py).
-        read_launcher(turn, spec, launcher, PROBE_INTERVAL_SECONDS)
+    # Where the reports say nothing of it, an exec read must (ranks.py); where they still
+    # show its shell, one now and then catches an exit report that is late or lost.
+    pushed = reported(w.name, turn.observed.ranks)
+    every = CONFIRM_INTERVAL_SECONDS if pushed else PROBE_INTERVAL_SECONDS
+    read_launcher(turn, spec, launcher, every)
     turn.requeue((deadline - now).total_seconds())
     return Victim(w, item.why, deadline)
 

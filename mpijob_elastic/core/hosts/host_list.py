@@ -126,6 +126,8 @@ def _allowed_hosts(
     reports = turn.observed.ranks
     if rules.waiting and not (reports is not None and reports.known):
         drain.read_launcher(turn, spec, launcher, drain.PROBE_INTERVAL_SECONDS)
+    elif rules.doubted:
+        drain.read_launcher(turn, spec, launcher, drain.CONFIRM_INTERVAL_SECONDS)
     if rules.recheck is not None:
         turn.requeue(rules.recheck)
     return rules

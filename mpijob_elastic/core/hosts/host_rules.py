@@ -93,6 +93,10 @@ class HostList:
     # Holders whose reset is known to have ended (``joined``). Only these count for the
     # disruption budget (render.py).
     committed: frozenset[str] = frozenset()
+    # Hosts the list waits for on a reported shell that started before their pod ran: a
+    # former pod's of the same name, which has ended unless its exit report is on its way
+    # or lost. A read of the launcher settles it (ranks.corrected).
+    doubted: frozenset[str] = frozenset()
 
 
 def reset_bound(gloo_timeout_seconds: float) -> timedelta:
@@ -278,8 +282,10 @@ def next_hosts(
     chosen = [
         n for n in wanted if n in listed or not ((h := hosts.get(n)) is not None and h.disrupted)
     ]
+    doubted: frozenset[str] = frozenset()
     if waiting and set(chosen) != set(listed):
         why = f"waiting for the ranks of {', '.join(waiting)} (one host-list change at a time)"
+        doubted = _doubted(snapshot, hosts, waiting)
         # A host whose ranks run stays too, until the reset ends, even one that may no
         # longer be listed (preempted, terminating): unlisted now, the driver would drop
         # the notice and its ranks would die assigned at the end of its grace period;
@@ -313,7 +319,24 @@ def next_hosts(
     committed, counted_in = committed_holders(snapshot, holders, now, bound)
     if counted_in is not None:
         recheck = counted_in if recheck is None else min(recheck, counted_in)
-    return HostList(ordered, frozenset(ordered) - set(wanted), holders, why, recheck, committed)
+    return HostList(
+        ordered, frozenset(ordered) - set(wanted), holders, why, recheck, committed, doubted
+    )
+
+
+def _doubted(
+    snapshot: RankSnapshot | None, hosts: Mapping[str, Host], waiting: Collection[str]
+) -> frozenset[str]:
+    """The waiting hosts whose latest reported running shell started before their pod ran."""
+    latest = snapshot.latest if snapshot is not None else {}
+    return frozenset(
+        n
+        for n in waiting
+        if (start := latest.get(n)) is not None
+        and (h := hosts.get(n)) is not None
+        and h.running_since is not None
+        and start < h.running_since
+    )
 
 
 def driver_reads(launcher: Mapping[str, Any] | None) -> bool:

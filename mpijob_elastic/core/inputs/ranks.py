@@ -51,7 +51,7 @@ watch without reports has no fallback: it was the periodic exec this replaces.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from mpijob_elastic.core import names, numbers, times
@@ -62,6 +62,9 @@ PROBE_COMMAND = ("/bin/sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null; exit 0"
 PROBE_TIMEOUT_SECONDS = 5.0
 # The ranks ConfigMap's keys: see the module docstring.
 REPORT_SEPARATOR = "_"
+# What an exec read that found no remote shell at all says (rankprobe.py): where the
+# launcher reports, its shells are kubexec.sh's, so none runs.
+NO_REMOTE_SHELL = "no kubexec.sh process in the launcher"
 # The value of a start-up probe's key (the module docstring).
 PROBE_VALUE = "probe"
 EXIT_SUFFIX = "_exit"
@@ -136,26 +139,23 @@ def pushed(
     codes = {key[: -len(EXIT_SUFFIX)]: data[key] for key in data if key.endswith(EXIT_SUFFIX)}
     marked = {key[: -len(COMMITTED_SUFFIX)] for key in data if key.endswith(COMMITTED_SUFFIX)}
 
-    def host(key: str) -> str:
-        return key.split(REPORT_SEPARATOR, 1)[0]
-
     when = {key: _started_at(key.rsplit(REPORT_SEPARATOR, 1)[-1], at) for key in shells}
     since: dict[str, datetime] = {}
     latest: dict[str, datetime] = {}
     last: dict[str, datetime] = {}
     unmarked: set[str] = set()
     for key in started:
-        last[host(key)] = max(last.get(host(key), when[key]), when[key])
+        last[_host(key)] = max(last.get(_host(key), when[key]), when[key])
     for key in started - codes.keys():
-        since[host(key)] = min(since.get(host(key), when[key]), when[key])
-        latest[host(key)] = max(latest.get(host(key), when[key]), when[key])
+        since[_host(key)] = min(since.get(_host(key), when[key]), when[key])
+        latest[_host(key)] = max(latest.get(_host(key), when[key]), when[key])
         if key not in marked:
-            unmarked.add(host(key))
+            unmarked.add(_host(key))
     running = frozenset(since)
     lost = previous.lost if previous is not None else frozenset()
     if previous is not None and previous.hosts and running:
-        lost |= {host(key) for key in _failed_since(previous, started, codes, when)}
-    known = frozenset(host(key) for key in started)
+        lost |= {_host(key) for key in _failed_since(previous, started, codes, when)}
+    known = frozenset(_host(key) for key in started)
     return RankSnapshot(
         at,
         running,
@@ -217,6 +217,11 @@ def compacted(data: Mapping[str, str]) -> dict[str, str] | None:
     return {key: value for key, value in data.items() if key not in gone}
 
 
+def _host(key: str) -> str:
+    """The worker a shell's key names."""
+    return key.split(REPORT_SEPARATOR, 1)[0]
+
+
 def _started_at(second: str, at: datetime) -> datetime:
     """The start a key names; ``at`` for one that is no epoch second or lies past ``at``
     by more than a day (the launcher can write any key)."""
@@ -231,23 +236,56 @@ def reported(host: str, reports: RankSnapshot | None) -> bool:
 
 def signal(reports: RankSnapshot | None, read: RankSnapshot | None) -> RankSnapshot | None:
     """The rank signal for the whole job: the reports once they name any host or the
-    driver's start-up probe, else the last exec read (a launcher that reports nothing
-    reaches its hosts some other way)."""
-    reporting = reports is not None and (reports.known or reports.probed is not None)
-    return reports if reporting else read
+    driver's start-up probe (less the shells a later read no longer found: ``corrected``),
+    else the last exec read (a launcher that reports nothing reaches its hosts some other
+    way)."""
+    if reports is not None and (reports.known or reports.probed is not None):
+        return corrected(reports, read)
+    return read
 
 
 def seen_by(
     host: str, reports: RankSnapshot | None, read: RankSnapshot | None, since: datetime
 ) -> frozenset[str] | None:
     """The workers known to run ranks, for deciding about ``host``: from the reports if
-    they cover ``host``, else from an exec read begun at ``since`` or later; None when
-    neither can say."""
-    if reported(host, reports):
-        return reports.hosts if reports is not None else None
-    if read is not None and read.at >= since:
-        return read.hosts
-    return None
+    they cover ``host`` (less the shells a read begun at ``since`` or later no longer
+    found), else from such a read; None when neither can say."""
+    fresh = read if read is not None and read.at >= since else None
+    if reports is not None and reported(host, reports):
+        return corrected(reports, fresh).hosts
+    return fresh.hosts if fresh is not None else None
+
+
+def corrected(reports: RankSnapshot, read: RankSnapshot | None) -> RankSnapshot:
+    """The reports, less the hosts whose running shells all started a second or more
+    before ``read`` began and are missing from it: those shells have ended, and their exit
+    reports are late or lost (each is one ``kubectl patch`` in the background of the
+    launcher, three tries). Uncorrected, such a claim held a drain to its deadline, its
+    worker retired for a failure that never was, and kept a name a scale-out took back out
+    of the list for good (rule 1, host_rules.py). A read that could not see the shells
+    changes nothing."""
+    if reports.hosts is None or read is None:
+        return reports
+    found = read.hosts
+    if found is None:
+        if read.error != NO_REMOTE_SHELL:
+            return reports
+        found = frozenset()  # a launcher that reports runs kubexec.sh: none runs now
+    began = read.at - timedelta(seconds=1)  # reports name whole seconds
+    ended = {
+        h for h in reports.hosts - found if (start := reports.latest.get(h)) and start <= began
+    }
+    if not ended:
+        return reports
+
+    return replace(
+        reports,
+        hosts=reports.hosts - ended,
+        since={h: t for h, t in reports.since.items() if h not in ended},
+        latest={h: t for h, t in reports.latest.items() if h not in ended},
+        committed=reports.committed - ended,
+        running_shells=frozenset(k for k in reports.running_shells if _host(k) not in ended),
+    )
 
 
 def remote_shell_hosts(output: bytes, job: str) -> frozenset[str] | None:
