@@ -29,7 +29,7 @@ from mpijob_elastic.core import names
 from mpijob_elastic.core.inputs.ranks import EXIT_SUFFIX
 from tests.cluster import ROOT, Cluster
 from tests.controller import ControllerProcess, wait_for
-from tests.manifests import wait_until_rejected
+from tests.manifests import deny_in_namespace, wait_until_rejected
 
 SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
 JOB = "lost-exit-reports"
@@ -80,18 +80,7 @@ def refuse_exit_reports(cluster: Cluster, namespace: str) -> str:
             ],
         },
     }
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name},
-        "spec": {
-            "policyName": name,
-            "validationActions": ["Deny"],
-            "matchResources": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-            },
-        },
-    }
+    binding = deny_in_namespace(name, namespace)
     cluster.kubectl(
         "apply",
         "-f",
@@ -134,15 +123,7 @@ def test_lost_exit_reports_neither_hold_a_drain_to_its_deadline_nor_keep_a_name_
             "the policy refusing exit reports",
         )
         victims = {names.worker_name(JOB, i) for i in (1, 2)}
-        step = run.begin("kubectl patch: 1 worker, exit reports refused")
-        run.kubectl(
-            "patch",
-            "mpijob",
-            JOB,
-            "--type=merge",
-            "-p",
-            json.dumps({"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 1}}}}),
-        )
+        step = run.scale(1)
         gone = wait_for(
             lambda: time.time() if not victims & set(run.worker_pods()) else None,
             DRAIN_SECONDS,
@@ -169,15 +150,7 @@ def test_lost_exit_reports_neither_hold_a_drain_to_its_deadline_nor_keep_a_name_
         retired = (config["metadata"].get("annotations") or {}).get(names.ANN_RETIRED_WORKERS)
         assert not retired, retired
         # The names taken back at once: listed, and ranks run there.
-        back = run.begin("kubectl patch: 3 workers, the names taken back")
-        run.kubectl(
-            "patch",
-            "mpijob",
-            JOB,
-            "--type=merge",
-            "-p",
-            json.dumps({"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": WORKERS}}}}),
-        )
+        back = run.scale(WORKERS)
         run.wait_for_ranks_on({names.worker_name(JOB, i) for i in range(WORKERS)}, timeout=90)
         bad = [
             e

@@ -123,6 +123,22 @@ def create_namespace(cluster: Cluster, labels: dict[str, str] | None = None) -> 
     return name
 
 
+def deny_in_namespace(policy: str, namespace: str) -> dict[str, Any]:
+    """A binding of the admission policy ``policy`` that denies in ``namespace`` only."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": policy},
+        "spec": {
+            "policyName": policy,
+            "validationActions": ["Deny"],
+            "matchResources": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+            },
+        },
+    }
+
+
 def wait_until_rejected(
     cluster: Cluster, args: list[str], expect: str, what: str, input: str | None = None
 ) -> None:

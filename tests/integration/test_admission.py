@@ -22,6 +22,7 @@ from tests.manifests import (
     POLICY_READY_TIMEOUT,
     AdmissionPolicy,
     create_namespace,
+    deny_in_namespace,
     mpijob,
     wait_until_rejected,
 )
@@ -436,18 +437,7 @@ def probe_policy(cluster: Cluster, crd: str) -> Iterator[str]:
             "validations": [{"expression": "false", "messageExpression": PROBE_MESSAGE}],
         },
     }
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": PROBE},
-        "spec": {
-            "policyName": PROBE,
-            "validationActions": ["Deny"],
-            "matchResources": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-            },
-        },
-    }
+    binding = deny_in_namespace(PROBE, namespace)
     cluster.apply(policy)
     cluster.apply(binding)
     try:
