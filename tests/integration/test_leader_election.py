@@ -145,9 +145,9 @@ def test_sigkill_mid_scale_in_the_standby_finishes_it_deleting_each_victim_once(
     cluster: Cluster, job: Job, start_controller: StartController
 ) -> None:
     # Long enough that the leader is killed between the drain marks and the deletes, even
-    # when the marks are seen late on a loaded machine (with 10 s, a delete once went out
-    # as the leader died, unlogged).
-    drain = 20.0
+    # when the marks are seen late on a loaded machine (a delete went out as the leader
+    # died, unlogged: once with 10 s, and once with 20 s in a full run at a load of 42).
+    drain = 40.0
     leader, standby, _ = pair(cluster, job.ns, start_controller)
     job.create(elastic_job(job.name, 4, drain=f"{drain:g}"))
     job.wait_hosts(4)

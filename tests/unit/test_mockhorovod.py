@@ -1562,10 +1562,12 @@ async def test_issue30_the_marker_comes_once_per_reset_after_the_slowest_new_ran
     rig: Rig,
 ) -> None:
     rig.set_hosts("a:1", "b:1")
-    run = await start(rig, np=2, min_np=1, **ranks_in_pods(rig, 0.5, "d", 1.5))
+    # d starts 3 s after c, so that c has joined well before d even when the machine's
+    # load stretches c's start (0.96 s apart once, with 1.5 s between them).
+    run = await start(rig, np=2, min_np=1, **ranks_in_pods(rig, 0.5, "d", 3.0))
     await world_up(rig, within=15)
     await wait_for(rig, lambda: len(markers_by_rank(rig)) == 2, "the first ranks' markers", 10)
-    rig.set_hosts("a:1", "b:1", "c:1", "d:1")  # c starts in 0.5 s, d in 2 s
+    rig.set_hosts("a:1", "b:1", "c:1", "d:1")  # c starts in 0.5 s, d in 3.5 s
     await wait_for(rig, lambda: len(markers_by_rank(rig)) == 4, "c's and d's markers", 15)
     c_marker, d_marker = (rank_of(rig, h, ev.COMMIT_MARKER_PRINTED) for h in "cd")
     completed = rig.of(ev.RESET_COMPLETED)[1]
