@@ -277,7 +277,6 @@ def corrected(reports: RankSnapshot, read: RankSnapshot | None) -> RankSnapshot:
     }
     if not ended:
         return reports
-
     return replace(
         reports,
         hosts=reports.hosts - ended,
