@@ -45,13 +45,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.cluster import cluster_up, free_port, kubectl_binary, machine
-from e2e.harness import EXIT_ANNOTATION, ElasticRun, Step, seconds
+from e2e.harness import EXIT_ANNOTATION, ElasticRun, Step, report, seconds
 from e2e.mockhorovod import events as ev
 from e2e.test_relocation import (
     WORKERS,
     colocation_node,
     relocated,
-    report,
     start_job,
 )
 from mpijob_elastic.core import names

@@ -593,6 +593,22 @@ def format_timeline(step: Step, rows: list[tuple[float, str]]) -> str:
     return "\n".join(lines)
 
 
+# Where the e2e timelines are written (``report``).
+OUT = ROOT / "e2e" / "out"
+
+
+def report(run: ElasticRun, tag: str, out: Path = OUT) -> None:
+    """Each step's timeline, printed and written to ``<out>/timeline-<tag>-<time>.txt``."""
+    out.mkdir(parents=True, exist_ok=True)
+    text = "\n\n".join(
+        format_timeline(step, run.timeline(step, until=nxt.started if nxt else None))
+        for step, nxt in zip(run.steps, [*run.steps[1:], None], strict=True)
+    )
+    path = out / f"timeline-{tag}-{time.strftime('%Y%m%d-%H%M%S')}.txt"
+    path.write_text(text + "\n")
+    print(f"\n{text}\n(timeline written to {path})")
+
+
 def seconds(offset: float | None) -> str:
     return "never" if offset is None else f"+{offset:.2f}s"
 

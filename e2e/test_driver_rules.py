@@ -33,13 +33,12 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.harness import EXIT_ANNOTATION, ElasticRun, format_timeline, in_cluster_job
+from e2e.harness import EXIT_ANNOTATION, ElasticRun, in_cluster_job, report
 from e2e.mockhorovod import events as ev
 from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster
 from tests.controller import ControllerProcess, wait_for
 
-OUT = ROOT / "e2e" / "out"
 SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
 WORKERS = 3
 IN_CLUSTER = os.environ.get("E2E_IN_CLUSTER") == "1"
@@ -56,17 +55,6 @@ def job_manifest(name: str) -> dict[str, Any]:
     job["metadata"]["annotations"]["mpijob-elastic.io/min-replicas"] = "1"
     job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = WORKERS
     return job
-
-
-def report(run: ElasticRun, tag: str) -> None:
-    OUT.mkdir(exist_ok=True)
-    text = "\n\n".join(
-        format_timeline(step, run.timeline(step, until=nxt.started if nxt else None))
-        for step, nxt in zip(run.steps, [*run.steps[1:], None], strict=True)
-    )
-    path = OUT / f"timeline-{tag}-{time.strftime('%Y%m%d-%H%M%S')}.txt"
-    path.write_text(text + "\n")
-    print(f"\n{text}\n(timeline written to {path})")
 
 
 def patch_replicas(run: ElasticRun, n: int) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.harness import ElasticRun, format_timeline
+from e2e.harness import ElasticRun, report
 from e2e.mockhorovod import events as ev
 from mpijob_elastic.core import names
 from mpijob_elastic.core.inputs.ranks import EXIT_SUFFIX
@@ -167,8 +167,4 @@ def test_lost_exit_reports_neither_hold_a_drain_to_its_deadline_nor_keep_a_name_
             policy,
             check=False,
         )
-        text = "\n\n".join(
-            format_timeline(s, run.timeline(s, until=nxt.started if nxt else None))
-            for s, nxt in zip(run.steps, [*run.steps[1:], None], strict=True)
-        )
-        print(f"\n{text}")
+        report(run, "lost-exit-reports")

@@ -35,7 +35,6 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,16 +45,15 @@ from e2e.harness import (
     ElasticRun,
     Step,
     describe_moves,
-    format_timeline,
     in_cluster_job,
     mock_driver_args,
+    report,
 )
 from e2e.mockhorovod import events as ev
 from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster
 from tests.controller import ControllerProcess, wait_for
 
-OUT = ROOT / "e2e" / "out"
 SAMPLE = ROOT / "config" / "samples" / "elastic-mpijob.yaml"
 DRAIN_SECONDS = 15
 WORKERS = 3
@@ -177,17 +175,6 @@ def start_job(
     )
     step.lines.append(f"PodDisruptionBudget spec as shipped: {json.dumps(budget['spec'])}")
     return run
-
-
-def report(run: ElasticRun, tag: str, out: Path = OUT) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    text = "\n\n".join(
-        format_timeline(step, run.timeline(step, until=nxt.started if nxt else None))
-        for step, nxt in zip(run.steps, [*run.steps[1:], None], strict=True)
-    )
-    path = out / f"timeline-{tag}-{time.strftime('%Y%m%d-%H%M%S')}.txt"
-    path.write_text(text + "\n")
-    print(f"\n{text}\n(timeline written to {path})")
 
 
 def nothing_fatal(run: ElasticRun, since: float = 0.0) -> None:

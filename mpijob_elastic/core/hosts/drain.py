@@ -132,8 +132,8 @@ def _step(
         return Victim(w, item.why, deadline, "delete", RANK_FREE_GRACE_SECONDS)
     # Where the reports say nothing of it, an exec read must (ranks.py); where they still
     # show its shell, one now and then catches an exit report that is late or lost.
-    pushed = reported(w.name, turn.observed.ranks)
-    every = CONFIRM_INTERVAL_SECONDS if pushed else PROBE_INTERVAL_SECONDS
+    covered = reported(w.name, turn.observed.ranks)
+    every = CONFIRM_INTERVAL_SECONDS if covered else PROBE_INTERVAL_SECONDS
     read_launcher(turn, spec, launcher, every)
     turn.requeue((deadline - now).total_seconds())
     return Victim(w, item.why, deadline)
