@@ -25,8 +25,8 @@ from e2e.harness import (
     ElasticRun,
     Step,
     describe_moves,
-    format_timeline,
     in_cluster_job,
+    report,
     spread_workers,
 )
 from e2e.mockhorovod import CRASH_EXIT_CODE
@@ -35,7 +35,6 @@ from mpijob_elastic.core import names
 from tests.cluster import ROOT, Cluster
 from tests.controller import ControllerProcess, wait_for
 
-OUT = ROOT / "e2e" / "out"
 # hack/e2e-kind.sh sets these: the controller is deployed in the cluster, and the launcher
 # is a real pod running the mock launcher image.
 IN_CLUSTER = os.environ.get("E2E_IN_CLUSTER") == "1"
@@ -78,14 +77,7 @@ def run(
     )
     yield elastic
     elastic.close()
-    OUT.mkdir(exist_ok=True)
-    report = "\n\n".join(
-        format_timeline(step, elastic.timeline(step, until=nxt.started if nxt else None))
-        for step, nxt in zip(elastic.steps, [*elastic.steps[1:], None], strict=True)
-    )
-    path = OUT / f"timeline-{time.strftime('%Y%m%d-%H%M%S')}.txt"
-    path.write_text(report + "\n")
-    print(f"\n{report}\n(timeline written to {path})")
+    report(elastic, "elastic")
 
 
 def no_failures(run: ElasticRun, since: float = 0.0) -> None:
