@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 import pytest
 
@@ -77,7 +76,7 @@ async def test_concurrent_workers_never_share_a_key() -> None:
     in_progress: set[Key] = set()
     overlaps: list[Key] = []
     processed: list[Key] = []
-    release = asyncio.Event()
+    release, all_held, all_done = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     async def worker() -> None:
         while True:
@@ -88,19 +87,19 @@ async def test_concurrent_workers_never_share_a_key() -> None:
             if key in in_progress:
                 overlaps.append(key)
             in_progress.add(key)
+            if in_progress == {A, B, C}:
+                all_held.set()
             await release.wait()
             processed.append(key)
             in_progress.discard(key)
             queue.done(key)
-
-    async def until(predicate: Callable[[], bool]) -> None:
-        while not predicate():
-            await asyncio.sleep(0)
+            if len(processed) == 6 and not in_progress:
+                all_done.set()
 
     workers = [asyncio.create_task(worker()) for _ in range(4)]
     for key in (A, B, C):
         queue.add(key)
-    await asyncio.wait_for(until(lambda: in_progress == {A, B, C}), SHORT)
+    await asyncio.wait_for(all_held.wait(), SHORT)
     for _ in range(5):
         for key in (A, B, C):
             queue.add(key)
@@ -108,7 +107,7 @@ async def test_concurrent_workers_never_share_a_key() -> None:
     await assert_nothing_ready(queue)
     assert in_progress == {A, B, C}
     release.set()
-    await asyncio.wait_for(until(lambda: len(processed) == 6 and not in_progress), SHORT)
+    await asyncio.wait_for(all_done.wait(), SHORT)
     queue.shutdown()
     await asyncio.wait_for(asyncio.gather(*workers), SHORT)
     assert overlaps == []
