@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         c = Cluster(kubeconfig, kubectl_binary())
         c.kubectl("apply", "-f", str(PRIORITY_CLASS), "-f", str(CRD))
-        c.kubectl("wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
+        c.wait_established("mpijobs.kubeflow.org")
         with tempfile.TemporaryDirectory() as tmp:
             for i, (tag, trace, variants) in enumerate(traces):
                 for variant in variants:

@@ -43,6 +43,13 @@ def sh(*args: str, input: str | None = None, env: dict[str, str] | None = None) 
     ).stdout
 
 
+def install_crd(k: list[str]) -> None:
+    """The MPIJob CRD applied with kubectl ``k`` (binary, ``--kubeconfig``, path), and
+    Established."""
+    sh(*k, "apply", "-f", str(ROOT / "config/crd/kubeflow.org_mpijobs.yaml"))
+    Cluster(kubeconfig=k[2], kubectl_path=k[0]).wait_established("mpijobs.kubeflow.org")
+
+
 async def ash(*args: str, input: str | None = None) -> None:
     """kubectl without blocking the loop, whose informers are timing events meanwhile."""
     proc = await asyncio.create_subprocess_exec(

@@ -32,6 +32,7 @@ from bench.cluster import (
     bench_main,
     beside_baseline,
     cluster,
+    install_crd,
     job_manifest,
     kubectl_binary,
     machine,
@@ -119,8 +120,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         with cluster(args.kubeconfig) as config:
             k = [kubectl_binary(), "--kubeconfig", config]
-            sh(*k, "apply", "-f", str(ROOT / "config/crd/kubeflow.org_mpijobs.yaml"))
-            sh(*k, "wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
+            install_crd(k)
             if sh(*k, "get", "namespace", NAMESPACE, "--ignore-not-found") == "":
                 sh(*k, "create", "namespace", NAMESPACE)
             result["ours"] = asyncio.run(measure(config, k, ROOT, args.seconds))

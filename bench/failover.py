@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.cluster import install_crd
 from mpijob_elastic.core import names
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -151,8 +152,7 @@ def hand_over(
 def run(kubeconfig: str, kubectl: str, rounds: int, timing_args: list[str]) -> dict[str, Any]:
     namespace = f"bench-failover-{os.getpid()}"
     k = [kubectl, "--kubeconfig", kubeconfig]
-    sh(*k, "apply", "-f", str(ROOT / "config/crd/kubeflow.org_mpijobs.yaml"))
-    sh(*k, "wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
+    install_crd(k)
     sh(*k, "create", "namespace", namespace)
     sh(*k, "wait", "--for=create", "serviceaccount/default", "-n", namespace, "--timeout=60s")
     logs = Path(tempfile.mkdtemp(prefix="failover-"))

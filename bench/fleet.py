@@ -40,10 +40,10 @@ from typing import Any
 from kubernetes_asyncio import config as kube_config
 
 from bench.cluster import (
-    ROOT,
     Controller,
     cluster,
     cpu_seconds,
+    install_crd,
     job_manifest,
     kubectl_binary,
     machine,
@@ -353,8 +353,7 @@ def run(kubeconfig: str | None, opts: Options) -> dict[str, Any]:
     pods = opts.jobs * (opts.workers * 3 // 2 + 1) + 100
     with cluster(kubeconfig, pods) as config:
         k = [kubectl_binary(), "--kubeconfig", config]
-        sh(*k, "apply", "-f", str(ROOT / "config/crd/kubeflow.org_mpijobs.yaml"))
-        sh(*k, "wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
+        install_crd(k)
         namespace = f"bench-fleet-{os.getpid()}"
         sh(*k, "create", "namespace", namespace)
         try:

@@ -26,6 +26,7 @@ from bench.cluster import (
     bench_main,
     beside_baseline,
     cluster,
+    install_crd,
     kubectl_binary,
     machine,
     revision_tree,
@@ -85,8 +86,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"machine": machine(), "count": args.count, "size_mb": args.size_mb}
     with cluster(args.kubeconfig) as config:
         k = [kubectl_binary(), "--kubeconfig", config]
-        sh(*k, "apply", "-f", str(ROOT / "config/crd/kubeflow.org_mpijobs.yaml"))
-        sh(*k, "wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
+        install_crd(k)
         result["ours"] = asyncio.run(measure(config, k, ROOT, args.count, args.size_mb))
         if args.baseline:
             with revision_tree(args.baseline) as tree:

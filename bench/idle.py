@@ -37,6 +37,7 @@ from bench.cluster import (
     Controller,
     cluster,
     cpu_seconds,
+    install_crd,
     job_manifest,
     kubectl_binary,
     machine,
@@ -192,8 +193,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     pods = args.jobs * (args.workers + 2) + 100
     with cluster(args.kubeconfig, pods) as config:
         k = [kubectl_binary(), "--kubeconfig", config]
-        sh(*k, "apply", "-f", str(ROOT / "config/crd/kubeflow.org_mpijobs.yaml"))
-        sh(*k, "wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
+        install_crd(k)
         namespace = f"bench-idle-{os.getpid()}"
         sh(*k, "create", "namespace", namespace)
         try:

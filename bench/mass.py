@@ -73,7 +73,15 @@ from typing import Any
 from kubernetes_asyncio import config as kube_config
 
 from bench import floor
-from bench.cluster import ROOT, Controller, cluster, job_manifest, kubectl_binary, machine, sh
+from bench.cluster import (
+    Controller,
+    cluster,
+    install_crd,
+    job_manifest,
+    kubectl_binary,
+    machine,
+    sh,
+)
 from bench.fleet import WATCHED, bounded, percentile, sizes_main, sizes_table, wait_for
 from mpijob_elastic.core import names
 from mpijob_elastic.machinery.informer import Informer
@@ -647,8 +655,7 @@ def run(kubeconfig: str | None, opts: Options) -> dict[str, Any]:
     with cluster(kubeconfig) as config:
         k = [kubectl_binary(), "--kubeconfig", config]
         pool_nodes(k, opts.nodes, -(-peak // left) + 110)
-        sh(*k, "apply", "-f", str(ROOT / "config/crd/kubeflow.org_mpijobs.yaml"))
-        sh(*k, "wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
+        install_crd(k)
         namespace = f"bench-mass-{os.getpid()}"
         sh(*k, "create", "namespace", namespace)
         floor.wait_default_service_account(k, namespace)

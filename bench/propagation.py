@@ -22,7 +22,15 @@ from typing import Any
 
 from kubernetes_asyncio import config as kube_config
 
-from bench.cluster import ROOT, Controller, ash, cluster, job_manifest, kubectl_binary, sh
+from bench.cluster import (
+    Controller,
+    ash,
+    cluster,
+    install_crd,
+    job_manifest,
+    kubectl_binary,
+    sh,
+)
 from mpijob_elastic.core import names
 from mpijob_elastic.machinery.informer import Informer
 
@@ -158,8 +166,7 @@ def run(kubeconfig: str | None, rounds: int, bursts: list[int]) -> list[dict[str
     with cluster(kubeconfig, pods=max(bursts) + 50) as config:
         namespace = f"bench-{os.getpid()}"
         k = [kubectl_binary(), "--kubeconfig", config]
-        sh(*k, "apply", "-f", str(ROOT / "config/crd/kubeflow.org_mpijobs.yaml"))
-        sh(*k, "wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
+        install_crd(k)
         sh(*k, "create", "namespace", namespace)
         controller = Controller(config, namespaces=namespace)
         controller.start()

@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cluster = Cluster(kubeconfig, kubectl_binary())
         cluster.kubectl("apply", "-f", str(CRD))
-        cluster.kubectl("wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
+        cluster.wait_established("mpijobs.kubeflow.org")
         with tempfile.TemporaryDirectory(prefix="bench-baseline-") as tree:
             # The older controller, as a plain tree of that revision's files (bench.idle).
             archive = subprocess.run(

@@ -24,7 +24,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.cluster import ROOT, Controller, cluster, free_port, kubectl_binary, machine, sh
+from bench.cluster import (
+    ROOT,
+    Controller,
+    cluster,
+    free_port,
+    install_crd,
+    kubectl_binary,
+    machine,
+    sh,
+)
 from bench.propagation import bench, table
 
 # Fixed by training-operator 1.9.2 (pkg/cert/cert.go, cmd/training-operator.v1/main.go).
@@ -79,8 +88,7 @@ def run(kubeconfig: str | None, rounds: int, bursts: list[int]) -> dict[str, Any
     result: dict[str, Any] = {"machine": machine()}
     with cluster(kubeconfig, pods=2 * max(bursts) + 100) as config:
         k = [kubectl_binary(), "--kubeconfig", config]
-        sh(*k, "apply", "-f", str(ROOT / "config/crd/kubeflow.org_mpijobs.yaml"))
-        sh(*k, "wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
+        install_crd(k)
         ours, theirs = f"bench-ours-{os.getpid()}", f"bench-to-{os.getpid()}"
         for namespace in (ours, theirs):
             sh(*k, "create", "namespace", namespace)

@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.cluster import ROOT, Controller, cluster, kubectl_binary, machine, sh
+from bench.cluster import ROOT, Controller, cluster, install_crd, kubectl_binary, machine, sh
 from mpijob_elastic.core import names
 from mpijob_elastic.core.lifecycle.notices import parse_notice
 from tests.cluster import Cluster
@@ -316,8 +316,7 @@ def main() -> None:
     args = parser.parse_args()
     with cluster(args.kubeconfig) as config:
         k = [kubectl_binary(), "--kubeconfig", config]
-        sh(*k, "apply", "-f", str(ROOT / "config/crd/kubeflow.org_mpijobs.yaml"))
-        sh(*k, "wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
+        install_crd(k)
         results = [row(config, args, True), row(config, args, False)]
     text = table(results, args)
     print(text)

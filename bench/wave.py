@@ -39,7 +39,15 @@ from typing import Any
 from kubernetes_asyncio import config as kube_config
 
 from bench import floor
-from bench.cluster import ROOT, Controller, cluster, job_manifest, kubectl_binary, machine, sh
+from bench.cluster import (
+    Controller,
+    cluster,
+    install_crd,
+    job_manifest,
+    kubectl_binary,
+    machine,
+    sh,
+)
 from bench.fleet import WATCHED, bounded, sizes_main, sizes_table, wait_for
 from bench.mass import (
     CHANGE_LIMIT,
@@ -264,8 +272,7 @@ def run(kubeconfig: str | None, jobs: int, workers: int) -> dict[str, Any]:
         k = [kubectl_binary(), "--kubeconfig", config]
         # Room for the wave and a floor of its size at once.
         pool_nodes(k, 10, -(-2 * jobs * (workers + 1) // 10) + 110)
-        sh(*k, "apply", "-f", str(ROOT / "config/crd/kubeflow.org_mpijobs.yaml"))
-        sh(*k, "wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
+        install_crd(k)
         # Kueue's own default PodsReady timeout: the tests' 15 s evicted 79 of 100 jobs of
         # the wave and made their pods again (2026-12-06 15:10), the floor itself taking 16 s.
         runner = KueueRunner(

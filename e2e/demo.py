@@ -77,7 +77,7 @@ def sample() -> dict[str, Any]:
 
 def demo(cluster: Cluster, workdir: Path) -> None:
     cluster.kubectl("apply", "-k", str(ROOT / "config/crd"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
+    cluster.wait_established("mpijobs.kubeflow.org")
     cluster.kubectl("apply", "-k", str(ROOT / "config/admission"))
     cluster.kubectl("create", "namespace", NAMESPACE, check=False)
     # Pods cannot be created in a namespace before its default ServiceAccount exists.

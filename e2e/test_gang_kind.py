@@ -223,14 +223,21 @@ def test_gang_two_jobs_whose_minimums_do_not_both_fit_never_deadlock(
                 gone = time.monotonic()
             time.sleep(0.2)
         grown = time.monotonic()
-        gone = grown if gone is None else gone
-        assert running.pods() == {}
         assert len(bound(waiting.pods())) == WANTED
+        # ROOM holds WANTED and one more: the last of the deleted job's pods may still be
+        # terminating when the other job is at its size. It goes all the same.
+        if gone is None:
+            wait_for(
+                lambda: not running.pods() and not running.pods(names.ROLE_LAUNCHER),
+                120,
+                f"{running.name}'s pods gone",
+            )
+            gone = time.monotonic()
         print(
             f"FIGURE ({'kind' if IN_CLUSTER else 'KWOK'}) {running.name} at {WANTED} "
             f"{started:.1f}s after create; {waiting.name} held no node; "
             f"{running.name} deleted -> its pods gone {gone - deleted:.2f}s -> "
-            f"{waiting.name} at {WANTED} workers Running and listed {grown - gone:.2f}s later "
+            f"{waiting.name} at {WANTED} workers Running and listed {grown - gone:+.2f}s from then "
             f"({grown - deleted:.2f}s from the delete)"
         )
     finally:

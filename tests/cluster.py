@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -87,6 +88,21 @@ class Cluster:
         if check and proc.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
         return proc
+
+    def wait_established(self, *crds: str, timeout: float = 60) -> None:
+        """Until each named CRD is Established. Right after its create a CRD's
+        ``status.conditions`` may still be null, which ``kubectl wait`` rejects at once
+        rather than waiting (seen under load): it is asked again until the deadline."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = max(1, int(deadline - time.monotonic()))
+            args = ("wait", "--for=condition=Established", *(f"crd/{c}" for c in crds))
+            proc = self.kubectl(*args, f"--timeout={left}s", check=False)
+            if proc.returncode == 0:
+                return
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+            time.sleep(0.5)
 
     def apply(self, manifest: dict[str, Any] | str, namespace: str | None = None) -> None:
         text = manifest if isinstance(manifest, str) else json.dumps(manifest)

@@ -36,7 +36,7 @@ UNSCHEDULABLE_FLUSH_SECONDS = 20
 
 def install_crd(cluster: Cluster, path: Path, name: str, plural: str) -> None:
     cluster.kubectl("apply", "--server-side", "-f", str(path))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    cluster.wait_established(name)
     # Established may run ahead of kubectl's discovery: list until it works.
     wait_for(
         lambda: cluster.kubectl("get", plural, "-A", check=False).returncode == 0,

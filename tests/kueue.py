@@ -13,7 +13,6 @@ starts it with the manager), on a free port with a self-signed certificate.
 
 from __future__ import annotations
 
-import functools
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -98,19 +97,12 @@ class KueueRunner:
         self.running: Kueue | None = None
         cluster.kubectl("apply", "--server-side", "-f", self.crds)
 
-        def established(crd: str) -> bool:
-            # Right after the apply the CRD may have no status yet, which `kubectl wait`
-            # rejects.
-            return (
-                cluster.kubectl(
-                    "wait", "--for=condition=Established", f"crd/{crd}.kueue.x-k8s.io",
-                    "--timeout=10s", check=False,
-                ).returncode
-                == 0
-            )  # fmt: skip
-
-        for crd in ("workloads", "clusterqueues", "localqueues", "resourceflavors"):
-            wait_for(functools.partial(established, crd), timeout=60, what=f"CRD {crd} established")
+        cluster.wait_established(
+            *(
+                f"{crd}.kueue.x-k8s.io"
+                for crd in ("workloads", "clusterqueues", "localqueues", "resourceflavors")
+            )
+        )
         cluster.kubectl("create", "namespace", "kueue-system", check=False)
         _certificate(home / "certs")
         self.config = home / "config.yaml"

@@ -81,7 +81,7 @@ def mpijob(
 def crd(cluster: Cluster) -> str:
     """The MPIJob CRD installed and served; returns its name."""
     cluster.kubectl("apply", "-f", str(CRD_FILE))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    cluster.wait_established(CRD_NAME)
     # Established means the API server serves the resource, but kubectl's discovery cache
     # may lag; retry until a list works so the first test does not see "no such resource".
     deadline = time.monotonic() + 30

@@ -145,7 +145,7 @@ def widgets(cluster: Cluster) -> Iterator[Kind]:
         },
     }
     cluster.apply(crd)
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/widgets.{group}")
+    cluster.wait_established(f"widgets.{group}")
     yield Kind(f"/apis/{group}/v1", "widgets", f"{group}/v1", "Widget", f"widgets.{group}")
     cluster.kubectl("delete", "crd", f"widgets.{group}", "--wait=false", check=False)
 

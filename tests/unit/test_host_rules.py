@@ -173,6 +173,19 @@ def test_a_graceful_removal_never_takes_the_list_below_the_minimum() -> None:
     assert got.hosts == (w(0), w(3))
 
 
+def test_rank_holders_being_deleted_keep_the_list_at_the_minimum() -> None:
+    # kubectl drain evicted all three at once (seen on kind): rule 2 keeps one, rule 3
+    # as many more as the minimum needs, until the replacements are listed.
+    hosts = {w(i): host(i, terminating=True, listable=False) for i in range(3)}
+    listed = [w(0), w(1), w(2)]
+    got = rules([], listed, hosts, seen(0, 1, 2), NOW, minimum=2)
+    assert got.hosts == (w(0), w(1))
+    # A worker that may stay comes first; one whose ranks have gone is no help.
+    hosts[w(3)] = host(3)
+    got = rules([w(3)], [*listed, w(3)], hosts, seen(0, 2), NOW, minimum=3)
+    assert got.hosts == (w(0), w(2), w(3))
+
+
 def test_a_worker_about_to_be_evicted_is_not_added() -> None:
     hosts = {w(0): host(0), w(1): host(1, disrupted=True)}
     assert rules([w(0), w(1)], [w(0)], hosts, seen(0), NOW).hosts == (w(0),)

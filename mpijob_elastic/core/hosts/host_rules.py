@@ -29,7 +29,9 @@ rule is a way the real driver (0.28.1, reference section 4a) ends or stalls the 
    ranks leave or its grace period ends.
 3. **Never below the minimum.** Below ``--min-np`` listed slots every rank, the removed
    ones too, blocks in the reset, so a graceful removal that would take the list below
-   min-replicas waits (the hosts stay listed) until replacements are listed.
+   min-replicas waits (the hosts stay listed) until replacements are listed. So does a
+   rank-holder being deleted (a drain that evicts every worker at once), when the
+   workers that may stay are too few.
 4. **Listing is a promise.** A host added to the list must start a rank within the Gloo
    timeout or the whole job ends; a worker about to be evicted or preempted
    (``DisruptionTarget``) is not added.
@@ -309,9 +311,12 @@ def next_hosts(
             chosen.append(stay)
             why = why or f"keeping {stay} listed until a new host holds ranks"
     if minimum and len(current) >= minimum:
+        # A rank-holder being deleted helps too, after the others: its ranks run to the
+        # end of its grace period listed or not (below the minimum, unlisted ones wait in
+        # the reset), and listed they keep the rest training meanwhile.
         spare = sorted(
-            (n for n in current if hosts[n].listable and n not in chosen),
-            key=lambda n: hosts[n].index,
+            (n for n in current if n not in chosen and (hosts[n].listable or n in holders)),
+            key=lambda n: (not hosts[n].listable, hosts[n].index),
         )
         missing = minimum - sum(1 for n in chosen if n in hosts)
         chosen += spare[: max(missing, 0)]
