@@ -88,9 +88,11 @@ class KueueRunner:
     on or off: a test module asks for one (``kueue``, ``kueue_without_slices``), and the
     manager is restarted only when the gate must change."""
 
-    # Short, so a job whose Workload never got PodsReady would be evicted within a test.
-    # bench/wave.py takes Kueue's default: a wave's last pods run after 15 s.
-    def __init__(self, cluster: Cluster, home: Path, pods_ready_timeout: str = "15s") -> None:
+    # Short, so a job whose Workload never got PodsReady would be evicted within a test,
+    # and long enough for a loaded machine: at 15 s, KWOK ran a job's two pods too late
+    # and Kueue evicted it mid-test (00:47, load 20). bench/wave.py takes Kueue's default:
+    # a wave's last pods run after minutes.
+    def __init__(self, cluster: Cluster, home: Path, pods_ready_timeout: str = "60s") -> None:
         self.cluster, self.home = cluster, home
         self.binary = _build("binary")
         self.crds = _build("crds")

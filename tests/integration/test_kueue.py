@@ -387,13 +387,13 @@ def test_kueue_admits_resumes_on_flavor_and_releases_quota_after_pods(
     cond = job.condition("QueueAdmitted")
     assert cond is not None
     assert cond["status"] == "True", cond
-    # What Kueue's waitForPodsReady (on in tests/kueue.py, 15 s) waits for.
+    # What Kueue's waitForPodsReady (on in tests/kueue.py, 60 s) waits for.
     wait_for(
         lambda: any(
             c["type"] == "PodsReady" and c["status"] == "True"
             for c in (queues.workloads(job)[0].get("status") or {}).get("conditions") or []
         ),
-        15,
+        60,
         "PodsReady",
     )
 

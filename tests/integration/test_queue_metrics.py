@@ -109,7 +109,7 @@ def test_queue_wait_evictions_and_workers_above_admission_on_a_real_kueue(
     wait_for(lambda: two_gpus.workloads(first), 30, "the first's Workload")
     wait_for(lambda: admitted(workload(two_gpus, first)), 30, "the first admitted")
     first.wait_hosts(2)
-    wait_for(lambda: pods_ready(two_gpus, first), 15, "the first's PodsReady")
+    wait_for(lambda: pods_ready(two_gpus, first), 60, "the first's PodsReady")
     wait_for(lambda: watched.waits() == 1, 10, "the first's wait observed")
     first_wait = waited(workload(two_gpus, first))
     scrape = watched.scrape()
@@ -123,7 +123,7 @@ def test_queue_wait_evictions_and_workers_above_admission_on_a_real_kueue(
     wait_for(lambda: reason(first, "QueueAdmitted") == "Evicted", 30, "the first evicted")
     wait_for(lambda: watched.evictions("Preempted") == 1, 10, "the preemption counted")
     urgent.wait_hosts(2, timeout=60)
-    wait_for(lambda: pods_ready(two_gpus, urgent), 15, "the urgent's PodsReady")
+    wait_for(lambda: pods_ready(two_gpus, urgent), 60, "the urgent's PodsReady")
     wait_for(lambda: watched.waits() == 2, 10, "the urgent's wait observed")
     assert watched.served_for() == {first.name, urgent.name}
 

@@ -231,6 +231,28 @@ def test_the_budget_counts_a_new_holder_once_the_reset_it_joined_has_ended() -> 
     assert committed_holders(snapshot, frozenset(new), NOW, BOUND) == (frozenset(new), None)
 
 
+def test_one_marker_ends_the_reset_for_every_rank_started_with_it_or_before() -> None:
+    # w3 and w4 joined one reset (their shells started in the same second); w5 a later
+    # one. Their markers' reports come one by one: w3's is in.
+    started = NOW - timedelta(seconds=3)
+    latest = {w(0): LONG_AGO, w(3): started, w(4): started, w(5): NOW - timedelta(seconds=1)}
+    snapshot = RankSnapshot(
+        NOW, frozenset(latest), since=latest, latest=latest, committed=frozenset({w(0)})
+    )
+    holders = frozenset(latest)
+    assert committed_holders(snapshot, holders, NOW, BOUND)[0] == {w(0)}
+    marked = dataclasses.replace(snapshot, committed=frozenset({w(0), w(3)}))
+    assert committed_holders(marked, holders, NOW, BOUND)[0] == {w(0), w(3), w(4)}
+    # So rule 1 lets the next change through once the reset of w3 and w4 has ended; w5's
+    # still holds it.
+    hosts = {n: host(i) for i, n in enumerate(map(w, range(6))) if n in latest}
+    listed = [w(0), w(3), w(4)]
+    assert rules([w(3), w(4)], listed, hosts, snapshot, NOW).hosts == tuple(listed)
+    assert rules([w(3), w(4)], listed, hosts, marked, NOW).hosts == (w(3), w(4))
+    listed.append(w(5))
+    assert rules([w(3), w(4), w(5)], listed, hosts, marked, NOW).hosts == tuple(listed)
+
+
 def test_a_host_preempted_during_the_reset_it_joined_leaves_once_the_reset_ends() -> None:
     """A growth step's workers are listed, their ranks start slowly, and the scheduler
     preempts one at once: unlisted during the reset, the notice would be dropped and its

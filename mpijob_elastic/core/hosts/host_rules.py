@@ -132,11 +132,20 @@ def joined(
 ) -> datetime | None:
     """None once the reset that ``name``'s running ranks joined is known to have ended
     (their commit marker, or the bound past their latest start, or a start nothing tells,
-    taken as long ago); else when the bound will have passed."""
+    taken as long ago); else when the bound will have passed.
+
+    A marker ends the reset for every rank that was running when it ended, so a host
+    counts once a committed host's latest shell started in the same second as its own
+    or later: their markers' reports arrive apart (one remote shell each), and until
+    the last one the budget would not cover the others (seen as rank-holder labels
+    flipping). Resets follow one another, each ending only once its new ranks have
+    started, which real ranks take seconds to do."""
     if snapshot is None or name in snapshot.committed:
         return None
     start = snapshot.latest.get(name) or snapshot.since.get(name)
     if start is None or start + bound <= now:
+        return None
+    if any(start <= t for c in snapshot.committed if (t := snapshot.latest.get(c)) is not None):
         return None
     return start + bound
 
