@@ -108,8 +108,29 @@ class Job:
 
     def wait_hosts(self, n: int, timeout: float = 30) -> list[str]:
         want = [f"{self.name}-worker-{i}:1" for i in range(n)]
-        wait_for(lambda: self.hosts() == want, timeout, f"discover_hosts.sh == {want}")
+        try:
+            wait_for(lambda: self.hosts() == want, timeout, f"discover_hosts.sh == {want}")
+        except AssertionError as err:
+            # Most often the cluster's side: say where each pod stands.
+            raise AssertionError(
+                f"{err}; listed {self.hosts()}; pods: {self.pod_states()}"
+            ) from None
         return want
+
+    def pod_states(self) -> dict[str, str]:
+        """Each of the job's pods: its phase, node, and why it is not scheduled if so."""
+        states = {}
+        for name, pod in {**self.pods(), **self.pods(names.ROLE_LAUNCHER)}.items():
+            status = pod.get("status") or {}
+            unscheduled = [
+                c.get("message", "")
+                for c in status.get("conditions") or []
+                if c.get("type") == "PodScheduled" and c.get("status") != "True"
+            ]
+            gone = " deleting" if pod["metadata"].get("deletionTimestamp") else ""
+            node = pod["spec"].get("nodeName", "-")
+            states[name] = f"{status.get('phase')} on {node}{gone} {' '.join(unscheduled)}".strip()
+        return states
 
 
 @pytest.fixture
