@@ -22,7 +22,7 @@ log "starting cluster $cluster_name (kube-apiserver, etcd, controller-manager, s
 config=$(mktemp)
 trap 'rm -f "$config"' EXIT
 cat "$bin_dir/kwok-default-stages.yaml" "$here/kwok/stages.yaml" \
-  "$here/kwok/exec.yaml" >"$config"
+  "$here/kwok/exec.yaml" "$here/kwok/components.yaml" >"$config"
 # kwokctl logs JSON lines; keep them in a file and show them only if something fails.
 log_file="$KWOK_WORKDIR/$cluster_name-up.log"
 mkdir -p "$KWOK_WORKDIR"
