@@ -188,8 +188,10 @@ def test_a_drain_ends_once_the_launcher_no_longer_reaches_the_victim(
         f"rank left ({gone2 - edited:.2f}s after the edit)"
     )
     assert gone - edited < 10
-    # Past its floor, a victim goes as soon as the launcher reports its rank's end.
-    assert gone2 - left2 < 2
+    # Past its floor, a victim goes as soon as the launcher reports its rank's end, not at
+    # its deadline (30 s). The report takes a watch event and a turn: 2.04 s on a loaded
+    # machine (load 15), hence the margin.
+    assert gone2 - left2 < 5
     assert job.workers() == [f"{job.name}-worker-0"]
 
 
