@@ -669,8 +669,11 @@ def test_discovery_lists_only_workers_whose_main_container_runs(
         _set_container_state(cluster, job.ns, worker, running=False)
     else:
         _set_ready(cluster, job.ns, worker, ready=False)
-    pod = cluster.raw("GET", pod_path(job.ns, worker)) or {}
-    assert pod["status"]["phase"] == "Running"
+    pod = cluster.raw("GET", pod_path(job.ns, worker))
+    # The fault is the container's: the pod stays Running. A crash-looping worker may be
+    # replaced before this read (seen under load); a not-Ready one never is.
+    if pod is not None or fault != "crash-looping":
+        assert (pod or {}).get("status", {}).get("phase") == "Running", pod
     wait_showing(
         lambda: f"{worker}:1" not in job.hosts(),
         15,
