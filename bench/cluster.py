@@ -16,10 +16,12 @@ import json
 import os
 import platform
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -261,6 +263,85 @@ def cpu_seconds(pid: int) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# The local cluster's processes, by the program they run (the first word of their command
+# line); our controller and the benchmark are python.
+COMPONENTS = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok")
+
+
+def component_cpu(kubeconfig: str) -> dict[str, float]:
+    """CPU seconds so far of each process of the local cluster whose kubeconfig this is
+    (found by its directory on their command lines), by component, and of our controller:
+    what a change cost the cluster, beside the controller's own share."""
+    home = str(Path(kubeconfig).resolve().parent)
+    found: dict[str, float] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            words = [w.decode(errors="replace") for w in argv if w]
+            seconds = cpu_seconds(int(proc.name))
+        except (OSError, ValueError):
+            continue  # gone meanwhile, or not ours to read
+        if not words or not any(home in w for w in words):
+            continue
+        program = Path(words[0]).name
+        name = "controller" if "mpijob_elastic.app.cli" in words else program
+        name = next((c for c in COMPONENTS if name.startswith(c)), name)
+        found[name] = found.get(name, 0.0) + seconds
+    return found
+
+
+def disruption_seconds(kubeconfig: str) -> float | None:
+    """Seconds kube-controller-manager's disruption controller (PodDisruptionBudgets) has
+    worked so far, from its /metrics (open without credentials: kwokctl allows the path);
+    None where its port is not found on this machine."""
+    home = str(Path(kubeconfig).resolve().parent)
+    for proc in Path("/proc").iterdir():
+        try:
+            words = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if not words or not Path(words[0]).name.startswith("kube-controller-manager"):
+            continue
+        if not any(home in w for w in words):
+            continue
+        port = next((w.split("=", 1)[1] for w in words if w.startswith("--secure-port=")), None)
+        if port is None:
+            return None
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        with urllib.request.urlopen(
+            f"https://127.0.0.1:{port}/metrics", context=context, timeout=30
+        ) as answer:
+            text = answer.read().decode()
+        prefix = 'workqueue_work_duration_seconds_sum{name="disruption"} '
+        return next(
+            (float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix)),
+            0.0,
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class ClusterCost:
+    """What the local cluster's processes spent between two readings, by component."""
+
+    kubeconfig: str
+
+    def read(self) -> dict[str, float]:
+        found = component_cpu(self.kubeconfig)
+        work = disruption_seconds(self.kubeconfig)
+        if work is not None:
+            found["disruption controller's syncs (wall s)"] = work
+        return found
+
+    def since(self, before: dict[str, float]) -> dict[str, float]:
+        now = self.read()
+        return {k: round(now[k] - before.get(k, 0.0), 1) for k in sorted(now)}
 
 
 def machine() -> dict[str, Any]:

@@ -58,12 +58,14 @@ The pods run no processes (KWOK), so the mock driver is not part of this benchma
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
 import os
 import re
 import statistics
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -74,6 +76,7 @@ from kubernetes_asyncio import config as kube_config
 
 from bench import floor
 from bench.cluster import (
+    ClusterCost,
     Controller,
     cluster,
     install_crd,
@@ -166,6 +169,7 @@ class Pod:
 class Job:
     name: str
     want: int
+    namespace: str
     hosts: list[str] = field(default_factory=list)
     pods: dict[str, Pod] = field(default_factory=dict)
     converged: float | None = None
@@ -326,6 +330,9 @@ class Options:
     jobs: int = 100
     workers: int = 8
     nodes: int = POOL_NODES
+    # The jobs are spread over this many namespaces, job i in the (i mod n)-th (docs/benchmarks.md:
+    # the cluster's own cost of one PodDisruptionBudget per job grows with a namespace's pods).
+    namespaces: int = 1
 
 
 def ratios(lags: list[float], floor_s: float) -> dict[str, float]:
@@ -383,8 +390,12 @@ def _needed(
     return {k: round(v, 2) for k, v in sorted(need.items())}
 
 
-async def floor_with_events(api: Any, namespace: str, mass: Mass, count: int) -> dict[str, Any]:
+async def floor_with_events(
+    api: Any, namespace: str, mass: Mass, count: int, cost: ClusterCost
+) -> dict[str, Any]:
+    before = cost.read()
     result = await floor.measure(api, namespace, count, node_selector=SELECTOR)
+    result["cpu_s"] = cost.since(before)
     marks = result.pop("marks")
     up = mass.floor_events(marks["created"], marks["deleted"])
     down = mass.floor_events(marks["deleted"], marks["ended"] + 1.0)
@@ -394,13 +405,17 @@ async def floor_with_events(api: Any, namespace: str, mass: Mass, count: int) ->
     return result
 
 
-async def measure(kubeconfig: str, namespace: str, opts: Options) -> dict[str, Any]:
+async def measure(kubeconfig: str, spaces: list[str], opts: Options) -> dict[str, Any]:
+    """``spaces``: the jobs' namespaces; the floor's pods go to the first."""
+    namespace = spaces[0]
     api = await kube_config.new_client_from_config(config_file=kubeconfig)
     kube = Kube(api)
     mass = Mass()
+    cost = ClusterCost(kubeconfig)
     informers = [
-        Informer(api, *RESOURCES[kind], mass.handler(kind), namespace=namespace, transform=slim)
+        Informer(api, *RESOURCES[kind], mass.handler(kind), namespace=ns, transform=slim)
         for kind in WATCHED
+        for ns in spaces
     ]
     controller = Controller(kubeconfig)
     result: dict[str, Any] = {"jobs": opts.jobs, "workers": opts.workers, **machine()}
@@ -410,11 +425,11 @@ async def measure(kubeconfig: str, namespace: str, opts: Options) -> dict[str, A
         await asyncio.gather(*(i.synced.wait() for i in informers))
         controller.start()
         await controller.ready()
-        await _create(kube, namespace, mass, opts, result)
+        await _create(kube, spaces, mass, opts, result)
         await mass.quiet()
-        await _rescale(api, kube, namespace, mass, opts, result)
-        result["loss"] = await _loss(api, kube, namespace, mass, opts, "evict", 0)
-        result["loss_delete"] = await _loss(api, kube, namespace, mass, opts, "delete", 1)
+        await _rescale(api, kube, namespace, mass, opts, result, cost)
+        result["loss"] = await _loss(api, kube, namespace, mass, opts, cost, "evict", 0)
+        result["loss_delete"] = await _loss(api, kube, namespace, mass, opts, cost, "delete", 1)
         result["failed_jobs"] = sum(1 for j in mass.jobs.values() if j.failed)
         result["all_right_at_end"] = all(mass.right(j) for j in mass.jobs.values())
     finally:
@@ -427,15 +442,15 @@ async def measure(kubeconfig: str, namespace: str, opts: Options) -> dict[str, A
 
 
 async def _create(
-    kube: Kube, namespace: str, mass: Mass, opts: Options, result: dict[str, Any]
+    kube: Kube, spaces: list[str], mass: Mass, opts: Options, result: dict[str, Any]
 ) -> None:
     w = opts.workers
     for i in range(opts.jobs):
-        mass.jobs[f"job-{i}"] = Job(f"job-{i}", w)
+        mass.jobs[f"job-{i}"] = Job(f"job-{i}", w, spaces[i % len(spaces)])
 
     async def create(job: Job) -> None:
         manifest = job_manifest(job.name, w, max_workers=w + w // 2, min_workers=w // 2)
-        manifest["metadata"]["namespace"] = namespace
+        manifest["metadata"]["namespace"] = job.namespace
         for role in manifest["spec"]["mpiReplicaSpecs"].values():
             role["template"]["spec"]["nodeSelector"] = dict(SELECTOR)
         await kube.create(manifest)
@@ -451,7 +466,13 @@ async def _create(
 
 
 async def _rescale(
-    api: Any, kube: Kube, namespace: str, mass: Mass, opts: Options, result: dict[str, Any]
+    api: Any,
+    kube: Kube,
+    namespace: str,
+    mass: Mass,
+    opts: Options,
+    result: dict[str, Any],
+    cost: ClusterCost,
 ) -> None:
     w = opts.workers
     edited = list(mass.jobs.values())[: opts.jobs // 2]
@@ -459,7 +480,7 @@ async def _rescale(
     up = edited[1::2]
     deletes = len(down) * (w - w // 2)
     creates = len(up) * (w // 2)
-    base = await floor_with_events(api, namespace, mass, max(creates, deletes))
+    base = await floor_with_events(api, namespace, mass, max(creates, deletes), cost)
 
     for job in down:
         job.want = w // 2
@@ -471,10 +492,11 @@ async def _rescale(
     async def edit(job: Job) -> None:
         job.done = None
         patch = {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": job.want}}}}
-        await kube.patch(names.KIND, namespace, job.name, patch)
+        await kube.patch(names.KIND, job.namespace, job.name, patch)
         job.started = time.monotonic()
         mass.check(job, job.started)
 
+    spent = cost.read()
     t0 = time.monotonic()
     await bounded([lambda j=j: edit(j) for j in edited])
     await wait_for(lambda: all(j.done is not None for j in edited), CHANGE_LIMIT, "rescale")
@@ -505,6 +527,7 @@ async def _rescale(
         ),
         "needed_per_job_up": _needed(Counter(base["events_up"]), base["pods"], w // 2, down=False),
         "pod_writes": mass.pod_writes(t0, end + 1, edited, before),
+        "cpu_s": cost.since(spent),
     }
     for job in edited:
         job.started = job.done = None
@@ -516,6 +539,7 @@ async def _loss(
     namespace: str,
     mass: Mass,
     opts: Options,
+    cost: ClusterCost,
     way: str,
     fifth: int,
 ) -> dict[str, Any]:
@@ -534,9 +558,10 @@ async def _loss(
         if pod.node in lost and not pod.deleting
     ]
     hit = {job.name: job for job, _, _ in victims}
-    base = await floor_with_events(api, namespace, mass, len(victims))
+    base = await floor_with_events(api, namespace, mass, len(victims), cost)
     before = mass.pod_uids(hit.values())
 
+    spent = cost.read()
     t0 = time.monotonic()
     mass.lost |= lost
     for job in hit.values():
@@ -547,9 +572,9 @@ async def _loss(
         *(kube.request("PATCH", f"/api/v1/nodes/{n}", taint, MERGE_PATCH) for n in lost)
     )
 
-    async def delete(name: str, uid: str) -> None:
+    async def delete(job: Job, name: str, uid: str) -> None:
         try:
-            await kube.delete("Pod", namespace, name, uid)
+            await kube.delete("Pod", job.namespace, name, uid)
         except ApiError as err:
             if not (err.not_found or err.conflict):
                 raise
@@ -557,12 +582,13 @@ async def _loss(
     restarts0 = len(mass.restarts)
     answered = None
     if way == "delete":
-        await floor.bounded([lambda n=n, u=u: delete(n, u) for _, n, u in victims])
+        await floor.bounded([lambda j=j, n=n, u=u: delete(j, n, u) for j, n, u in victims])
         answered = round(time.monotonic() - t0, 2)
     await wait_for(lambda: all(j.done is not None for j in hit.values()), CHANGE_LIMIT, "loss")
     t1 = time.monotonic()
     end = await mass.quiet()
     lags = [j.done - t0 for j in hit.values() if j.done is not None]
+    spent = cost.since(spent)
     gone = [mass.gone.get(u) for _, _, u in victims]
     # The controller's own share: per job, its last lost pod seen gone → its host list right.
     last_gone: dict[str, float] = {}
@@ -583,6 +609,7 @@ async def _loss(
         job.started = job.done = None
     return {
         "way": way,
+        "cpu_s": spent,
         "new_pod_steps_s": steps,
         "floor": base,
         "nodes": len(pool),
@@ -656,15 +683,18 @@ def run(kubeconfig: str | None, opts: Options) -> dict[str, Any]:
         k = [kubectl_binary(), "--kubeconfig", config]
         pool_nodes(k, opts.nodes, -(-peak // left) + 110)
         install_crd(k)
-        namespace = f"bench-mass-{os.getpid()}"
-        sh(*k, "create", "namespace", namespace)
-        floor.wait_default_service_account(k, namespace)
+        spaces = [f"bench-mass-{os.getpid()}-{i}" for i in range(opts.namespaces)]
+        for namespace in spaces:
+            sh(*k, "create", "namespace", namespace)
+        for namespace in spaces:
+            floor.wait_default_service_account(k, namespace)
         try:
-            return asyncio.run(measure(config, namespace, opts))
+            result = asyncio.run(measure(config, spaces, opts))
+            return {**result, "namespaces": opts.namespaces}
         finally:
             # A given cluster is someone's: leave it as found (the local one goes anyway).
             if kubeconfig is not None:
-                sh(*k, "delete", "namespace", namespace, "--wait=false")
+                sh(*k, "delete", "namespace", *spaces, "--wait=false")
                 sh(*k, "delete", "node", "-l", f"{POOL_LABEL}={POOL}", "--wait=false")
 
 
@@ -703,7 +733,15 @@ def _change_rows(key: str, what: str) -> list[tuple[str, Any]]:
         (f"{what}: p50 / floor (goal ≤ 1.5)", lambda r: _goal(r[key]["p50_x_floor"])),
         (f"{what}: max / floor (goal ≤ 1.5)", lambda r: _goal(r[key]["max_x_floor"])),
         (f"{what}: max / p50 (fair: ≤ 1.5)", lambda r: _goal(r[key]["max_x_p50"])),
+        (
+            f"{what}: CPU seconds of the cluster's processes, the change / its floor",
+            lambda r: f"{_cpu(r[key]['cpu_s'])} / {_cpu(r[key]['floor']['cpu_s'])}",
+        ),
     ]
+
+
+def _cpu(spent: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in spent.items()) or "-"
 
 
 def _loss_rows(key: str, what: str) -> list[tuple[str, Any]]:
@@ -771,7 +809,7 @@ def _end(r: dict[str, Any]) -> str:
 
 
 ROWS: list[tuple[str, Any]] = [
-    ("jobs x workers", lambda r: f"{r['jobs']} x {r['workers']}"),
+    ("jobs x workers; namespaces", lambda r: f"{r['jobs']} x {r['workers']}; {r['namespaces']}"),
     (
         "first create → converged, p50 / max",
         lambda r: f"{r['converge_p50_s']} / {r['converge_max_s']} s",
@@ -815,9 +853,15 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
+    spread = argparse.ArgumentParser(add_help=False)
+    spread.add_argument("--namespaces", type=int, default=1, help="jobs spread over this many")
+    known, rest = spread.parse_known_args()
+    sys.argv[1:] = rest
     sizes_main(
         __doc__ or "",
-        lambda kubeconfig, jobs, workers: run(kubeconfig, Options(jobs=jobs, workers=workers)),
+        lambda kubeconfig, jobs, workers: run(
+            kubeconfig, Options(jobs=jobs, workers=workers, namespaces=known.namespaces)
+        ),
         table,
     )
 
