@@ -118,10 +118,12 @@ bench: venv binaries
 # the cluster's floor (plain pods created and deleted by 32 requests in flight) measured in
 # the same run; BENCH_SIZES jobs of 8 workers, about 5 minutes at 100 (docs/benchmarks.md).
 # bench-floor: the floor alone, BENCH_FLOOR_PODS pods (default 1000). bench-wave: a Kueue
-# admission wave of BENCH_SIZES jobs and its eviction, beside the floor.
+# admission wave of BENCH_SIZES jobs and its eviction, beside the floor. BENCH_NAMESPACES
+# spreads bench-mass's jobs over that many namespaces (default 1: every job in one, where
+# the jobs' PodDisruptionBudgets cost kube-controller-manager the most).
 .PHONY: bench-mass bench-floor bench-wave
 bench-mass: venv kube-binaries
-	@$(PY) -m bench.mass --jobs $(BENCH_SIZES)
+	@$(PY) -m bench.mass --jobs $(BENCH_SIZES) --namespaces $(or $(BENCH_NAMESPACES),1)
 
 bench-wave: venv binaries
 	@$(PY) -m bench.wave --jobs $(BENCH_SIZES)
