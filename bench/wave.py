@@ -40,6 +40,7 @@ from kubernetes_asyncio import config as kube_config
 
 from bench import floor
 from bench.cluster import (
+    ClusterCost,
     Controller,
     cluster,
     install_crd,
@@ -193,13 +194,13 @@ async def measure(kubeconfig: str, namespace: str, jobs: int, workers: int) -> d
         controller.start()
         await controller.ready()
         for i in range(jobs):
-            mass.jobs[f"job-{i}"] = Job(f"job-{i}", workers)
+            mass.jobs[f"job-{i}"] = Job(f"job-{i}", workers, namespace)
         await bounded(
             [lambda j=j: kube.create(queued_job(j, namespace, workers)) for j in mass.jobs]
         )
         await wait_for(lambda: len(admissions.queued) == jobs, CHANGE_LIMIT, "every Workload")
         await mass.quiet()
-        base = await floor_with_events(api, namespace, mass, pods)
+        base = await floor_with_events(api, namespace, mass, pods, ClusterCost(kubeconfig))
 
         # The wave: room for every job at once.
         t0 = await _quota(
