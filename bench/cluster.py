@@ -266,7 +266,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 # The local cluster's processes, by the program they run (the first word of their command
-# line); our controller and the benchmark are python.
+# line); our controller, a python process, by its module.
 COMPONENTS = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok")
 
 

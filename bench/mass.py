@@ -338,8 +338,8 @@ class Options:
     jobs: int = 100
     workers: int = 8
     nodes: int = POOL_NODES
-    # The jobs are spread over this many namespaces, job i in the (i mod n)-th (docs/benchmarks.md:
-    # the cluster's own cost of one PodDisruptionBudget per job grows with a namespace's pods).
+    # Job i goes to the (i mod n)-th of n namespaces: the cluster's cost of the jobs'
+    # PodDisruptionBudgets grows with a namespace's pods (docs/benchmarks.md).
     namespaces: int = 1
 
 
