@@ -407,11 +407,17 @@ def test_restart_in_the_middle_of_a_drain(
     wait_for(
         lambda: job.workers() == ["elastic-worker-0"], 3 * drain, "drain finished after restart"
     )
-    deletes = {
-        e["pod"]: e["ts"]
-        for e in controller.log_entries()[restarted_at:]
-        if e.get("msg") == "deleted pod"
-    }
+
+    def deleted() -> dict[str, float]:
+        return {
+            e["pod"]: e["ts"]
+            for e in controller.log_entries()[restarted_at:]
+            if e.get("msg") == "deleted pod"
+        }
+
+    # A pod is gone for the test as soon as the server took its delete, a moment before
+    # the controller logs the answer.
+    deletes = wait_for(lambda: deleted() if len(deleted()) >= len(victims) else {}, 10, "deletes")
     assert sorted(deletes) == victims
     # The restarted controller honoured the drain deadline that was set before the crash
     # (the log's clock is this machine's, as is the annotation's).
