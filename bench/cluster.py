@@ -270,25 +270,35 @@ def cpu_seconds(pid: int) -> float:
 COMPONENTS = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok")
 
 
-def component_cpu(kubeconfig: str) -> dict[str, float]:
-    """CPU seconds so far of each process of the local cluster whose kubeconfig this is
-    (found by its directory on their command lines), by component, and of our controller:
-    what a change cost the cluster, beside the controller's own share."""
+def _cluster_processes(kubeconfig: str) -> Iterator[tuple[int, list[str]]]:
+    """The processes of the local cluster whose kubeconfig this is, found by its directory
+    on their command lines: (pid, command line)."""
     home = str(Path(kubeconfig).resolve().parent)
-    found: dict[str, float] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-            words = [w.decode(errors="replace") for w in argv if w]
-            seconds = cpu_seconds(int(proc.name))
-        except (OSError, ValueError):
+            words = [
+                w.decode(errors="replace")
+                for w in (proc / "cmdline").read_bytes().split(b"\0")
+                if w
+            ]
+        except OSError:
             continue  # gone meanwhile, or not ours to read
-        if not words or not any(home in w for w in words):
-            continue
-        program = Path(words[0]).name
-        name = "controller" if "mpijob_elastic.app.cli" in words else program
+        if words and any(home in w for w in words):
+            yield int(proc.name), words
+
+
+def component_cpu(kubeconfig: str) -> dict[str, float]:
+    """CPU seconds so far of each of the local cluster's processes, by component, and of
+    our controller: what a change cost the cluster, beside the controller's own share."""
+    found: dict[str, float] = {}
+    for pid, words in _cluster_processes(kubeconfig):
+        try:
+            seconds = cpu_seconds(pid)
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        name = "controller" if "mpijob_elastic.app.cli" in words else Path(words[0]).name
         name = next((c for c in COMPONENTS if name.startswith(c)), name)
         found[name] = found.get(name, 0.0) + seconds
     return found
@@ -298,15 +308,8 @@ def disruption_seconds(kubeconfig: str) -> float | None:
     """Seconds kube-controller-manager's disruption controller (PodDisruptionBudgets) has
     worked so far, from its /metrics (open without credentials: kwokctl allows the path);
     None where its port is not found on this machine."""
-    home = str(Path(kubeconfig).resolve().parent)
-    for proc in Path("/proc").iterdir():
-        try:
-            words = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if not words or not Path(words[0]).name.startswith("kube-controller-manager"):
-            continue
-        if not any(home in w for w in words):
+    for _, words in _cluster_processes(kubeconfig):
+        if not Path(words[0]).name.startswith("kube-controller-manager"):
             continue
         port = next((w.split("=", 1)[1] for w in words if w.startswith("--secure-port=")), None)
         if port is None:

@@ -409,15 +409,16 @@ def test_restart_in_the_middle_of_a_drain(
     )
 
     def deleted() -> dict[str, float]:
-        return {
+        found = {
             e["pod"]: e["ts"]
             for e in controller.log_entries()[restarted_at:]
             if e.get("msg") == "deleted pod"
         }
+        return found if len(found) >= len(victims) else {}
 
     # A pod is gone for the test as soon as the server took its delete, a moment before
     # the controller logs the answer.
-    deletes = wait_for(lambda: deleted() if len(deleted()) >= len(victims) else {}, 10, "deletes")
+    deletes = wait_for(deleted, 10, "the restarted controller's deletes logged")
     assert sorted(deletes) == victims
     # The restarted controller honoured the drain deadline that was set before the crash
     # (the log's clock is this machine's, as is the annotation's).
