@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -31,17 +32,44 @@ pytestmark = pytest.mark.usefixtures("crd")
 NODES = [f"kwok-node-{i}" for i in range(4)]
 # A taint no pod tolerates and that says nothing about the node going away: new pods stay
 # Pending, running ones stay (a cordon would make elastic jobs move their workers).
-FULL = "example.com/full=:NoSchedule"
+FULL_KEY = "example.com/full"
+FULL = f"{FULL_KEY}=:NoSchedule"
 
 
 def fill(cluster: Cluster) -> None:
+    """Taint every node, and return once the scheduler has seen every taint. It learns of
+    them by its Node watch, which a loaded API server delivers seconds late: a pod created
+    in between was bound to a node already tainted (a CI run, 2026-12-07). A probe pod that
+    asks for nothing proves it: found no node, or, bound, tried again."""
     for node in NODES:
         cluster.kubectl("taint", "node", node, FULL)
+    path = "/api/v1/namespaces/default/pods"
+
+    def probe_refused() -> bool:
+        name = f"fill-probe-{uuid.uuid4().hex[:8]}"
+        container = {"name": "probe", "image": "probe"}
+        pod = {"metadata": {"name": name}, "spec": {"containers": [container]}}
+        cluster.raw("POST", path, {"apiVersion": "v1", "kind": "Pod", **pod})
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                got = cluster.raw("GET", f"{path}/{name}") or {}
+                if (got.get("spec") or {}).get("nodeName"):
+                    return False
+                for c in (got.get("status") or {}).get("conditions") or []:
+                    if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable":
+                        return True
+                time.sleep(0.2)
+            return False
+        finally:
+            cluster.raw("DELETE", f"{path}/{name}", {"gracePeriodSeconds": 0})
+
+    wait_for(probe_refused, 60, f"the scheduler to find no node for a pod once {NODES} are tainted")
 
 
 def unfill(cluster: Cluster) -> None:
     for node in NODES:
-        cluster.kubectl("taint", "node", node, "example.com/full-", check=False)
+        cluster.kubectl("taint", "node", node, f"{FULL_KEY}-", check=False)
 
 
 @pytest.fixture
