@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mpijob_elastic.core import names
+from mpijob_elastic.core.queueing import kueue
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec.parse import managed_by
 
@@ -28,6 +29,20 @@ def job_signature(job: Obj) -> tuple[Any, ...]:
         json.dumps(meta.get("annotations") or {}, sort_keys=True),
         json.dumps(meta.get("labels") or {}, sort_keys=True),
     )
+
+
+def starts_pods(job: Obj, pods: list[Obj]) -> bool:
+    """Whether a job asks for more workers than it has pods (``pods``: its own, from the
+    cache): its next turn creates pods, and the cluster bringing them up is the slowest part
+    of any change, so that turn goes before the turns that only write (docs/design.md,
+    "Which job goes next")."""
+    workers = [
+        p
+        for p in pods
+        if (p["metadata"].get("labels") or {}).get(names.LABEL_ROLE) == names.ROLE_WORKER
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+    return kueue.replicas(job) > len(workers)
 
 
 def may_move_hosts(type_: str, obj: Obj) -> bool:

@@ -1,5 +1,5 @@
 """Watch events to job keys: which change of a job, a child or a node wakes which job, and
-how urgently (the work queue's order and its urgent lane, docs/design.md). What may wake
+in which lane of the work queue (docs/design.md, "Which job goes next"). What may wake
 a job is ``predicates.py``'s; this module routes it, and keeps the little it needs to: the
 jobs' last seen signatures, when each was first seen, and which nodes are going away.
 """
@@ -10,14 +10,14 @@ import time
 from typing import Any
 
 from mpijob_elastic.app.fleet import Fleet
-from mpijob_elastic.app.predicates import job_signature, manages, may_move_hosts
+from mpijob_elastic.app.predicates import job_signature, manages, may_move_hosts, starts_pods
 from mpijob_elastic.app.watches import JOB_LABELS, Caches
 from mpijob_elastic.core import names, nodes
 from mpijob_elastic.core.objects import podgroups
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.times import parse_time
 from mpijob_elastic.machinery import metrics
-from mpijob_elastic.machinery.workqueue import WorkQueue
+from mpijob_elastic.machinery.workqueue import FIRST, RANKED, URGENT, WorkQueue
 
 Key = tuple[str, str]
 Obj = dict[str, Any]
@@ -68,13 +68,18 @@ class Routes:
             if self._job_signatures.get(key) == signature:
                 return
             self._job_signatures[key] = signature
-        # An edit of a job that has host lists already may shorten them: urgent. A new
-        # job's first turn waits its turn behind older jobs.
+        # An edit of a job that has host lists already may shorten them: urgent, and first
+        # if it asks for pods. A new job's first turn waits its turn behind older jobs.
         config_maps = self.caches.pick("ConfigMap", meta["namespace"])
         listed = config_maps is not None and (
             config_maps.get(meta["namespace"], names.config_map_name(meta["name"])) is not None
         )
-        self.queue.add(key, urgent=type_ != "DELETED" and listed)
+        if type_ == "DELETED" or not listed:
+            self.queue.add(key)
+            return
+        pods = self.caches.pick("Pod", meta["namespace"])
+        owned = pods.by_owner(str(meta.get("uid"))) if pods is not None else []
+        self.queue.add(key, lane=FIRST if starts_pods(job, owned) else URGENT)
 
     def on_child(self, type_: str, obj: Obj) -> None:
         meta = obj["metadata"]
@@ -89,12 +94,12 @@ class Routes:
             # Named as its job (podgroups.py): one that another object holds keeps the
             # job from making pods (held_names.py); its going frees the name.
             self._wake_if_job(meta["namespace"], meta["name"])
-        urgent = may_move_hosts(type_, obj)
+        lane = URGENT if may_move_hosts(type_, obj) else RANKED
         for ref in refs:
             if ref.get("kind") == names.KIND and ref.get("apiVersion", "").startswith(
                 f"{names.GROUP}/"
             ):
-                self.queue.add((meta["namespace"], ref["name"]), urgent=urgent)
+                self.queue.add((meta["namespace"], ref["name"]), lane=lane)
         if refs:
             return
         # An orphan that the job its labels name is not: it may hold one of that job's

@@ -16,11 +16,12 @@ the informer caches, and call ``done``. Three properties make that safe and chea
   the two delays. Plain adds (events, requeues) are not limited, as in client-go.
 
 Unlike client-go's FIFO, keys come out in an order (docs/design.md, "Which job goes
-next"): first the urgent ones, in the order they were added (the reconciler marks a
-change that can move a job's host list urgent), then the others by their ``rank``
+next"): each add names a lane, and the lanes are served first to last. In ``FIRST`` and
+``URGENT`` keys go in the order they were added (the reconciler puts there a change that
+starts pods, and one that can move a job's host list); in ``RANKED`` by their ``rank``
 (the reconciler's: the job's creation time), so that the follow-up turns of older jobs go
 before newer jobs' turns instead of every job advancing in lock-step. Without a ``rank``
-the queue is a FIFO.
+``RANKED`` is a FIFO.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
+
+# The lanes, served first to last.
+FIRST = 0
+URGENT = 1
+RANKED = 2
 
 BASE_BACKOFF_SECONDS = 0.005
 # client-go's DefaultControllerRateLimiter's bucket.
@@ -98,8 +104,8 @@ class WorkQueue(Generic[K]):
     """A deduplicating priority queue of keys with delayed and rate-limited adds.
 
     All methods but ``get`` are synchronous so informer event handlers can call them
-    directly. Must be used from one event loop. ``rank(key)`` orders keys that are not
-    urgent, lowest first; it is read when a key is queued.
+    directly. Must be used from one event loop. ``rank(key)`` orders the keys of
+    ``RANKED``, lowest first; it is read when a key is queued.
     """
 
     def __init__(
@@ -110,15 +116,16 @@ class WorkQueue(Generic[K]):
     ) -> None:
         """``observe_wait`` is told, at each ``get``, how long the key waited since it was
         queued (for the queue-wait metric)."""
-        # (0 urgent / 1 not, rank, sequence, key): a heap whose sequence breaks ties by
-        # arrival and is never equal, so keys are never compared.
+        # (lane, rank, sequence, key): a heap whose sequence breaks ties by arrival and
+        # is never equal, so keys are never compared.
         self._heap: list[tuple[int, float, int, K]] = []
         # The sequence of each waiting key's live heap entry; an entry whose sequence is
-        # not here is stale (its key was made urgent, and pushed again) and is skipped.
+        # not here is stale (its key moved to a sooner lane, and was pushed again) and is
+        # skipped.
         self._queued: dict[K, int] = {}
-        # Keys that need processing, with whether urgently: those waiting in the heap,
-        # plus keys added again while being processed (not in the heap until done()).
-        self._dirty: dict[K, bool] = {}
+        # Keys that need processing, with the soonest lane asked for: those waiting in the
+        # heap, plus keys added again while being processed (not in the heap until done()).
+        self._dirty: dict[K, int] = {}
         self._processing: set[K] = set()
         self._sequence = itertools.count()
         self._rank = rank
@@ -135,17 +142,18 @@ class WorkQueue(Generic[K]):
         """The number of keys waiting to be handed out (not delayed, not in progress)."""
         return len(self._queued)
 
-    def add(self, key: K, *, urgent: bool = False) -> None:
-        """Queue ``key``; an urgent add of a key already waiting moves it to the front."""
+    def add(self, key: K, *, lane: int = RANKED) -> None:
+        """Queue ``key`` in ``lane``; an add of a key already waiting in a later lane moves
+        it to the back of this one."""
         if self._shutting_down:
             return
         if key in self._dirty:
-            if urgent and not self._dirty[key]:
-                self._dirty[key] = True
+            if lane < self._dirty[key]:
+                self._dirty[key] = lane
                 if key in self._queued:
                     self._push(key)
             return
-        self._dirty[key] = urgent
+        self._dirty[key] = lane
         if key in self._processing:
             return
         self._push(key)
@@ -155,10 +163,9 @@ class WorkQueue(Generic[K]):
             # A key moved forward keeps the time it was first queued.
             self._queued_at.setdefault(key, time.monotonic())
         sequence = next(self._sequence)
-        if self._dirty[key]:
-            entry = (0, 0.0, sequence, key)
-        else:
-            entry = (1, self._rank(key) if self._rank else 0.0, sequence, key)
+        lane = self._dirty[key]
+        rank = self._rank(key) if lane == RANKED and self._rank else 0.0
+        entry = (lane, rank, sequence, key)
         heapq.heappush(self._heap, entry)
         self._queued[key] = sequence
         self._not_empty.set()

@@ -8,7 +8,7 @@ from unittest import mock
 
 import pytest
 
-from mpijob_elastic.app.predicates import job_signature, may_move_hosts
+from mpijob_elastic.app.predicates import job_signature, may_move_hosts, starts_pods
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import (
     DELETE_MEMORY_SECONDS,
@@ -254,3 +254,21 @@ def test_only_pod_changes_that_can_move_a_host_are_urgent() -> None:
     assert may_move_hosts("DELETED", worker("Pending"))
     assert not may_move_hosts("ADDED", worker("Pending"))
     assert not may_move_hosts("MODIFIED", {"kind": "ConfigMap", "metadata": {"name": "c"}})
+
+
+def test_an_edit_that_asks_for_more_workers_than_there_are_pods_starts_pods() -> None:
+    def job(replicas: object) -> dict[str, Any]:
+        worker = {"replicas": replicas, "template": {}}
+        return {"metadata": {"name": "j"}, "spec": {"mpiReplicaSpecs": {"Worker": worker}}}
+
+    def pod(role: str, **meta: str) -> dict[str, Any]:
+        return {"metadata": {"name": "p", "labels": {names.LABEL_ROLE: role}, **meta}}
+
+    two = [pod(names.ROLE_WORKER), pod(names.ROLE_WORKER), pod(names.ROLE_LAUNCHER)]
+    assert starts_pods(job(3), two)
+    assert not starts_pods(job(2), two)
+    assert not starts_pods(job(1), two)
+    # A worker going is not one the job has.
+    assert starts_pods(job(2), [*two[1:], pod(names.ROLE_WORKER, deletionTimestamp="t")])
+    # A count that is not one is the default's, never an exception.
+    assert not starts_pods(job("three"), two)

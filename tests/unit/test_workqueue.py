@@ -9,8 +9,10 @@ import pytest
 
 from mpijob_elastic.machinery.workqueue import (
     BASE_BACKOFF_SECONDS,
+    FIRST,
     RETRIES_PER_SECOND,
     RETRY_BURST,
+    URGENT,
     ItemBackoff,
     ShutDownError,
     TokenBucket,
@@ -139,18 +141,36 @@ async def test_keys_come_out_by_rank_not_by_arrival() -> None:
 async def test_urgent_keys_go_first_in_arrival_order() -> None:
     queue: WorkQueue[Key] = WorkQueue(rank=RANKS.__getitem__)
     queue.add(D)
-    queue.add(A, urgent=True)
+    queue.add(A, lane=URGENT)
     queue.add(C)
-    queue.add(B, urgent=True)
+    queue.add(B, lane=URGENT)
     assert [await get_soon(queue) for _ in range(4)] == [A, B, D, C]
+
+
+async def test_the_first_lane_goes_before_the_urgent_one() -> None:
+    queue: WorkQueue[Key] = WorkQueue(rank=RANKS.__getitem__)
+    queue.add(D)
+    queue.add(A, lane=URGENT)
+    queue.add(C, lane=FIRST)
+    queue.add(B, lane=FIRST)
+    assert [await get_soon(queue) for _ in range(4)] == [C, B, A, D]
+
+
+async def test_a_key_moves_only_to_a_sooner_lane() -> None:
+    queue: WorkQueue[Key] = WorkQueue(rank=RANKS.__getitem__)
+    queue.add(A, lane=URGENT)
+    queue.add(B, lane=URGENT)
+    queue.add(B, lane=FIRST)  # to the front
+    queue.add(B, lane=URGENT)  # not back
+    assert [await get_soon(queue) for _ in range(2)] == [B, A]
 
 
 async def test_an_urgent_add_moves_a_waiting_key_forward_once() -> None:
     queue: WorkQueue[Key] = WorkQueue(rank=RANKS.__getitem__)
     queue.add(D)
     queue.add(A)
-    queue.add(A, urgent=True)
-    queue.add(A)  # not urgent: leaves it urgent
+    queue.add(A, lane=URGENT)
+    queue.add(A)  # a later lane: leaves it urgent
     assert len(queue) == 2
     assert await get_soon(queue) == A
     assert await get_soon(queue) == D
@@ -166,7 +186,7 @@ async def test_urgency_added_while_processing_survives_the_requeue() -> None:
     queue.add(A)
     assert await get_soon(queue) == A
     queue.add(A)
-    queue.add(A, urgent=True)
+    queue.add(A, lane=URGENT)
     queue.add(D)
     # One worker per key still: A waits for done() even though it is urgent now.
     assert await get_soon(queue) == D
@@ -279,7 +299,7 @@ async def test_a_key_moved_forward_keeps_the_time_it_was_first_queued() -> None:
     queue: WorkQueue[Key] = WorkQueue(observe_wait=waits.append)
     queue.add(A)
     await asyncio.sleep(0.02)
-    queue.add(A, urgent=True)
+    queue.add(A, lane=URGENT)
     assert await get_soon(queue) == A
     assert len(waits) == 1
     assert waits[0] >= 0.02
