@@ -50,6 +50,7 @@ from bench.cluster import (
     rss_mb,
     sh,
 )
+from mpijob_elastic.app import preemptions
 from mpijob_elastic.core import names
 from mpijob_elastic.machinery.informer import Informer
 from mpijob_elastic.machinery.kube import RESOURCES, Kube
@@ -66,6 +67,28 @@ WATCHED = (
     "Event",
     "MPIJob",
 )
+
+
+def watching(
+    api: Any, handler: Callable[[str], Any], namespace: str, kinds: tuple[str, ...] = WATCHED
+) -> list[Informer]:
+    """An informer per kind of ``kinds`` in ``namespace``, ``handler(kind)`` its handler.
+    Events get no bookmarks (the API server keeps no watch cache of them): their watches
+    end at the server's timeout the controller uses, below the informer's idle bound, not
+    cut as dead with a warning every 65 s."""
+    return [
+        Informer(
+            api,
+            *RESOURCES[kind],
+            handler(kind),
+            namespace=namespace,
+            transform=slim,
+            **({"watch_timeout_seconds": preemptions.WATCH_SECONDS} if kind == "Event" else {}),
+        )
+        for kind in kinds
+    ]
+
+
 # Requests the benchmark has in flight at once when it creates or edits jobs: enough to
 # load the API server, few enough not to be what limits it on a small machine.
 CLIENT_CONCURRENCY = 50
@@ -197,10 +220,7 @@ async def measure(kubeconfig: str, namespace: str, opts: Options) -> dict[str, A
     api = await kube_config.new_client_from_config(config_file=kubeconfig)
     kube = Kube(api)
     fleet = Fleet()
-    informers = [
-        Informer(api, *RESOURCES[kind], fleet.handler(kind), namespace=namespace, transform=slim)
-        for kind in WATCHED
-    ]
+    informers = watching(api, fleet.handler, namespace)
     controller: Controller | None = None
     result: dict[str, Any] = {"jobs": opts.jobs, "workers": opts.workers, **machine()}
     try:

@@ -45,10 +45,9 @@ from bench.cluster import (
     rss_mb,
     sh,
 )
-from bench.fleet import WATCHED, Fleet, Job, bounded, percentile, slim, wait_for
+from bench.fleet import Fleet, Job, bounded, percentile, wait_for, watching
 from mpijob_elastic.core import names
-from mpijob_elastic.machinery.informer import Informer
-from mpijob_elastic.machinery.kube import RESOURCES, Kube
+from mpijob_elastic.machinery.kube import Kube
 
 
 def apiserver_pid(kubeconfig: str) -> int:
@@ -126,11 +125,7 @@ async def measure(kubeconfig: str, namespace: str, args: argparse.Namespace) -> 
     api = await kube_config.new_client_from_config(config_file=kubeconfig)
     kube = Kube(api)
     fleet = Fleet()
-    informers = [
-        Informer(api, *RESOURCES[kind], fleet.handler(kind), namespace=namespace, transform=slim)
-        for kind in WATCHED
-        if kind in ("Pod", "ConfigMap", "MPIJob")
-    ]
+    informers = watching(api, fleet.handler, namespace, ("Pod", "ConfigMap", "MPIJob"))
     apiserver = apiserver_pid(kubeconfig)
     result: dict[str, Any] = {"jobs": args.jobs, "workers": args.workers, **machine()}
     controller = Controller(kubeconfig, namespaces=namespace)

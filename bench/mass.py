@@ -93,10 +93,9 @@ from bench.cluster import (
     machine,
     sh,
 )
-from bench.fleet import WATCHED, bounded, percentile, sizes_main, sizes_table, wait_for
+from bench.fleet import bounded, percentile, sizes_main, sizes_table, wait_for, watching
 from mpijob_elastic.core import names
-from mpijob_elastic.machinery.informer import Informer
-from mpijob_elastic.machinery.kube import MERGE_PATCH, RESOURCES, ApiError, Kube
+from mpijob_elastic.machinery.kube import MERGE_PATCH, ApiError, Kube
 
 Obj = dict[str, Any]
 
@@ -420,11 +419,7 @@ async def measure(kubeconfig: str, spaces: list[str], opts: Options) -> dict[str
     kube = Kube(api)
     mass = Mass()
     cost = ClusterCost(kubeconfig)
-    informers = [
-        Informer(api, *RESOURCES[kind], mass.handler(kind), namespace=ns, transform=slim)
-        for kind in WATCHED
-        for ns in spaces
-    ]
+    informers = [i for ns in spaces for i in watching(api, mass.handler, ns)]
     controller = Controller(kubeconfig)
     result: dict[str, Any] = {"jobs": opts.jobs, "workers": opts.workers, **machine()}
     try:

@@ -49,7 +49,7 @@ from bench.cluster import (
     machine,
     sh,
 )
-from bench.fleet import WATCHED, bounded, sizes_main, sizes_table, wait_for
+from bench.fleet import bounded, sizes_main, sizes_table, wait_for, watching
 from bench.mass import (
     CHANGE_LIMIT,
     POOL,
@@ -63,7 +63,6 @@ from bench.mass import (
     pod_events,
     pool_nodes,
     ratios,
-    slim,
 )
 from mpijob_elastic.core import names
 from mpijob_elastic.core.queueing import kueue
@@ -177,10 +176,7 @@ async def measure(kubeconfig: str, namespace: str, jobs: int, workers: int) -> d
     kube = Kube(api)
     mass = Mass()
     admissions = Admissions()
-    informers = [
-        Informer(api, *RESOURCES[kind], mass.handler(kind), namespace=namespace, transform=slim)
-        for kind in WATCHED
-    ]
+    informers = watching(api, mass.handler, namespace)
     informers.append(
         Informer(api, *RESOURCES["Workload"], admissions.on_workload, namespace=namespace)
     )
