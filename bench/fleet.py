@@ -52,7 +52,7 @@ from bench.cluster import (
 )
 from mpijob_elastic.app import preemptions
 from mpijob_elastic.core import names
-from mpijob_elastic.machinery.informer import Informer
+from mpijob_elastic.machinery.informer import WATCH_TIMEOUT_SECONDS, Informer
 from mpijob_elastic.machinery.kube import RESOURCES, Kube
 
 Obj = dict[str, Any]
@@ -83,7 +83,9 @@ def watching(
             handler(kind),
             namespace=namespace,
             transform=slim,
-            **({"watch_timeout_seconds": preemptions.WATCH_SECONDS} if kind == "Event" else {}),
+            watch_timeout_seconds=preemptions.WATCH_SECONDS
+            if kind == "Event"
+            else WATCH_TIMEOUT_SECONDS,
         )
         for kind in kinds
     ]

@@ -76,6 +76,7 @@ Query = list[tuple[str, str | int]]
 EventHandler = Callable[[str, Obj], None]
 
 LIST_PAGE_SIZE = 500
+WATCH_TIMEOUT_SECONDS = 300.0
 CONNECT_TIMEOUT_SECONDS = 30.0
 # The apiserver itself gives up on a list after a minute (its --request-timeout).
 LIST_READ_TIMEOUT_SECONDS = 60.0
@@ -118,7 +119,7 @@ class Informer:
         *,
         namespace: str | None = None,
         label_selector: str | None = None,
-        watch_timeout_seconds: float = 300.0,
+        watch_timeout_seconds: float = WATCH_TIMEOUT_SECONDS,
         transform: Transform | None = slim,
     ) -> None:
         """Watch ``{api_path}/[namespaces/{namespace}/]{plural}``, e.g. "/api/v1", "pods".
