@@ -70,9 +70,14 @@ WATCHED = (
 
 
 def watching(
-    api: Any, handler: Callable[[str], Any], namespace: str, kinds: tuple[str, ...] = WATCHED
+    api: Any,
+    handler: Callable[[str], Any],
+    namespace: str,
+    transform: Callable[[Obj], Obj],
+    kinds: tuple[str, ...] = WATCHED,
 ) -> list[Informer]:
-    """An informer per kind of ``kinds`` in ``namespace``, ``handler(kind)`` its handler.
+    """An informer per kind of ``kinds`` in ``namespace``, ``handler(kind)`` its handler,
+    ``transform`` what the benchmark keeps of each object.
     Events get no bookmarks (the API server keeps no watch cache of them): their watches
     end at the server's timeout the controller uses, below the informer's idle bound, not
     cut as dead with a warning every 65 s."""
@@ -82,7 +87,7 @@ def watching(
             *RESOURCES[kind],
             handler(kind),
             namespace=namespace,
-            transform=slim,
+            transform=transform,
             watch_timeout_seconds=preemptions.WATCH_SECONDS
             if kind == "Event"
             else WATCH_TIMEOUT_SECONDS,
@@ -222,7 +227,7 @@ async def measure(kubeconfig: str, namespace: str, opts: Options) -> dict[str, A
     api = await kube_config.new_client_from_config(config_file=kubeconfig)
     kube = Kube(api)
     fleet = Fleet()
-    informers = watching(api, fleet.handler, namespace)
+    informers = watching(api, fleet.handler, namespace, slim)
     controller: Controller | None = None
     result: dict[str, Any] = {"jobs": opts.jobs, "workers": opts.workers, **machine()}
     try:

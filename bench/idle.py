@@ -45,7 +45,7 @@ from bench.cluster import (
     rss_mb,
     sh,
 )
-from bench.fleet import Fleet, Job, bounded, percentile, wait_for, watching
+from bench.fleet import Fleet, Job, bounded, percentile, slim, wait_for, watching
 from mpijob_elastic.core import names
 from mpijob_elastic.machinery.kube import Kube
 
@@ -125,7 +125,7 @@ async def measure(kubeconfig: str, namespace: str, args: argparse.Namespace) -> 
     api = await kube_config.new_client_from_config(config_file=kubeconfig)
     kube = Kube(api)
     fleet = Fleet()
-    informers = watching(api, fleet.handler, namespace, ("Pod", "ConfigMap", "MPIJob"))
+    informers = watching(api, fleet.handler, namespace, slim, ("Pod", "ConfigMap", "MPIJob"))
     apiserver = apiserver_pid(kubeconfig)
     result: dict[str, Any] = {"jobs": args.jobs, "workers": args.workers, **machine()}
     controller = Controller(kubeconfig, namespaces=namespace)

@@ -419,7 +419,7 @@ async def measure(kubeconfig: str, spaces: list[str], opts: Options) -> dict[str
     kube = Kube(api)
     mass = Mass()
     cost = ClusterCost(kubeconfig)
-    informers = [i for ns in spaces for i in watching(api, mass.handler, ns)]
+    informers = [i for ns in spaces for i in watching(api, mass.handler, ns, slim)]
     controller = Controller(kubeconfig)
     result: dict[str, Any] = {"jobs": opts.jobs, "workers": opts.workers, **machine()}
     try:

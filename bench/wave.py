@@ -63,6 +63,7 @@ from bench.mass import (
     pod_events,
     pool_nodes,
     ratios,
+    slim,
 )
 from mpijob_elastic.core import names
 from mpijob_elastic.core.queueing import kueue
@@ -176,7 +177,7 @@ async def measure(kubeconfig: str, namespace: str, jobs: int, workers: int) -> d
     kube = Kube(api)
     mass = Mass()
     admissions = Admissions()
-    informers = watching(api, mass.handler, namespace)
+    informers = watching(api, mass.handler, namespace, slim)
     informers.append(
         Informer(api, *RESOURCES["Workload"], admissions.on_workload, namespace=namespace)
     )
