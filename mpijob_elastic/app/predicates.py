@@ -11,6 +11,7 @@ from mpijob_elastic.core import names
 from mpijob_elastic.core.queueing import kueue
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec.parse import managed_by
+from mpijob_elastic.core.workers import split_pods
 
 Obj = dict[str, Any]
 
@@ -36,13 +37,8 @@ def starts_pods(job: Obj, pods: list[Obj]) -> bool:
     cache): its next turn creates pods, and the cluster bringing them up is the slowest part
     of any change, so that turn goes before the turns that only write (docs/design.md,
     "Which job goes next")."""
-    workers = [
-        p
-        for p in pods
-        if (p["metadata"].get("labels") or {}).get(names.LABEL_ROLE) == names.ROLE_WORKER
-        and not p["metadata"].get("deletionTimestamp")
-    ]
-    return kueue.replicas(job) > len(workers)
+    workers, _ = split_pods(str(job["metadata"]["name"]), pods)
+    return kueue.replicas(job) > sum(1 for w in workers if not w.terminating)
 
 
 def may_move_hosts(type_: str, obj: Obj) -> bool:

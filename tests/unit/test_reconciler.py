@@ -261,14 +261,19 @@ def test_an_edit_that_asks_for_more_workers_than_there_are_pods_starts_pods() ->
         worker = {"replicas": replicas, "template": {}}
         return {"metadata": {"name": "j"}, "spec": {"mpiReplicaSpecs": {"Worker": worker}}}
 
-    def pod(role: str, **meta: str) -> dict[str, Any]:
-        return {"metadata": {"name": "p", "labels": {names.LABEL_ROLE: role}, **meta}}
+    def pod(name: str, role: str, **meta: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "labels": {names.LABEL_ROLE: role}, **meta}}
 
-    two = [pod(names.ROLE_WORKER), pod(names.ROLE_WORKER), pod(names.ROLE_LAUNCHER)]
+    two = [
+        pod("j-worker-0", names.ROLE_WORKER),
+        pod("j-worker-1", names.ROLE_WORKER),
+        pod("j-launcher", names.ROLE_LAUNCHER),
+    ]
     assert starts_pods(job(3), two)
     assert not starts_pods(job(2), two)
     assert not starts_pods(job(1), two)
     # A worker going is not one the job has.
-    assert starts_pods(job(2), [*two[1:], pod(names.ROLE_WORKER, deletionTimestamp="t")])
+    going = pod("j-worker-0", names.ROLE_WORKER, deletionTimestamp="t")
+    assert starts_pods(job(2), [*two[1:], going])
     # A count that is not one is the default's, never an exception.
     assert not starts_pods(job("three"), two)
