@@ -8,9 +8,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from mpijob_elastic.core import names
 from mpijob_elastic.core.hosts.host_list import GATHER_SECONDS
 from mpijob_elastic.core.times import format_precise_time
+from mpijob_elastic.machinery.kube import ApiError
 from tests.unit.simulation import Cluster, discovered, make_job
 
 
@@ -115,3 +118,96 @@ def test_a_hostfile_change_alone_does_not_patch_the_launcher() -> None:
     c.apply(c.plan())
     refreshes = [p for p in writes(c, since, "Pod") if p["metadata"]["name"] == "job-launcher"]
     assert len(refreshes) == 1
+
+
+def terminating(c: Cluster) -> list[str]:
+    return sorted(p["metadata"]["name"] for p in c.pods if p["metadata"].get("deletionTimestamp"))
+
+
+def test_a_scale_in_writes_the_role_once_however_its_victims_go() -> None:
+    # KWOK, like kubelets, removes a change's victims one by one: the Role used to follow
+    # each (bench/mass.py: 2.2 Role writes per job scaled in).
+    c = elastic(6, **{names.ANN_DRAIN_SECONDS: "0"})
+    since = len(c.world.changes)
+    c.set_replicas(2)
+    for _ in range(3):
+        c.apply(c.plan())
+        c.tick(1)
+    going = terminating(c)
+    assert len(going) == 4
+    for name in going:
+        c.world.vanish(name)
+        c.apply(c.plan())
+        c.tick(1)
+    roles = writes(c, since, "Role")
+    assert len(roles) == 1
+    assert granted(roles[0]) == ["job-worker-0", "job-worker-1"]
+
+
+def test_a_removed_worker_keeps_its_grant_while_it_terminates() -> None:
+    # Its ranks wind down through its remote shell: the driver's removal notice is an
+    # exec into it.
+    c = elastic(4, **{names.ANN_DRAIN_SECONDS: "0"})
+    c.set_replicas(2)
+    for _ in range(3):
+        c.apply(c.plan())
+        c.tick(1)
+    going = terminating(c)
+    c.world.vanish(going[0])
+    c.apply(c.plan())
+    role = c.get("Role", "job-launcher")
+    assert role is not None
+    assert going[1] in granted(role)
+
+
+def test_a_write_that_adds_a_name_drops_the_names_already_gone() -> None:
+    # Two workers lost: their replacements are granted at once, while both terminate.
+    # One is gone when the job is scaled out: that write drops it, the other stays.
+    c = elastic(4)
+    for name in ("job-worker-1", "job-worker-2"):
+        c.world.fail(name, reason="Evicted")
+    c.apply(c.plan())
+    assert terminating(c) == ["job-worker-1", "job-worker-2"]
+    c.world.vanish("job-worker-1")
+    c.apply(c.plan())
+    role = c.get("Role", "job-launcher")
+    assert role is not None
+    assert "job-worker-1" in granted(role)
+    c.set_replicas(5)
+    c.apply(c.plan())
+    role = c.get("Role", "job-launcher")
+    assert role is not None
+    names_now = granted(role)
+    assert "job-worker-1" not in names_now
+    assert "job-worker-2" in names_now
+    assert len(names_now) == 6
+    c.finalize_deletions()
+    c.apply(c.plan())
+    role = c.get("Role", "job-launcher")
+    assert role is not None
+    assert set(granted(role)) == {p["metadata"]["name"] for p in c.world.workers()}
+
+
+def test_a_gone_name_someone_else_took_is_not_kept_granted() -> None:
+    # A scale-out tried the name back and learned that another's pod holds it, then the
+    # job was scaled in again before it could use the next index.
+    c = elastic(4, **{names.ANN_DRAIN_SECONDS: "0"})
+    c.set_replicas(2)
+    for _ in range(3):
+        c.apply(c.plan())
+        c.tick(1)
+    assert terminating(c) == ["job-worker-2", "job-worker-3"]
+    c.world.vanish("job-worker-3")
+    c.world.objects[("Pod", "job-worker-3")] = {
+        "kind": "Pod",
+        "metadata": {"name": "job-worker-3", "uid": "foreign", "labels": {}},
+        "status": {"phase": "Running"},
+    }
+    c.set_replicas(3)
+    with pytest.raises(ApiError, match="AlreadyExists"):
+        c.apply(c.plan())
+    c.set_replicas(2)
+    c.apply(c.plan())
+    role = c.get("Role", "job-launcher")
+    assert role is not None
+    assert granted(role) == ["job-worker-0", "job-worker-1", "job-worker-2"]

@@ -25,7 +25,7 @@ from mpijob_elastic.core.objects import render
 from mpijob_elastic.core.outputs.turn import Turn
 from mpijob_elastic.core.spec.model import JobSpec
 from mpijob_elastic.core.times import format_precise_time
-from mpijob_elastic.core.workers import Worker, discovered_hosts
+from mpijob_elastic.core.workers import Worker, discovered_hosts, worker_index
 
 # How long a new worker that runs waits for the others of its change to be listed with it:
 # pods created together start within a second or two of each other on an idle cluster; a
@@ -56,8 +56,8 @@ def hosts(
 ) -> Hosts:
     # Exec rights only on pods the job controls or creates in this turn: never on a
     # name that someone else's pod holds.
-    role_names = by_index(spec.name, workers, create_now)
     granted = render.exec_names(turn.observed.role)
+    role_names = exec_targets(turn, spec.name, workers, create_now, granted)
     main = spec.main_container
     listed = [w.name for w in m.keep if w.can_take_ranks(main) and w.name in granted]
     current = discovered_hosts((turn.observed.config_map or {}).get("data"))
@@ -141,8 +141,43 @@ def hosts_added(turn: Turn, listed: Sequence[str]) -> str:
     return format_precise_time(when) if when is not None else ""
 
 
+def exec_targets(
+    turn: Turn,
+    job_name: str,
+    workers: Sequence[Worker],
+    new: Sequence[int],
+    granted: set[str],
+) -> list[str]:
+    """The workers the launcher may exec into: the job's worker pods, terminating ones
+    included (a removed worker's ranks wind down through its remote shell), and those
+    created now.
+
+    A change removes several workers, and their pods go one by one. While one of them is
+    still terminating, and nothing is to be added, the names of those already gone stay
+    granted, so that the Role is written once, when the last has gone, not once per pod
+    (bench/mass.py counted 2.2 Role writes per scale-in, one needed). A name the Role
+    names without a pod grants nothing; one that someone else's pod now holds is never
+    kept.
+    """
+    wanted = by_index(job_name, workers, new)
+    deleting = turn.observed.deleting
+    if not set(wanted) <= granted or not any(w.terminating or w.uid in deleting for w in workers):
+        return wanted
+    gone = [
+        (index, name)
+        for name in granted.difference(wanted)
+        if (index := worker_index(job_name, name)) is not None
+        and ("Pod", name) not in turn.observed.conflicts
+    ]
+    if not gone:
+        return wanted
+    return [name for _, name in sorted([*_indexed(job_name, workers, new), *gone])]
+
+
+def _indexed(job_name: str, workers: Sequence[Worker], new: Sequence[int]) -> list[tuple[int, str]]:
+    return [(w.index, w.name) for w in workers] + [(i, names.worker_name(job_name, i)) for i in new]
+
+
 def by_index(job_name: str, workers: Sequence[Worker], new: Sequence[int]) -> list[str]:
     """The names of ``workers`` and of the workers to create at ``new``, in index order."""
-    pairs = [(w.index, w.name) for w in workers]
-    pairs += [(i, names.worker_name(job_name, i)) for i in new]
-    return [name for _, name in sorted(pairs)]
+    return [name for _, name in sorted(_indexed(job_name, workers, new))]
