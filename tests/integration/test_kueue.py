@@ -598,6 +598,14 @@ def test_kueue_elastic_jobs_admitted_at_min_grow_and_give_way_gracefully(
         assert workers_of(workload) == 2
         assert workload["metadata"]["annotations"][kueue.ELASTIC_ANNOTATION] == "true"
     wait_for(lambda: queues.gpus_used() == 4, 30, "4 GPUs reserved")
+    # Kueue preempts the most recently admitted first, by a time in whole seconds, ties by
+    # UID: the first's slices must come in a later second than the second's admission (in
+    # the same one, under load, Kueue once preempted the second).
+    (workload,) = queues.workloads(second)
+    reserved = kueue.condition(workload, "QuotaReserved") or {}
+    at = parse_time(reserved.get("lastTransitionTime"))
+    assert at is not None, reserved
+    wait_for(lambda: datetime.now(UTC) >= at + timedelta(seconds=1), 5, "a second later")
 
     # The first asks for 6: it grows by slices into the 2 GPUs left, and asks on for more.
     before = running_pods(first)
