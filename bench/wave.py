@@ -90,6 +90,10 @@ class Admissions:
         self.pods_ready_timeouts: set[str] = set()
         # When each job's Workload was last seen turn Evicted.
         self.evicted: dict[str, float] = {}
+        # When each job's Workload was first seen PodsReady (our controller writes it).
+        self.ready: dict[str, float] = {}
+        # When each job was first seen evicted for its pods not ready in time.
+        self.timed_out: dict[str, float] = {}
 
     def on_workload(self, type_: str, obj: Obj) -> None:
         match = _WORKLOAD_JOB.match(obj["metadata"]["name"])
@@ -99,6 +103,9 @@ class Admissions:
         admitted = kueue.condition(obj, "Admitted")
         if admitted is not None and admitted.get("status") == "True":
             self.admitted.setdefault(match.group(1), time.monotonic())
+        ready = kueue.condition(obj, "PodsReady")
+        if ready is not None and ready.get("status") == "True":
+            self.ready.setdefault(match.group(1), time.monotonic())
         evicted = kueue.condition(obj, "Evicted")
         if evicted is None or evicted.get("status") != "True":
             self.evicted.pop(match.group(1), None)
@@ -106,6 +113,34 @@ class Admissions:
         self.evicted.setdefault(match.group(1), time.monotonic())
         if evicted.get("reason") == "PodsReadyTimeout":
             self.pods_ready_timeouts.add(match.group(1))
+            self.timed_out.setdefault(match.group(1), time.monotonic())
+
+    def ready_lags(self, jobs: dict[str, Job]) -> dict[str, str]:
+        """Per job, its Workload admitted → PodsReady; its host list first right →
+        PodsReady (our share); and, of the jobs Kueue evicted for their pods not ready,
+        admitted → that eviction, and how many had their host list right before it."""
+        first = self.admitted
+        admitted_ready = [self.ready[j] - a for j, a in first.items() if j in self.ready]
+        right_ready = [
+            self.ready[j] - done
+            for j, job in jobs.items()
+            if j in self.ready and (done := job.done) is not None
+        ]
+        out = {
+            "admitted_to_ready_s": p50_max(admitted_ready) if admitted_ready else "-",
+            "right_to_ready_s": p50_max(right_ready) if right_ready else "-",
+        }
+        timed = [t - first[j] for j, t in self.timed_out.items() if j in first]
+        if timed:
+            out["admitted_to_timeout_s"] = p50_max(timed)
+            out["right_before_timeout"] = str(
+                sum(
+                    1
+                    for j, t in self.timed_out.items()
+                    if (done := jobs[j].done) is not None and done < t
+                )
+            )
+        return out
 
 
 def queues(k: list[str], namespace: str) -> None:
@@ -235,6 +270,7 @@ async def measure(kubeconfig: str, namespace: str, jobs: int, workers: int) -> d
             "writes_per_job": per_job(mass.writes(t0, end + 1, names_), jobs),
             "pod_writes": mass.pod_writes(t0, end + 1, mass.jobs.values(), set()),
             "pods_ready_timeouts": len(admissions.pods_ready_timeouts),
+            "pods_ready": admissions.ready_lags(mass.jobs),
         }
 
         # The eviction: Kueue drains the ClusterQueue. A job's end: its last pod gone.
@@ -329,6 +365,23 @@ ROWS: list[tuple[str, Any]] = [
     (
         "admission: jobs Kueue evicted for their pods not ready in time",
         lambda r: str(r["admission"].get("pods_ready_timeouts", "-")),
+    ),
+    (
+        "admission: per job, Workload admitted → PodsReady; host list right → PodsReady, p50 / max",
+        lambda r: "{admitted_to_ready_s} s; {right_to_ready_s} s".format(
+            **r["admission"]["pods_ready"]
+        ),
+    ),
+    (
+        "admission: jobs evicted for their pods not ready: admitted → evicted, p50 / max; "
+        "of them, host list right before",
+        lambda r: (
+            "{admitted_to_timeout_s} s; {right_before_timeout}".format(
+                **r["admission"]["pods_ready"]
+            )
+            if "admitted_to_timeout_s" in r["admission"]["pods_ready"]
+            else "-"
+        ),
     ),
     ("jobs failed", lambda r: str(r["failed_jobs"])),
     ("load average before / after", lambda r: f"{r['load']} / {r['load_after']}"),
