@@ -124,15 +124,27 @@ def terminating(c: Cluster) -> list[str]:
     return sorted(p["metadata"]["name"] for p in c.pods if p["metadata"].get("deletionTimestamp"))
 
 
-def test_a_scale_in_writes_the_role_once_however_its_victims_go() -> None:
-    # KWOK, like kubelets, removes a change's victims one by one: the Role used to follow
-    # each (bench/mass.py: 2.2 Role writes per job scaled in).
-    c = elastic(6, **{names.ANN_DRAIN_SECONDS: "0"})
-    since = len(c.world.changes)
-    c.set_replicas(2)
+def scaled_in(workers: int, to: int) -> Cluster:
+    """A job of ``workers`` scaled in to ``to`` with no drain: its victims terminating."""
+    c = elastic(workers, **{names.ANN_DRAIN_SECONDS: "0"})
+    c.set_replicas(to)
     for _ in range(3):
         c.apply(c.plan())
         c.tick(1)
+    return c
+
+
+def role_names(c: Cluster) -> list[str]:
+    role = c.get("Role", "job-launcher")
+    assert role is not None
+    return granted(role)
+
+
+def test_a_scale_in_writes_the_role_once_however_its_victims_go() -> None:
+    # KWOK, like kubelets, removes a change's victims one by one: the Role used to follow
+    # each (bench/mass.py: 2.2 Role writes per job scaled in).
+    c = scaled_in(6, 2)
+    since = len(c.world.changes)
     going = terminating(c)
     assert len(going) == 4
     for name in going:
@@ -147,17 +159,11 @@ def test_a_scale_in_writes_the_role_once_however_its_victims_go() -> None:
 def test_a_removed_worker_keeps_its_grant_while_it_terminates() -> None:
     # Its ranks wind down through its remote shell: the driver's removal notice is an
     # exec into it.
-    c = elastic(4, **{names.ANN_DRAIN_SECONDS: "0"})
-    c.set_replicas(2)
-    for _ in range(3):
-        c.apply(c.plan())
-        c.tick(1)
+    c = scaled_in(4, 2)
     going = terminating(c)
     c.world.vanish(going[0])
     c.apply(c.plan())
-    role = c.get("Role", "job-launcher")
-    assert role is not None
-    assert going[1] in granted(role)
+    assert going[1] in role_names(c)
 
 
 def test_a_write_that_adds_a_name_drops_the_names_already_gone() -> None:
@@ -170,32 +176,22 @@ def test_a_write_that_adds_a_name_drops_the_names_already_gone() -> None:
     assert terminating(c) == ["job-worker-1", "job-worker-2"]
     c.world.vanish("job-worker-1")
     c.apply(c.plan())
-    role = c.get("Role", "job-launcher")
-    assert role is not None
-    assert "job-worker-1" in granted(role)
+    assert "job-worker-1" in role_names(c)
     c.set_replicas(5)
     c.apply(c.plan())
-    role = c.get("Role", "job-launcher")
-    assert role is not None
-    names_now = granted(role)
+    names_now = role_names(c)
     assert "job-worker-1" not in names_now
     assert "job-worker-2" in names_now
     assert len(names_now) == 6
     c.finalize_deletions()
     c.apply(c.plan())
-    role = c.get("Role", "job-launcher")
-    assert role is not None
-    assert set(granted(role)) == {p["metadata"]["name"] for p in c.world.workers()}
+    assert set(role_names(c)) == {p["metadata"]["name"] for p in c.world.workers()}
 
 
 def test_a_gone_name_someone_else_took_is_not_kept_granted() -> None:
     # A scale-out tried the name back and learned that another's pod holds it, then the
     # job was scaled in again before it could use the next index.
-    c = elastic(4, **{names.ANN_DRAIN_SECONDS: "0"})
-    c.set_replicas(2)
-    for _ in range(3):
-        c.apply(c.plan())
-        c.tick(1)
+    c = scaled_in(4, 2)
     assert terminating(c) == ["job-worker-2", "job-worker-3"]
     c.world.vanish("job-worker-3")
     c.world.objects[("Pod", "job-worker-3")] = {
@@ -208,6 +204,4 @@ def test_a_gone_name_someone_else_took_is_not_kept_granted() -> None:
         c.apply(c.plan())
     c.set_replicas(2)
     c.apply(c.plan())
-    role = c.get("Role", "job-launcher")
-    assert role is not None
-    assert granted(role) == ["job-worker-0", "job-worker-1", "job-worker-2"]
+    assert role_names(c) == ["job-worker-0", "job-worker-1", "job-worker-2"]
