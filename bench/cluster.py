@@ -177,6 +177,8 @@ class Controller:
     workers: int | None = None
     # The checkout whose controller runs (bench.idle runs an older revision's too).
     root: Path = ROOT
+    # KWOK runs no container: the launcher's init container is neither needed nor played.
+    kubectl_delivery: str = "none"
     proc: subprocess.Popen[bytes] | None = None
     port: int = 0
     started_at: float = 0.0
@@ -191,7 +193,7 @@ class Controller:
             "--kubeconfig",
             self.kubeconfig,
             "--kubectl-delivery",
-            "none",
+            self.kubectl_delivery,
             "--log-level",
             "warning",
             "--health-port",

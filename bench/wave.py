@@ -4,8 +4,10 @@ Issue 33's third mass change ("Kueue admits or evicts a wave"). N MPIJobs of W w
 (min W/2, max W), each labelled for a LocalQueue whose ClusterQueue has no quota yet, wait
 as Workloads Kueue cannot admit. Kueue (built by hack/build-kueue.sh, run as the tests run
 it: tests/kueue.py, workload slices on, but with Kueue's default PodsReady timeout, 5 min)
-and our controller run as processes against the local KWOK cluster, on the pool of fake
-nodes bench/mass.py uses. Then:
+and our controller (with the install's default kubectl delivery, an init container, so an
+admitted job's launcher is made with its workers; KWOK plays no init container) run as
+processes against the local KWOK cluster, on the pool of fake nodes bench/mass.py uses.
+Then:
 
 1. **Floor** (``bench/floor.py``): N(W+1) plain pods, the wave's pod count, created by the
    32-request client to Running (``up``) and deleted to gone (``down``).
@@ -216,7 +218,10 @@ async def measure(kubeconfig: str, namespace: str, jobs: int, workers: int) -> d
     informers.append(
         Informer(api, *RESOURCES["Workload"], admissions.on_workload, namespace=namespace)
     )
-    controller = Controller(kubeconfig)
+    # The install's default kubectl delivery, under which a queued job's launcher is made
+    # with its workers (docs/scheduling.md). KWOK plays no init container: the launcher
+    # runs at once, where a kubelet would hold it until its workers are listed.
+    controller = Controller(kubeconfig, kubectl_delivery="init-container")
     pods = jobs * (workers + 1)
     result: dict[str, Any] = {"jobs": jobs, "workers": workers, "pods": pods, **machine()}
     try:

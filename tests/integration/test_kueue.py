@@ -421,6 +421,31 @@ def test_kueue_admits_resumes_on_flavor_and_releases_quota_after_pods(
     wait_for(lambda: reason(job, "QueueAdmitted") == "Evicted", 30, "QueueAdmitted=Evicted")
 
 
+@pytest.mark.usefixtures("kueue")
+def test_kueue_an_admitted_jobs_launcher_is_made_with_its_workers_and_waits_in_its_pod(
+    cluster: Cluster, namespace: str, queues: Queues, start_controller: StartController
+) -> None:
+    """Kueue's waitForPodsReady counts every pod of the job from its admission: with the
+    kubectl delivery init container, which waits inside the pod, the launcher does not wait
+    for its workers to run before it is made (docs/scheduling.md, "Kueue")."""
+    start_controller(namespace, args=("--kubectl-delivery", "init-container"))
+    job = Job(cluster, namespace, "early")
+    manifest = gpu_job(job.name, 2)
+    # Workers no node takes: admitted, made, never running.
+    worker = manifest["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    worker["nodeSelector"] = {"example.com/no-such-pool": "x"}
+    job.create(manifest)
+    wait_for(lambda: any(map(admitted, queues.workloads(job))), 30, "Workload admitted")
+    launcher = names.launcher_name(job.name)
+    wait_for(lambda: job.pods(names.ROLE_LAUNCHER).get(launcher), 30, "the launcher made")
+    workers = job.pods()
+    assert len(workers) == 2
+    assert all((p.get("status") or {}).get("phase") == "Pending" for p in workers.values())
+    (delivery,) = job.pods(names.ROLE_LAUNCHER)[launcher]["spec"]["initContainers"]
+    assert {"name": "MIN_WORKERS", "value": "2"} in delivery["env"]
+    assert job.hosts() == []
+
+
 def running_admitted(cluster: Cluster, namespace: str, queues: Queues, name: str) -> Job:
     """A job of 2 workers of one GPU each, admitted and listed."""
     job = Job(cluster, namespace, name)

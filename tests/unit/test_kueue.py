@@ -28,7 +28,7 @@ from mpijob_elastic.core.planning.plan import plan_writes
 from mpijob_elastic.core.queueing import charges, kueue, kueue_writes
 from mpijob_elastic.core.queueing.kueue import Queue, Standing
 from mpijob_elastic.core.queueing.kueue_writes import workload_writes
-from mpijob_elastic.core.settings import Settings
+from mpijob_elastic.core.settings import KubectlDelivery, Settings
 from mpijob_elastic.machinery.kube import ApiError
 from tests.unit.simulation import SETTINGS, Cluster, FakeKube, Obj, Request, make_job
 
@@ -666,3 +666,39 @@ def test_an_admitted_slice_finishes_the_slices_before_it_that_kueue_left_unfinis
     assert [obj(w)["metadata"]["name"] for w in finished] == [old["metadata"]["name"]]
     (cond,) = [c for c in obj(finished[0])["status"]["conditions"] if c["type"] == "Finished"]
     assert (cond["status"], cond["reason"]) == ("True", "WorkloadSliceReplaced")
+
+
+def _admitted_with_workers_pending(settings: Settings) -> _Queued:
+    """A queued job of 2 workers, admitted whole; its workers made, not running yet."""
+    c = _Queued()
+    c.apply(c.plan(settings))
+    (made,) = c.world.workloads("job")
+    c.world.admit(made["metadata"]["name"], made["metadata"]["uid"], 2)
+    for _ in range(3):
+        c.apply(c.plan(settings))
+    return c
+
+
+def test_under_kueue_the_launcher_is_made_with_its_workers_and_waits_in_its_pod() -> None:
+    # Kueue's waitForPodsReady counts every pod from the admission: a launcher made only
+    # once its workers run came 75 s (p50) after them in a wave of 1000 jobs.
+    init = dataclasses.replace(SETTINGS, kubectl_delivery=KubectlDelivery.INIT_CONTAINER)
+    c = _admitted_with_workers_pending(init)
+    workers = [p for p in c.pods if p["metadata"]["name"].startswith("job-worker-")]
+    assert len(workers) == 2
+    assert all(p["status"]["phase"] == "Pending" for p in workers)
+    launcher = c.get("Pod", "job-launcher")
+    assert launcher is not None
+    (delivery,) = launcher["spec"]["initContainers"]
+    assert delivery["env"] == [{"name": "MIN_WORKERS", "value": "2"}]
+
+
+def test_under_kueue_a_launcher_that_would_not_wait_still_waits_for_its_workers() -> None:
+    # Without the init container nothing in the launcher's pod waits for the workers.
+    none = dataclasses.replace(SETTINGS, kubectl_delivery=KubectlDelivery.NONE)
+    c = _admitted_with_workers_pending(none)
+    assert len([p for p in c.pods if p["metadata"]["name"].startswith("job-worker-")]) == 2
+    assert c.get("Pod", "job-launcher") is None
+    c.run_pods()
+    c.apply(c.plan(none))
+    assert c.get("Pod", "job-launcher") is not None
