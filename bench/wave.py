@@ -121,8 +121,7 @@ class Admissions:
         """Per job, its Workload admitted → PodsReady; its host list first right →
         PodsReady (our share); and, of the jobs Kueue evicted for their pods not ready,
         admitted → that eviction, and how many had their host list right before it."""
-        first = self.admitted
-        admitted_ready = [self.ready[j] - a for j, a in first.items() if j in self.ready]
+        admitted_ready = [self.ready[j] - at for j, at in self.admitted.items() if j in self.ready]
         right_ready = [
             self.ready[j] - done
             for j, job in jobs.items()
@@ -132,7 +131,7 @@ class Admissions:
             "admitted_to_ready_s": p50_max(admitted_ready) if admitted_ready else "-",
             "right_to_ready_s": p50_max(right_ready) if right_ready else "-",
         }
-        timed = [t - first[j] for j, t in self.timed_out.items() if j in first]
+        timed = [t - self.admitted[j] for j, t in self.timed_out.items() if j in self.admitted]
         if timed:
             out["admitted_to_timeout_s"] = p50_max(timed)
             out["right_before_timeout"] = str(

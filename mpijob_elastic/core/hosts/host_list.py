@@ -164,20 +164,18 @@ def exec_targets(
     if not set(wanted) <= granted or not any(w.terminating or w.uid in deleting for w in workers):
         return wanted
     gone = [
-        (index, name)
+        name
         for name in granted.difference(wanted)
-        if (index := worker_index(job_name, name)) is not None
-        and ("Pod", name) not in turn.observed.conflicts
+        if worker_index(job_name, name) is not None and ("Pod", name) not in turn.observed.conflicts
     ]
     if not gone:
         return wanted
-    return [name for _, name in sorted([*_indexed(job_name, workers, new), *gone])]
-
-
-def _indexed(job_name: str, workers: Sequence[Worker], new: Sequence[int]) -> list[tuple[int, str]]:
-    return [(w.index, w.name) for w in workers] + [(i, names.worker_name(job_name, i)) for i in new]
+    # Every name here is a worker name of this job: the index is there.
+    return sorted([*wanted, *gone], key=lambda name: worker_index(job_name, name) or 0)
 
 
 def by_index(job_name: str, workers: Sequence[Worker], new: Sequence[int]) -> list[str]:
     """The names of ``workers`` and of the workers to create at ``new``, in index order."""
-    return [name for _, name in sorted(_indexed(job_name, workers, new))]
+    pairs = [(w.index, w.name) for w in workers]
+    pairs += [(i, names.worker_name(job_name, i)) for i in new]
+    return [name for _, name in sorted(pairs)]
