@@ -232,16 +232,17 @@ def test_rule5_every_worker_killed_at_once_ends_the_job_as_the_docs_say(
         code = driver_exit(run)
         step.marks.append((time.time(), f"horovodrun exited {code}"))
         assert code == 1, code
-        # The driver's own end. On KWOK every killed rank fails. On kind the kubelet kills
-        # the containers after the pods have left the API, so the driver may read the hosts
-        # unlisted first: then some or all of them leave gracefully, and the reset onto the
-        # replacements alone fails (no host of the previous set, section 4a).
+        # The driver's own end. A rank dies when its pod's processes are killed (by the
+        # kubelet on kind; on KWOK by the mock driver's kill emulation, which watches the
+        # pods), which can come after the pod has left the API: on kind always, on a
+        # loaded machine under KWOK too (seen: 1.24 s after). The driver may then read the
+        # hosts unlisted first, so some or all of them leave gracefully, and the reset onto
+        # the replacements alone fails (no host of the previous set, section 4a). Either
+        # way each killed host is failed or removed.
         failed = {e["host"] for e in run.driver_events(ev.RANK_FAILED) if e["ts"] >= step.started}
         removed = {e["host"] for e in run.driver_events(ev.HOST_REMOVED) if e["ts"] >= step.started}
         assert failed <= listed, (failed, listed)
         assert failed | removed >= listed, run.driver_events()
-        if not IN_CLUSTER:
-            assert failed == listed, run.driver_events()
         fatal = run.driver_events(*ev.FATAL_EVENTS)
         assert fatal, run.driver_events()
         wait_for(
