@@ -13,6 +13,7 @@ import pytest
 from mpijob_elastic.core import names
 from mpijob_elastic.core.actions import Create, DeleteObject, DeletePod
 from mpijob_elastic.core.outputs.status import StatusBuilder
+from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec.parse import InvalidSpec, parse
 from tests.unit.simulation import Cluster, make_job
 
@@ -212,6 +213,65 @@ def test_a_failed_probe_releases_every_worker_and_backs_off() -> None:
     assert c.get("Pod", "job-launcher") is None
     c.tick(10)
     assert created_pods(c) == ["job-worker-0", "job-worker-1", "job-worker-2"]
+
+
+# Under a gang the launcher is one of the gang (minMember counts it), so an attempt to
+# resume makes it with the attempt's workers; the job still resumes only once its minimum
+# runs, and an attempt that never runs ends by its own timeout.
+GANG = Settings(gang_scheduler_name="scheduler-plugins")
+
+
+def gang_probing(scale_out_timeout: str) -> Cluster:
+    c = elastic_job(scale_out_timeout=scale_out_timeout)
+    for i in (1, 2):
+        c.world.fail(f"job-worker-{i}", 137, "Evicted")
+    for _ in range(2):
+        c.apply(c.plan(GANG))
+        c.finalize_deletions()
+    c.tick(30)
+    for _ in range(3):
+        c.apply(c.plan(GANG))
+        c.finalize_deletions()
+    return c
+
+
+def test_under_a_gang_a_suspended_job_is_made_whole_and_resumes_when_min_run() -> None:
+    c = gang_probing("60")
+    assert pod_names(c) == ["job-launcher", "job-worker-0", "job-worker-1", "job-worker-2"]
+    assert names.ANN_SUSPENDED in cm_annotations(c), "made is not resumed"
+    assert condition(c, "Suspended")["status"] == "True"
+    assert not any(e.reason == "Resumed" for e in c.events)
+    c.world.start("job-worker-0")
+    c.world.start("job-worker-1")
+    for _ in range(2):
+        c.apply(c.plan(GANG))
+    resumed = condition(c, "Suspended")
+    assert (resumed["status"], resumed["reason"]) == ("False", "Resumed")
+    assert "2 workers run, at least min-replicas 2: its launcher was made" in resumed["message"]
+    assert names.ANN_SUSPENDED not in cm_annotations(c)
+    assert [e.reason for e in c.events].count("Resumed") == 1
+
+
+def test_under_a_gang_an_attempt_that_never_runs_ends_by_its_timeout_and_backs_off() -> None:
+    c = gang_probing("10")
+    c.tick(10)
+    p = c.plan(GANG)
+    assert sorted(d.name for d in p.of_type(DeletePod)) == [
+        "job-launcher",
+        "job-worker-0",
+        "job-worker-1",
+        "job-worker-2",
+    ]
+    c.apply(p)
+    c.finalize_deletions()
+    assert cm_annotations(c)[names.ANN_SCALE_OUT_BACKOFF].startswith("1 ")
+    assert "(attempt 2)" in condition(c, "Suspended")["message"]
+    # Not suspended again by the below-minimum clock, which would tear the gang down and
+    # make it again every below-min-timeout, whatever the backoff.
+    assert [e.reason for e in c.events].count("Suspended") == 1
+    c.tick(5)
+    c.apply(c.plan(GANG))
+    assert pod_names(c) == [], "nothing until the backoff is over"
 
 
 def test_editing_a_suspended_job_is_a_new_attempt_at_once() -> None:

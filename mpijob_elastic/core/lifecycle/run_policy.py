@@ -368,11 +368,13 @@ def stop(
     return _this_turn(turn, doomed)
 
 
-def resumed(turn: Turn, spec: JobSpec, listed: int) -> None:
-    """A job suspended for capacity starts its launcher again."""
+def resumed(turn: Turn, spec: JobSpec, listed: int, *, made: bool) -> None:
+    """A job suspended for capacity starts its launcher again (``made``: a gang's launcher,
+    made with the attempt's workers, is there already)."""
+    launcher = "its launcher was made with them" if made else "starting the launcher again"
     message = (
         f"{listed} workers run, at least min-replicas {spec.bounds.min}: "
-        "starting the launcher again; training continues from its last checkpoint"
+        f"{launcher}; training continues from its last checkpoint"
     )
     turn.status.set(SUSPENDED, False, "Resumed", message)
     turn.event("Normal", "Resumed", message)

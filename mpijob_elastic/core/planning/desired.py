@@ -345,10 +345,15 @@ def _children(
         needed = spec.bounds.min or 0
     # Under a gang scheduler the launcher is one of the gang, which is held until all of
     # it exists: it is made with its workers, as training-operator makes it, and its
-    # kubectl delivery waits for the workers to be listed (render_pods.py).
+    # kubectl delivery waits for the workers to be listed (render_pods.py). Never alone,
+    # though: not while a suspended job waits out its backoff with no worker.
     gang = podgroups.gang(turn.settings)
-    ready = gang is not None or _with_workers(turn, size) or len(listed) >= needed
-    resuming = size.suspension is not None and launcher is None and ready
+    with_workers = gang is not None or _with_workers(turn, size)
+    ready = len(listed) >= needed or (with_workers and len(m.keep) >= needed)
+    # A job suspended for capacity resumes once its minimum is listed, not when its
+    # launcher is made: under a gang that is made with the attempt's workers, and the
+    # attempt's own timeout (not the below-minimum clock) must still be able to end it.
+    resuming = size.suspension is not None and len(listed) >= needed
     state = {
         names.ANN_LAUNCHER_RESTARTS: str(restarts.done) if restarts.done else "",
         names.ANN_WORKER_FAILURES: size.failures.format(),
@@ -379,8 +384,9 @@ def _children(
     opportunistic.grown(turn, m.keep, listed, old_hosts)
     waiting = launcher is not None or bool(m.new_indexes) or not ready
     new_launcher = None if waiting else children.new_launcher(turn, spec, objects, hash_, needed)
-    if new_launcher is not None and resuming:
-        run_policy.resumed(turn, spec, len(listed))
+    if resuming:
+        made = launcher is not None and not Worker(-1, launcher).terminating
+        run_policy.resumed(turn, spec, len(listed), made=made)
     run_policy.running(turn, spec, launcher)
     conditions.spec_valid(turn, spec, bool(members.create_now) or new_launcher is not None)
     conditions.scaling(turn, spec, size.wanted, listed, victims, backoff, size.goal.moving)
