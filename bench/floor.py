@@ -12,8 +12,10 @@ slot one request at a time, the issue's "client with 32 threads".
 Both moments come from a watch on the pods (the project's informer), on the same clock as
 the requests, so the figures compare with a controller's as the benchmark sees them.
 ``bench/mass.py`` runs it on its own cluster just before each mass change, with as many
-pods as the change touches; alone it runs on the given cluster or on a fresh local KWOK
-one with fake nodes for the pods.
+pods as the change touches, and before an evicted loss also ``evicted``: as many plain pods
+on nodes of their own, tainted NoExecute, timed from the taint to the last pod gone (the
+cluster's taint eviction, kube-controller-manager's, with no controller in the way). Alone
+it runs on the given cluster or on a fresh local KWOK one with fake nodes for the pods.
 
     python -m bench.floor [--pods 1000] [--kubeconfig PATH]
 """
@@ -22,11 +24,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +38,7 @@ from kubernetes_asyncio import config as kube_config
 
 from bench.cluster import cluster, kubectl_binary, machine, sh
 from mpijob_elastic.machinery.informer import Informer
-from mpijob_elastic.machinery.kube import RESOURCES, Kube
+from mpijob_elastic.machinery.kube import MERGE_PATCH, RESOURCES, Kube
 
 Obj = dict[str, Any]
 
@@ -108,6 +111,53 @@ async def bounded(calls: list[Any], concurrency: int = CONCURRENCY) -> None:
     await asyncio.gather(*(one(c) for c in calls))
 
 
+@contextlib.asynccontextmanager
+async def _watching(
+    api: kube_client.ApiClient, namespace: str
+) -> AsyncIterator[tuple[str, Watched]]:
+    """A fresh run's label value and the watch of its pods, synced."""
+    run = f"f{os.getpid()}-{time.monotonic_ns() % 10**8}"
+    seen = Watched()
+    informer = Informer(
+        api,
+        *RESOURCES["Pod"],
+        seen.on_event,
+        namespace=namespace,
+        label_selector=f"{LABEL}={run}",
+        transform=_slim,
+    )
+    informer.start()
+    try:
+        await informer.synced.wait()
+        yield run, seen
+    finally:
+        await informer.stop()
+
+
+async def _up(
+    kube: Kube,
+    namespace: str,
+    run: str,
+    seen: Watched,
+    selectors: list[Mapping[str, str] | None],
+    concurrency: int,
+) -> tuple[list[str], float, float, list[float]]:
+    """One plain pod per selector, created to Running: their names, the first create's
+    moment, the time the creates took to send, and each pod's time to Running, sorted."""
+    names = [f"floor-{run}-{i}" for i in range(len(selectors))]
+    t0 = time.monotonic()
+    await bounded(
+        [
+            lambda n=n, sel=sel: kube.create(pod_manifest(n, namespace, run, sel))
+            for n, sel in zip(names, selectors, strict=True)
+        ],
+        concurrency,
+    )
+    sent = time.monotonic() - t0
+    await _all("Running", lambda: all(n in seen.running for n in names))
+    return names, t0, sent, sorted(seen.running[n] - t0 for n in names)
+
+
 async def measure(
     api: kube_client.ApiClient,
     namespace: str,
@@ -121,40 +171,16 @@ async def measure(
     ``up_s``: first create sent → last pod Running; ``down_s``: first delete sent → last
     pod gone; ``up_half_s``: first create → half of the pods Running."""
     kube = Kube(api)
-    run = f"f{os.getpid()}-{time.monotonic_ns() % 10**8}"
-    names = [f"floor-{run}-{i}" for i in range(count)]
-    seen = Watched()
-    informer = Informer(
-        api,
-        *RESOURCES["Pod"],
-        seen.on_event,
-        namespace=namespace,
-        label_selector=f"{LABEL}={run}",
-        transform=_slim,
-    )
-    informer.start()
-    try:
-        await informer.synced.wait()
-        t0 = time.monotonic()
-        await bounded(
-            [
-                lambda n=n: kube.create(pod_manifest(n, namespace, run, node_selector))
-                for n in names
-            ],
-            concurrency,
-        )
-        sent = time.monotonic() - t0
-        await _all("Running", lambda: len(seen.running) == count)
-        up = sorted(seen.running[n] - t0 for n in names)
+    async with _watching(api, namespace) as (run, seen):
+        selectors = [node_selector] * count
+        names, t0, sent, up = await _up(kube, namespace, run, seen, selectors, concurrency)
         t1 = time.monotonic()
         await bounded(
             [lambda n=n: kube.delete("Pod", namespace, n, seen.uids[n]) for n in names],
             concurrency,
         )
-        await _all("gone", lambda: len(seen.gone) == count)
+        await _all("gone", lambda: all(n in seen.gone for n in names))
         down = sorted(seen.gone[n] - t1 for n in names)
-    finally:
-        await informer.stop()
     up_s, down_s = up[-1], down[-1]
     return {
         # On the caller's clock (time.monotonic), for counting what the watches saw.
@@ -167,6 +193,55 @@ async def measure(
         "up_pods_per_s": round(count / up_s, 1),
         "down_s": round(down_s, 2),
         "down_pods_per_s": round(count / down_s, 1),
+    }
+
+
+async def evicted(
+    api: kube_client.ApiClient,
+    namespace: str,
+    count: int,
+    nodes: Sequence[str],
+    taint_key: str,
+    *,
+    concurrency: int = CONCURRENCY,
+) -> dict[str, Any]:
+    """The cluster's own eviction: ``count`` plain pods created to Running on ``nodes``
+    (pinned by hostname, spread evenly), then the nodes tainted ``NoExecute``: the
+    cluster's taint eviction (kube-controller-manager) marks each pod DisruptionTarget and
+    deletes it, with no controller in the way. ``evict_s``: the taint → the last pod gone.
+    The taint is taken off again, for the next use of the nodes."""
+    kube = Kube(api)
+    selectors: list[Mapping[str, str] | None] = [
+        {"kubernetes.io/hostname": nodes[i % len(nodes)]} for i in range(count)
+    ]
+
+    async def taint(taints: list[Obj]) -> None:
+        await asyncio.gather(
+            *(
+                kube.request(
+                    "PATCH", f"/api/v1/nodes/{n}", {"spec": {"taints": taints}}, MERGE_PATCH
+                )
+                for n in nodes
+            )
+        )
+
+    async with _watching(api, namespace) as (run, seen):
+        names, _, _, up = await _up(kube, namespace, run, seen, selectors, concurrency)
+        t1 = time.monotonic()
+        await taint([{"key": taint_key, "effect": "NoExecute"}])
+        try:
+            await _all("evicted", lambda: all(n in seen.gone for n in names))
+        finally:
+            await taint([])
+        gone = sorted(seen.gone[n] - t1 for n in names)
+    return {
+        "pods": count,
+        "nodes": len(nodes),
+        "up_s": round(up[-1], 2),
+        "evict_first_s": round(gone[0], 2),
+        "evict_half_s": round(statistics.median(gone), 2),
+        "evict_s": round(gone[-1], 2),
+        "evict_pods_per_s": round(count / gone[-1], 1),
     }
 
 

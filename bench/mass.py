@@ -11,10 +11,13 @@ nodeSelector); our controller runs as a process. Then, one after the other:
 2. **Mass rescale**: half of the jobs edited at once (the issue's 500 of 1000), half of
    those W → W/2 and half W → 3W/2; per job, its edit's answer → its host list right.
 3. **Node-pool loss, evicted**: the floor again, as many plain pods as the lost nodes
-   hold; then a fifth of the pool's nodes tainted NoExecute: the cluster's taint eviction
-   (kube-controller-manager) marks their pods DisruptionTarget and deletes them, as it
-   does when a node is lost; per job that had a pod there, the first taint → its host
-   list right.
+   hold, and **the eviction floor**: as many plain pods created to Running on two nodes of
+   their own, which are then tainted NoExecute (``floor.evicted``): the cluster's own
+   taint eviction, taint → last pod gone, with no controller in the way. Then a fifth of
+   the pool's nodes tainted NoExecute: the cluster's taint eviction (kube-controller-
+   manager) marks their pods DisruptionTarget and deletes them, as it does when a node is
+   lost; per job that had a pod there, the first taint → its host list right, against
+   both floors.
 4. **Node-pool loss, deleted**: the floor again; another fifth tainted NoSchedule and
    every pod on it deleted by the floor's 32-request client (the issue's "tainted and
    their pods deleted"): pods deleted by someone, without the eviction's DisruptionTarget.
@@ -32,6 +35,9 @@ way, takes to create that many pods to Running and to delete as many to gone, on
 the other. The rescale creates and deletes ``W/2`` pods per edited job; the loss deletes
 the pods on the lost nodes and the controller creates as many. The issue's goals: the
 change's per-job p50 and max at most 1.5 times the floor; fair: max at most 1.5 times p50.
+An evicted loss is paced by the cluster's taint eviction, not by a client, so it is also
+set beside ``up`` plus the eviction floor's taint → last gone: the cluster's own time to
+evict that many pods and to run as many again.
 
 **Writes per changed job**: every ADDED/MODIFIED/DELETED the watches saw of the job's own
 objects (its pods, ConfigMaps, Role, RoleBinding, ServiceAccount, budget, MPIJob and the
@@ -105,6 +111,9 @@ SELECTOR = {POOL_LABEL: POOL}
 POOL_NODES = 10
 LOST_SHARE = 5  # a fifth of the pool's nodes
 LOSS_TAINT = "mpijob-elastic.io/bench-pool-lost"
+# Two nodes of the eviction floor's own (no job pod goes there): as many as a loss takes.
+EVICT_FLOOR = "evict-floor"
+EVICT_FLOOR_NODES = 2
 # Quiet: nothing changed in the namespace for this long.
 QUIET_SECONDS = 5.0
 QUIET_LIMIT = 180.0
@@ -412,6 +421,31 @@ async def floor_with_events(
     return result
 
 
+async def eviction_floor(
+    api: Any, namespace: str, mass: Mass, count: int, cost: ClusterCost
+) -> dict[str, Any]:
+    """The cluster's own taint eviction of ``count`` plain pods on nodes of their own."""
+    before = cost.read()
+    nodes = [f"kwok-{EVICT_FLOOR}-{i}" for i in range(EVICT_FLOOR_NODES)]
+    result = await floor.evicted(api, namespace, count, nodes, LOSS_TAINT)
+    result["cpu_s"] = cost.since(before)
+    await mass.quiet()
+    return result
+
+
+def _beside_eviction(lags: list[float], evict_base: dict[str, Any]) -> dict[str, Any]:
+    """An evicted loss beside the cluster's own pace for it: its taint eviction of as many
+    plain pods, then as many created to Running."""
+    floor_s = round(evict_base["up_s"] + evict_base["evict_s"], 2)
+    p50, top = statistics.median(lags), max(lags)
+    return {
+        "evict_floor": evict_base,
+        "evict_floor_s": floor_s,
+        "p50_x_evict_floor": round(p50 / floor_s, 2),
+        "max_x_evict_floor": round(top / floor_s, 2),
+    }
+
+
 async def measure(kubeconfig: str, spaces: list[str], opts: Options) -> dict[str, Any]:
     """``spaces``: the jobs' namespaces; the floor's pods go to the first."""
     namespace = spaces[0]
@@ -562,6 +596,9 @@ async def _loss(
     ]
     hit = {job.name: job for job, _, _ in victims}
     base = await floor_with_events(api, namespace, mass, len(victims), cost)
+    evict_base = None
+    if way == "evict":
+        evict_base = await eviction_floor(api, namespace, mass, len(victims), cost)
     before = mass.pod_uids(hit.values())
 
     spent = cost.read()
@@ -633,6 +670,7 @@ async def _loss(
         if workers_only
         else None,
         **ratios(lags, base["up_s"] + base["down_s"]),
+        **(_beside_eviction(lags, evict_base) if evict_base else {}),
         "writes_per_job": per_job(mass.writes(t0, end + 1, hit), len(hit)),
         "pods_per_job": round(len(victims) / max(len(hit), 1), 2),
         "pod_writes": mass.pod_writes(t0, end + 1, hit.values(), before),
@@ -642,7 +680,7 @@ async def _loss(
     }
 
 
-def pool_nodes(kubectl: list[str], count: int, pods_each: int) -> None:
+def pool_nodes(kubectl: list[str], count: int, pods_each: int, pool: str = POOL) -> None:
     """The benchmark's own fake nodes, labelled for its pods' nodeSelector."""
     capacity = {"cpu": "1000", "memory": "4Ti", "pods": str(pods_each)}
     nodes = [
@@ -650,12 +688,12 @@ def pool_nodes(kubectl: list[str], count: int, pods_each: int) -> None:
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {
-                "name": f"kwok-mass-{i}",
+                "name": f"kwok-{pool}-{i}",
                 "annotations": {"kwok.x-k8s.io/node": "fake"},
                 "labels": {
-                    "kubernetes.io/hostname": f"kwok-mass-{i}",
+                    "kubernetes.io/hostname": f"kwok-{pool}-{i}",
                     "type": "kwok",
-                    POOL_LABEL: POOL,
+                    POOL_LABEL: pool,
                 },
             },
             "status": {"allocatable": capacity, "capacity": capacity},
@@ -670,7 +708,7 @@ def pool_nodes(kubectl: list[str], count: int, pods_each: int) -> None:
         "--for=condition=Ready",
         "node",
         "-l",
-        f"{POOL_LABEL}={POOL}",
+        f"{POOL_LABEL}={pool}",
         "--timeout=300s",
     )
 
@@ -685,6 +723,7 @@ def run(kubeconfig: str | None, opts: Options) -> dict[str, Any]:
     with cluster(kubeconfig) as config:
         k = [kubectl_binary(), "--kubeconfig", config]
         pool_nodes(k, opts.nodes, -(-peak // left) + 110)
+        pool_nodes(k, EVICT_FLOOR_NODES, opts.jobs * w, EVICT_FLOOR)
         install_crd(k)
         spaces = [f"bench-mass-{os.getpid()}-{i}" for i in range(opts.namespaces)]
         for namespace in spaces:
@@ -698,7 +737,8 @@ def run(kubeconfig: str | None, opts: Options) -> dict[str, Any]:
             # A given cluster is someone's: leave it as found (the local one goes anyway).
             if kubeconfig is not None:
                 sh(*k, "delete", "namespace", *spaces, "--wait=false")
-                sh(*k, "delete", "node", "-l", f"{POOL_LABEL}={POOL}", "--wait=false")
+                for pool in (POOL, EVICT_FLOOR):
+                    sh(*k, "delete", "node", "-l", f"{POOL_LABEL}={pool}", "--wait=false")
 
 
 def _goal(x: float) -> str:
@@ -777,6 +817,7 @@ def _loss_rows(key: str, what: str) -> list[tuple[str, Any]]:
             lambda r: "; ".join(f"{v} s" for v in r[key]["new_pod_steps_s"].values()),
         ),
         *_change_rows(key, what),
+        *(_eviction_rows(key, what) if key == "loss" else []),
         (
             f"{what}: writes per job hit (pods lost per job)",
             lambda r: f"{_kinds(r[key]['writes_per_job'])} ({r[key]['pods_per_job']})",
@@ -785,6 +826,32 @@ def _loss_rows(key: str, what: str) -> list[tuple[str, Any]]:
         (
             f"{what}: of those, the kept pods of jobs that kept their launcher, by writer",
             lambda r: _by_writer(r[key]["kept_launcher_pod_writes"]),
+        ),
+    ]
+
+
+def _eviction_rows(key: str, what: str) -> list[tuple[str, Any]]:
+    def cell(r: dict[str, Any]) -> str:
+        e = r[key]["evict_floor"]
+        return (
+            f"{e['pods']} pods on {e['nodes']} nodes: up {e['up_s']} s; taint → first / half"
+            f" / last gone {e['evict_first_s']} / {e['evict_half_s']} / {e['evict_s']} s"
+            f" ({e['evict_pods_per_s']}/s)"
+        )
+
+    return [
+        (f"{what}: the cluster's own eviction of as many plain pods", cell),
+        (
+            f"{what}: eviction floor (up + taint → last gone)",
+            lambda r: f"{r[key]['evict_floor_s']} s",
+        ),
+        (
+            f"{what}: p50 / eviction floor; max / eviction floor (≤ 1.5)",
+            lambda r: f"{_goal(r[key]['p50_x_evict_floor'])}; {_goal(r[key]['max_x_evict_floor'])}",
+        ),
+        (
+            f"{what}: CPU seconds over the eviction floor",
+            lambda r: _cpu(r[key]["evict_floor"]["cpu_s"]),
         ),
     ]
 
