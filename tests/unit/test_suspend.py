@@ -15,7 +15,7 @@ from mpijob_elastic.core.actions import Create, DeleteObject, DeletePod
 from mpijob_elastic.core.outputs.status import StatusBuilder
 from mpijob_elastic.core.settings import Settings
 from mpijob_elastic.core.spec.parse import InvalidSpec, parse
-from tests.unit.simulation import Cluster, make_job
+from tests.unit.simulation import SETTINGS, Cluster, make_job
 
 BUDGET = ("PodDisruptionBudget", "job-workers")
 
@@ -191,23 +191,24 @@ def probing(scale_out_timeout: str) -> Cluster:
     return c
 
 
+def attempt_ends(c: Cluster, doomed: list[str], settings: Settings = SETTINGS) -> None:
+    """The attempt's timeout: ``doomed`` deleted, and the next attempt after a backoff."""
+    p = c.plan(settings)
+    assert sorted(d.name for d in p.of_type(DeletePod)) == doomed
+    c.apply(p)
+    c.finalize_deletions()
+    assert cm_annotations(c)[names.ANN_SCALE_OUT_BACKOFF].startswith("1 ")
+    assert "(attempt 2)" in condition(c, "Suspended")["message"]
+
+
 def test_a_failed_probe_releases_every_worker_and_backs_off() -> None:
     c = probing("10")
     c.world.start("job-worker-0")  # one runs: below the minimum, it would idle its GPUs
     c.apply(c.plan())
     c.tick(10)
-    p = c.plan()
-    assert sorted(d.name for d in p.of_type(DeletePod)) == [
-        "job-worker-0",
-        "job-worker-1",
-        "job-worker-2",
-    ]
-    c.apply(p)
-    c.finalize_deletions()
-    assert cm_annotations(c)[names.ANN_SCALE_OUT_BACKOFF].startswith("1 ")
+    attempt_ends(c, ["job-worker-0", "job-worker-1", "job-worker-2"])
     message = condition(c, "Suspended")["message"]
     assert "fewer than min-replicas 2 workers ran within 10s" in message
-    assert "(attempt 2)" in message
     c.apply(c.plan())
     assert created_pods(c) == [], "nothing until the backoff is over"
     assert c.get("Pod", "job-launcher") is None
@@ -255,17 +256,7 @@ def test_under_a_gang_a_suspended_job_is_made_whole_and_resumes_when_min_run() -
 def test_under_a_gang_an_attempt_that_never_runs_ends_by_its_timeout_and_backs_off() -> None:
     c = gang_probing("10")
     c.tick(10)
-    p = c.plan(GANG)
-    assert sorted(d.name for d in p.of_type(DeletePod)) == [
-        "job-launcher",
-        "job-worker-0",
-        "job-worker-1",
-        "job-worker-2",
-    ]
-    c.apply(p)
-    c.finalize_deletions()
-    assert cm_annotations(c)[names.ANN_SCALE_OUT_BACKOFF].startswith("1 ")
-    assert "(attempt 2)" in condition(c, "Suspended")["message"]
+    attempt_ends(c, ["job-launcher", "job-worker-0", "job-worker-1", "job-worker-2"], GANG)
     # Not suspended again by the below-minimum clock, which would tear the gang down and
     # make it again every below-min-timeout, whatever the backoff.
     assert [e.reason for e in c.events].count("Suspended") == 1
