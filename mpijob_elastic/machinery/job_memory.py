@@ -85,6 +85,8 @@ class JobMemory:
     in_use: dict[tuple[str, str], float] = field(default_factory=dict)
     # The last write the server refused, until a turn's writes all go through.
     refused: Refusal | None = None
+    # A turn put the refusal behind it: the next turn, at once, reports it gone.
+    look_again: bool = False
 
     def deleting(self, pods: Sequence[Mapping[str, Any]], now: float) -> frozenset[str]:
         """Accepted deletes whose pods the cache still shows alive."""
@@ -106,5 +108,9 @@ class JobMemory:
         return frozenset(self.in_use)
 
     def next_retry(self) -> float | None:
-        """Seconds until the job looks again whether its names are still held."""
+        """Seconds until the job looks again: at once after a turn put a refusal behind it,
+        or in a while whether its names are still held. Read once per turn."""
+        if self.look_again:
+            self.look_again = False
+            return 0.0
         return CONFLICT_RECHECK_SECONDS if self.conflicts else None

@@ -155,8 +155,13 @@ class Writer:
                 action, err = failed
                 await self._report(key, job, action, err, plan)
                 raise err
-        # Every write of the turn went through: no refusal is left to report.
-        self.of(key).refused = None
+        # Every write of the turn went through: no refusal is left to report. The plan that
+        # just ran still reported it (WriteRefused, a Workload's in QueueAdmitted), and no
+        # watch event of ours moves the job (predicates.job_signature): it looks again.
+        memory = self.of(key)
+        if memory.refused is not None:
+            memory.refused = None
+            memory.look_again = True
 
     async def _one(
         self, turn: asyncio.Semaphore, lane: str, key: Key, job: Obj, action: Action

@@ -135,6 +135,21 @@ def test_the_writer_stops_at_the_first_phase_with_a_refused_write() -> None:
     assert [name for what, name in kube.log if what == "start" and name[0] == "w"] == ["w0", "w1"]
 
 
+def test_a_turn_that_puts_a_refusal_behind_it_looks_again_at_once() -> None:
+    """Its plan still reported the refusal, and its own status write moves no job."""
+    writer = Writer(_Recording(refuse=("w1",)), lambda _: None)
+    refused = Writes((Phase("pod marks", (AnnotatePod("w1", {}, "1"),)),))
+    with pytest.raises(ApiError):
+        asyncio.run(writer.run(JOB, refused))
+    memory = writer.of(("ns", "job"))
+    assert memory.refused is not None
+    assert memory.next_retry() is None, "a refusal waits for the backoff"
+    asyncio.run(writer.run(JOB, Writes((Phase("status", (WriteStatus({"phase": "x"}, "1"),)),))))
+    assert memory.refused is None
+    assert memory.next_retry() == 0.0
+    assert memory.next_retry() is None, "once"
+
+
 def _pod(uid: str, terminating: bool = False) -> dict[str, object]:
     meta: dict[str, object] = {"uid": uid}
     if terminating:

@@ -332,6 +332,18 @@ step = st.one_of(
     drain=0,
     beside=False,
 )
+# A queued job said QueueAdmitted False (WorkloadRefused) for good: the turn that reported
+# an injected Workload refusal went through and put it behind it, but no event came to
+# report that (a status write moves no job)
+@example(
+    steps=[("wait", "", 8)],
+    seed=54211,
+    failure=0.1,
+    kill=0.02,
+    lag=0.5,
+    drain=0,
+    beside=True,
+)
 # A 3 s drain ended 2.98 s after the drop: the drain mark carried the plan's time, not the send's
 @example(
     steps=[
