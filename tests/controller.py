@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,18 @@ from tests.cluster import ROOT, Cluster, delete_namespace
 
 # The shipped ClusterRole that may get /metrics (config/rbac/metrics_reader.yaml).
 METRICS_READER = ROOT / "config" / "rbac" / "metrics_reader.yaml"
+# Set on a test whose body failed: its controllers' stacks go into their logs.
+FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item,
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.when == "call" and report.failed:
+        item.stash[FAILED] = True
+    return report
 
 
 def scraper_tls() -> ssl.SSLContext:
@@ -126,6 +138,15 @@ class ControllerProcess:
         else:
             stop_process(self.proc)
 
+    def dump_stacks(self) -> None:
+        """Where the process is waiting, into its log (mpijob_elastic/app/stacks.py): its
+        threads' stacks and its tasks' awaits, for a test that failed waiting on it."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGUSR1)
+        self.proc.send_signal(signal.SIGUSR2)
+        time.sleep(1)
+
     def logs(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
 
@@ -159,9 +180,11 @@ def start_controller(
 
     yield start
     for proc in started:
+        if request.node.stash.get(FAILED, False):
+            proc.dump_stacks()
         proc.stop()
         # Shown by pytest only for a failing test.
-        print(f"--- controller log ({proc.namespaces}) ---\n{proc.logs()[-20000:]}")
+        print(f"--- controller log ({proc.namespaces}) ---\n{proc.logs()[-60000:]}")
 
 
 def create_namespaces(cluster: Cluster, count: int) -> list[str]:
@@ -285,7 +308,9 @@ def shared_controller(
 
 
 @pytest.fixture
-def shared_namespace(shared_controller: SharedController) -> Iterator[str]:
+def shared_namespace(
+    shared_controller: SharedController, request: pytest.FixtureRequest
+) -> Iterator[str]:
     """A fresh namespace that the module's shared controller watches. The controller's log
     of the test's time is printed after it (pytest shows it for a failing test); a
     controller that died during the test fails it."""
@@ -295,8 +320,10 @@ def shared_namespace(shared_controller: SharedController) -> Iterator[str]:
     yield name
     if shared_controller.proc is not proc:  # another took over during the test
         offset = 0
+    if shared_controller.proc is not None and request.node.stash.get(FAILED, False):
+        shared_controller.proc.dump_stacks()
     logs = shared_controller.proc.logs() if shared_controller.proc is not None else ""
-    print(f"--- shared controller log from this test on ({name}) ---\n{logs[offset:][-20000:]}")
+    print(f"--- shared controller log from this test on ({name}) ---\n{logs[offset:][-60000:]}")
     shared_controller.release(name)
     assert shared_controller.alive(), f"the shared controller exited:\n{logs[-5000:]}"
 

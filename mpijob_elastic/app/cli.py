@@ -23,6 +23,7 @@ from mpijob_elastic.app import (
     memory,
     metrics_guard,
     render,
+    stacks,
     tls,
 )
 from mpijob_elastic.app.controller import Controller
@@ -130,6 +131,7 @@ async def _run(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    stacks.install(loop)
     try:
         elector = _elector(args, apis) if args.leader_elect else None
         if elector is None:

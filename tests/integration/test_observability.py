@@ -139,3 +139,27 @@ def test_scale_out_and_in_seen_in_metrics_logs_and_kubectl(
     for entry in logs:
         if "job" in entry:
             assert "/" in str(entry["job"]), entry
+
+
+def test_a_controller_tells_where_it_waits_when_signalled(
+    cluster: Cluster, namespace: str, start_controller: StartController
+) -> None:
+    """SIGUSR2 logs each task with the awaits it is suspended in, SIGUSR1 every thread's
+    stack (docs/operations.md, "A controller that seems stuck"); the controller goes on."""
+    proc = start_controller(namespace)
+    assert proc.proc is not None
+    before = len(proc.logs())
+    proc.dump_stacks()
+    tasks = wait_for(
+        lambda: [e for e in proc.log_entries() if e.get("msg") == "task"], 10, "task lines"
+    )
+    # The reconcile workers wait on the work queue for a job to come.
+    awaiting = [" ".join(e["awaits"]) for e in tasks]
+    assert any("workqueue.py" in a for a in awaiting), awaiting
+    assert all(e["level"] == "warning" and e["task"] for e in tasks), tasks
+    dumped = proc.logs()[before:]
+    assert "Current thread" in dumped, dumped[-2000:]
+    assert "cli.py" in dumped, dumped[-2000:]
+    assert proc.proc.poll() is None
+    Job(cluster, namespace, "after-dump").create(elastic_job("after-dump", 1))
+    Job(cluster, namespace, "after-dump").wait_hosts(1)
