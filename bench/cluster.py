@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import platform
+import re
 import socket
 import ssl
 import subprocess
@@ -22,6 +24,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -65,6 +68,7 @@ async def ash(*args: str, input: str | None = None) -> None:
         raise RuntimeError(f"{' '.join(args)}: {err.decode()}")
 
 
+@functools.cache
 def kubectl_binary() -> str:
     return f"{sh(str(ROOT / 'hack/build-binaries.sh')).strip()}/kubectl"
 
@@ -331,6 +335,11 @@ def disruption_seconds(kubeconfig: str) -> float | None:
     return None
 
 
+# One sample of the API server's /metrics: its name, its labels, its value.
+_SAMPLE = re.compile(r"^(\w+)\{(.*)\} (\S+)$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
 @dataclass(frozen=True)
 class ClusterCost:
     """What the local cluster's processes spent between two readings, by component."""
@@ -347,6 +356,33 @@ class ClusterCost:
     def since(self, before: dict[str, float]) -> dict[str, float]:
         now = self.read()
         return {k: round(now[k] - before.get(k, 0.0), 1) for k in sorted(now)}
+
+    def requests(self) -> Counter[str]:
+        """What the API server served so far, from its /metrics: requests by verb and
+        resource ("POST pods", "PATCH pods/status"), and watch events sent, by kind
+        ("watch Pod": one per watcher an object's change reached). Who kept it busy, where
+        its CPU seconds alone do not say."""
+        text = sh(kubectl_binary(), "--kubeconfig", self.kubeconfig, "get", "--raw", "/metrics")
+        found: Counter[str] = Counter()
+        for line in text.splitlines():
+            sample = _SAMPLE.match(line)
+            if sample is None:
+                continue
+            name, labels, value = sample.groups()
+            tags = dict(_LABEL.findall(labels))
+            if name == "apiserver_request_total":
+                sub = f"/{tags['subresource']}" if tags.get("subresource") else ""
+                key = f"{tags.get('verb')} {tags.get('resource')}{sub}"
+            elif name == "apiserver_watch_events_total":
+                key = f"watch {tags.get('kind') or tags.get('resource')}"
+            else:
+                continue
+            found[key] += int(float(value))
+        return found
+
+    def requests_since(self, before: Counter[str], top: int = 20) -> dict[str, int]:
+        """The ``top`` most served since ``before`` (``requests``), most first."""
+        return dict((self.requests() - before).most_common(top))
 
 
 def machine() -> dict[str, Any]:

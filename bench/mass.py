@@ -409,9 +409,10 @@ def _needed(
 async def floor_with_events(
     api: Any, namespace: str, mass: Mass, count: int, cost: ClusterCost
 ) -> dict[str, Any]:
-    before = cost.read()
+    before, served = cost.read(), cost.requests()
     result = await floor.measure(api, namespace, count, node_selector=SELECTOR)
     result["cpu_s"] = cost.since(before)
+    result["requests"] = cost.requests_since(served)
     marks = result.pop("marks")
     up = mass.floor_events(marks["created"], marks["deleted"])
     down = mass.floor_events(marks["deleted"], marks["ended"] + 1.0)
@@ -446,6 +447,11 @@ def _beside_eviction(lags: list[float], evict_base: dict[str, Any]) -> dict[str,
     }
 
 
+def progress(step: str) -> None:
+    """A line on stderr as each step starts: a run takes half an hour at 1000 jobs."""
+    print(f"[bench.mass {time.strftime('%H:%M:%S')}] {step}", file=sys.stderr, flush=True)
+
+
 async def measure(kubeconfig: str, spaces: list[str], opts: Options) -> dict[str, Any]:
     """``spaces``: the jobs' namespaces; the floor's pods go to the first."""
     namespace = spaces[0]
@@ -462,11 +468,16 @@ async def measure(kubeconfig: str, spaces: list[str], opts: Options) -> dict[str
         await asyncio.gather(*(i.synced.wait() for i in informers))
         controller.start()
         await controller.ready()
+        progress(f"{opts.jobs} jobs created")
         await _create(kube, spaces, mass, opts, result)
         await mass.quiet()
+        progress("the mass rescale, after its floor")
         await _rescale(api, kube, namespace, mass, opts, result, cost)
+        progress("the evicted loss, after its floors")
         result["loss"] = await _loss(api, kube, namespace, mass, opts, cost, "evict", 0)
+        progress("the deleted loss, after its floor")
         result["loss_delete"] = await _loss(api, kube, namespace, mass, opts, cost, "delete", 1)
+        progress("done")
         result["failed_jobs"] = sum(1 for j in mass.jobs.values() if j.failed)
         result["all_right_at_end"] = all(mass.right(j) for j in mass.jobs.values())
     finally:
@@ -533,7 +544,7 @@ async def _rescale(
         job.started = time.monotonic()
         mass.check(job, job.started)
 
-    spent = cost.read()
+    spent, served = cost.read(), cost.requests()
     t0 = time.monotonic()
     await bounded([lambda j=j: edit(j) for j in edited])
     await wait_for(lambda: all(j.done is not None for j in edited), CHANGE_LIMIT, "rescale")
@@ -565,6 +576,7 @@ async def _rescale(
         "needed_per_job_up": _needed(Counter(base["events_up"]), base["pods"], w // 2, down=False),
         "pod_writes": mass.pod_writes(t0, end + 1, edited, before),
         "cpu_s": cost.since(spent),
+        "requests": cost.requests_since(served),
     }
     for job in edited:
         job.started = job.done = None
@@ -601,7 +613,7 @@ async def _loss(
         evict_base = await eviction_floor(api, namespace, mass, len(victims), cost)
     before = mass.pod_uids(hit.values())
 
-    spent = cost.read()
+    spent, served = cost.read(), cost.requests()
     t0 = time.monotonic()
     mass.lost |= lost
     for job in hit.values():
@@ -629,6 +641,7 @@ async def _loss(
     end = await mass.quiet()
     lags = [j.done - t0 for j in hit.values() if j.done is not None]
     spent = cost.since(spent)
+    requests = cost.requests_since(served)
     gone = [mass.gone.get(u) for _, _, u in victims]
     # The controller's own share: per job, its last lost pod seen gone → its host list right.
     last_gone: dict[str, float] = {}
@@ -650,6 +663,7 @@ async def _loss(
     return {
         "way": way,
         "cpu_s": spent,
+        "requests": requests,
         "new_pod_steps_s": steps,
         "floor": base,
         "nodes": len(pool),
@@ -779,6 +793,11 @@ def _change_rows(key: str, what: str) -> list[tuple[str, Any]]:
         (
             f"{what}: CPU seconds of the cluster's processes, the change / its floor",
             lambda r: f"{_cpu(r[key]['cpu_s'])} / {_cpu(r[key]['floor']['cpu_s'])}",
+        ),
+        (
+            f"{what}: the API server's most served requests and watch events, the change"
+            " / its floor",
+            lambda r: f"{_kinds(r[key]['requests'])} / {_kinds(r[key]['floor']['requests'])}",
         ),
     ]
 
