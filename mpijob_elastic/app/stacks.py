@@ -14,14 +14,17 @@ import asyncio
 import faulthandler
 import logging
 import signal
-import sys
 from typing import Any
 
 log = logging.getLogger("mpijob_elastic.app.stacks")
 
+STDERR = 2
+
 
 def install(loop: asyncio.AbstractEventLoop) -> None:
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    # The descriptor, not sys.stderr: the handler writes from C, to the process's stderr,
+    # whatever Python's stream object is at the time (a test's capture has no descriptor).
+    faulthandler.register(signal.SIGUSR1, file=STDERR, all_threads=True)
     loop.add_signal_handler(signal.SIGUSR2, log_tasks)
 
 
