@@ -62,10 +62,13 @@ The pods run no processes (KWOK), so the mock driver is not part of this benchma
 **What each change cost the cluster**: the CPU seconds of the local cluster's processes
 (API server, etcd, kube-controller-manager, scheduler, KWOK) and of our controller over the
 change and over its floor, and the time kube-controller-manager's disruption controller
-spent syncing PodDisruptionBudgets (from its /metrics). Each elastic job has a budget, and
-that controller syncs it on every change of a pod it selects by listing every pod of the
-namespace: its cost grows with the pods of a namespace, so ``--namespaces K`` spreads the
-jobs over K namespaces (job i in the (i mod K)-th; the floor's pods in the first).
+spent syncing PodDisruptionBudgets (from its /metrics); and what the API server served over
+each, from its /metrics: the twenty requests it answered most, by verb and resource, and
+the watch events it sent, by kind (one per watcher an object's change reached). Each
+elastic job has a budget, and that controller syncs it on every change of a pod it selects
+by listing every pod of the namespace: its cost grows with the pods of a namespace, so
+``--namespaces K`` spreads the jobs over K namespaces (job i in the (i mod K)-th; the
+floor's pods in the first).
 
     python -m bench.mass [--jobs 100] [--workers 8] [--namespaces 1] [--kubeconfig PATH]
 """
