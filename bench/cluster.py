@@ -16,7 +16,6 @@ import functools
 import json
 import os
 import platform
-import re
 import socket
 import ssl
 import subprocess
@@ -30,6 +29,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from mpijob_elastic.core import names
 from mpijob_elastic.core.outputs import goodput
@@ -335,11 +336,6 @@ def disruption_seconds(kubeconfig: str) -> float | None:
     return None
 
 
-# One sample of the API server's /metrics: its name, its labels, its value.
-_SAMPLE = re.compile(r"^(\w+)\{(.*)\} (\S+)$")
-_LABEL = re.compile(r'(\w+)="([^"]*)"')
-
-
 @dataclass(frozen=True)
 class ClusterCost:
     """What the local cluster's processes spent between two readings, by component."""
@@ -364,20 +360,15 @@ class ClusterCost:
         its CPU seconds alone do not say."""
         text = sh(kubectl_binary(), "--kubeconfig", self.kubeconfig, "get", "--raw", "/metrics")
         found: Counter[str] = Counter()
-        for line in text.splitlines():
-            sample = _SAMPLE.match(line)
-            if sample is None:
-                continue
-            name, labels, value = sample.groups()
-            tags = dict(_LABEL.findall(labels))
-            if name == "apiserver_request_total":
-                sub = f"/{tags['subresource']}" if tags.get("subresource") else ""
-                key = f"{tags.get('verb')} {tags.get('resource')}{sub}"
-            elif name == "apiserver_watch_events_total":
-                key = f"watch {tags.get('kind') or tags.get('resource')}"
-            else:
-                continue
-            found[key] += int(float(value))
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                tags = sample.labels
+                if sample.name == "apiserver_request_total":
+                    sub = f"/{tags['subresource']}" if tags.get("subresource") else ""
+                    found[f"{tags.get('verb')} {tags.get('resource')}{sub}"] += int(sample.value)
+                elif sample.name == "apiserver_watch_events_total":
+                    kind = tags.get("kind") or tags.get("resource")
+                    found[f"watch {kind}"] += int(sample.value)
         return found
 
     def requests_since(self, before: Counter[str], top: int = 20) -> dict[str, int]:
